@@ -1,0 +1,49 @@
+"""`specserve` command line: one subcommand per module, each exposing add_parser(subparsers).
+
+Errors a user can act on (SpecServeError, bad files, bad flags) print one line to stderr and
+exit non-zero; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import SpecServeError
+
+SUBCOMMANDS = ("cmd_generate", "cmd_models", "cmd_serve", "cmd_bench", "cmd_edit", "cmd_replay")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description="Lossless speculative decoding: "
+                                     "Predicted Outputs, n-gram and draft-model drafting.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"specserve.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"specserve.{name}":
+                raise
+            continue  # a subcommand not built yet
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpecServeError as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specserve: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Frozen configuration shared by the Python API, the CLI and the server.
+
+`SamplingParams` says *what* distribution to draw from; `SpeculationConfig` says *how*
+to get there faster. Neither changes the output distribution: speculation is lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+METHODS = ("auto", "none", "prediction", "ngram", "draft")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters, shaped like vLLM's.
+
+    temperature == 0 means greedy (exact argmax path). top_k == 0 / top_p == 1 disable those
+    filters. Penalties follow OpenAI's definition and are applied to every verified position
+    exactly as plain decoding would apply them.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # None: no logprobs; n >= 0: chosen token + n top alternatives
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """Which drafter(s) to use and how many tokens they may propose per step.
+
+    method: "auto" (prediction when given, else n-gram, the draft model filling in where the
+    others have nothing), "none" (plain decoding), or a single source.
+    num_speculative_tokens: starting K for every source; each source adapts K between its own
+    bounds below as drafts are accepted or rejected.
+    """
+
+    method: str = "auto"
+    num_speculative_tokens: int | None = None
+    prediction_k_max: int = 96
+    ngram_n_min: int = 2
+    ngram_n_max: int = 4
+    ngram_k_max: int = 16
+    draft_k_max: int = 8
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown speculation method {self.method!r}; choose one of {', '.join(METHODS)}")
+        k = self.num_speculative_tokens
+        if k is not None and not 1 <= k <= 256:
+            raise ValueError(f"num_speculative_tokens must be in [1, 256], got {k}")
+        if not 1 <= self.ngram_n_min <= self.ngram_n_max:
+            raise ValueError("need 1 <= ngram_n_min <= ngram_n_max")
+
+    @classmethod
+    def coerce(cls, value: "str | SpeculationConfig | dict | None") -> "SpeculationConfig":
+        """Accept a method name, a dict of fields, or a config object."""
+        if value is None:
+            return cls()
+        if isinstance(value, SpeculationConfig):
+            return value
+        if isinstance(value, str):
+            return cls(method=value)
+        if isinstance(value, dict):
+            return cls(**value)
+        raise TypeError(f"speculation must be a method name or SpeculationConfig, got {type(value).__name__}")
+
+    def with_k(self, k: int | None) -> "SpeculationConfig":
+        return replace(self, num_speculative_tokens=k)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How models are loaded. Shared by `LLM`, `specserve generate/serve/bench`."""
+
+    model: str | None = None  # None: the default target pack
+    draft_model: str | None = None
+    dtype: str = "bfloat16"
+    device: str | None = None  # None: cuda when available, else cpu
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)

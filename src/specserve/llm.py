@@ -1,0 +1,119 @@
+"""The user-facing Python API, shaped like vLLM's.
+
+    from specserve import LLM, SamplingParams
+    llm = LLM()                                   # default Qwen2.5-Coder 1.5B + 0.5B draft packs
+    out = llm.generate("def fib(n):", SamplingParams(max_tokens=64))
+    out = llm.chat([{"role": "user", "content": "..."}], params, prediction=old_code)
+    print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].accepted)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+from .config import SamplingParams, SpeculationConfig
+from .engine import Engine, Generation
+from .errors import InvalidRequestError, ModelLoadError
+from .loader import eos_ids, load
+from .runner import ModelRunner
+from .stats import RequestOutput
+
+NO_DRAFT = ("", "none")
+
+
+class LLM:
+    """A target model, an optional draft model, and the speculative engine over them.
+
+    model: pack name, local folder, .gguf file or hub id; None = the default target pack.
+    draft_model: same kinds; None = the default draft pack when `model` is also None,
+    otherwise no draft model; "none" = no draft model.
+    One request runs at a time per LLM (the KV caches are single-sequence); a lock enforces it.
+    """
+
+    def __init__(self, model: str | None = None, draft_model: str | None = None, dtype: str = "bfloat16",
+                 device: str | None = None, speculation: str | SpeculationConfig = "auto",
+                 max_context: int | None = None):
+        target, tokenizer, name = load(model, "target", dtype, device, max_context)
+        draft, draft_name = None, None
+        default_draft = model is None and draft_model is None
+        if default_draft or draft_model not in (None, *NO_DRAFT):
+            draft, _, draft_name = load(None if default_draft else draft_model, "draft", dtype, device, max_context)
+        self._init(target, tokenizer, draft, name, SpeculationConfig.coerce(speculation))
+        self.draft_model_name = draft_name
+
+    @classmethod
+    def from_models(cls, model, tokenizer, draft_model=None, name: str = "model",
+                    speculation: str | SpeculationConfig = "auto", max_context: int | None = None) -> "LLM":
+        """Wrap already-loaded transformers models (tests, notebooks)."""
+        self = cls.__new__(cls)
+        draft = ModelRunner(draft_model, max_context) if draft_model is not None else None
+        self._init(ModelRunner(model, max_context), tokenizer, draft, name, SpeculationConfig.coerce(speculation))
+        self.draft_model_name = "draft" if draft is not None else None
+        return self
+
+    def _init(self, target: ModelRunner, tokenizer, draft, name: str, speculation: SpeculationConfig) -> None:
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise ModelLoadError(
+                f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
+                f"({target.vocab_size}); pick a draft model of the same family"
+            )
+        self.model_name = name
+        self.tokenizer = tokenizer
+        self.speculation = speculation
+        self.engine = Engine(target, tokenizer, draft, eos_ids(target.model, tokenizer))
+        self.max_context = target.max_context
+        self.lock = threading.Lock()
+
+    @property
+    def has_draft_model(self) -> bool:
+        return self.engine.draft is not None
+
+    # -- prompts ----------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """The target's chat template with the assistant turn opened, as token ids."""
+        if not messages:
+            raise InvalidRequestError("messages must not be empty")
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:  # base models: plain role-prefixed transcript
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return self.encode(text)
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    # -- generation -------------------------------------------------------------------------
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
+               should_cancel: Callable[[], bool] | None = None) -> Generation:
+        """Start one request; iterate it for StepEvents (text as soon as each step is accepted).
+
+        The caller must exhaust (or drop) the Generation before starting another on this LLM.
+        """
+        spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
+        return self.engine.generate(self._prompt_ids(prompt), params or SamplingParams(), spec,
+                                    prediction, should_cancel)
+
+    def generate(self, prompts, params: SamplingParams | None = None, prediction: str | list[int] | None = None,
+                 speculation: str | SpeculationConfig | None = None) -> RequestOutput | list[RequestOutput]:
+        """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list."""
+        if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
+            return [self.generate(p, params, prediction, speculation) for p in prompts]
+        with self.lock:
+            return self.stream(prompts, params, prediction, speculation).run()
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None,
+             prediction: str | list[int] | None = None,
+             speculation: str | SpeculationConfig | None = None) -> RequestOutput:
+        """Apply the target's chat template, then generate."""
+        return self.generate(self.apply_chat_template(messages), params, prediction, speculation)

@@ -1,0 +1,73 @@
+"""Draft-model drafter: a small model of the same vocabulary proposes K tokens.
+
+Greedy requests draft greedily (a deterministic, one-hot draft). Sampled requests draft by
+sampling from the small model's distribution with the same temperature / top-k / top-p, and
+return those probabilities so verification can apply the exact rejection rule.
+The draft model keeps its own KV cache; before each proposal it is rolled back to the longest
+prefix it shares with the committed tokens and fed what it has not seen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .proposer import AdaptiveK, Draft, ProposerContext, register
+from .sampling import probs_from_logits
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, runner, params, generator: torch.Generator | None, k_init: int = 4, k_max: int = 8):
+        self.runner = runner
+        self.params = params
+        self.generator = generator
+        self.k = AdaptiveK(k_init, 1, k_max)
+        self.fed: list[int] = []  # tokens in the draft model's cache, in order
+        self.committed = 0  # len(tokens) at the last proposal: fed[:committed] are known-good
+        runner.reset()
+
+    def _sync(self, tokens: list[int]) -> torch.Tensor:
+        """Roll the cache back to what matches `tokens`, feed the rest; logits of the last token [V]."""
+        keep = self.committed
+        while keep < min(len(self.fed), len(tokens)) and self.fed[keep] == tokens[keep]:
+            keep += 1
+        keep = min(keep, len(tokens) - 1)  # always re-feed at least the last token to get its logits
+        self.runner.truncate(keep)
+        self.fed = tokens[:]
+        logits = self.runner.forward(tokens[keep:], last_only=True)  # [1, V]
+        self.committed = len(tokens)
+        return logits[-1]
+
+    def propose(self, tokens: list[int], max_k: int) -> Draft | None:
+        k = min(self.k.k, max_k, self.runner.max_context - len(tokens))
+        if k <= 0:
+            return None
+        logits = self._sync(tokens)  # [V]
+        ids: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            if self.params.greedy:
+                tok = int(logits.argmax())
+            else:
+                q = probs_from_logits(logits.unsqueeze(0), self.params)[0]  # [V]
+                tok = int(torch.multinomial(q, 1, generator=self.generator).item())
+                probs.append(q)
+            ids.append(tok)
+            if i + 1 < k:
+                logits = self.runner.forward([tok], last_only=True)[-1]  # [V]
+                self.fed.append(tok)
+        return Draft(ids, self.name, torch.stack(probs) if probs else None)  # probs: [K, V]
+
+    def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
+        if draft is not None and draft.source == self.name:
+            self.k.update(len(draft.token_ids), num_accepted)
+
+
+@register("draft")
+def make_draft(ctx: ProposerContext) -> DraftModelProposer | None:
+    if ctx.draft_runner is None:
+        return None
+    s = ctx.spec
+    k_init = s.num_speculative_tokens or 4
+    return DraftModelProposer(ctx.draft_runner, ctx.params, ctx.generator, k_init, max(k_init, s.draft_k_max))

@@ -1,0 +1,108 @@
+"""The drafter interface, the registry of draft sources and the `auto` order.
+
+A proposer answers one question: given the tokens so far (prompt + committed output), what
+are up to K next tokens? It returns them as a `Draft`, with the probabilities it sampled them
+from only when it sampled (None means deterministic: verification treats it as one-hot).
+After every step each proposer hears what was committed, so it can adapt K and re-anchor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from .config import SamplingParams, SpeculationConfig
+from .errors import InvalidRequestError
+
+
+@dataclass
+class Draft:
+    token_ids: list[int]
+    source: str  # "prediction" | "ngram" | "draft"
+    probs: torch.Tensor | None = None  # [K, V] when sampled, else None (one-hot)
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, tokens: list[int], max_k: int) -> Draft | None:
+        """Up to max_k draft tokens to follow `tokens`, or None when it has nothing."""
+
+    def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
+        """Called after each step with all tokens so far (the step's commit included)."""
+
+
+class AdaptiveK:
+    """K grows (doubles) while whole drafts are accepted and falls back after a rejection."""
+
+    def __init__(self, k_init: int, k_min: int, k_max: int):
+        self.k_init, self.k_min, self.k_max = k_init, k_min, max(k_max, k_min)
+        self.k = min(max(k_init, k_min), self.k_max)
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        if accepted == proposed:
+            self.k = min(self.k_max, max(self.k, proposed) * 2)
+        else:
+            self.k = max(self.k_min, min(self.k, accepted + 1))
+
+    def restart(self) -> None:
+        self.k = min(max(self.k_init, self.k_min), self.k_max)
+
+
+@dataclass
+class ProposerContext:
+    """What a proposer factory may need to build its drafter for one request."""
+
+    spec: SpeculationConfig
+    params: SamplingParams
+    prompt_len: int
+    tokenizer: object | None
+    prediction: str | list[int] | None
+    draft_runner: object | None
+    generator: torch.Generator | None
+
+
+Factory = Callable[[ProposerContext], "Proposer | None"]
+REGISTRY: dict[str, Factory] = {}
+
+
+def register(name: str):
+    """Decorator: make a proposer factory available as a speculation method."""
+
+    def wrap(factory: Factory) -> Factory:
+        REGISTRY[name] = factory
+        return factory
+
+    return wrap
+
+
+AUTO_ORDER = ("prediction", "ngram", "draft")
+
+
+def build_chain(ctx: ProposerContext) -> list[Proposer]:
+    """Proposers for one request, in the order they are asked (first with a draft wins)."""
+    from . import propose_draft, propose_ngram, propose_prediction  # noqa: F401  (fill REGISTRY)
+
+    method = ctx.spec.method
+    if method == "none":
+        return []
+    if method == "draft" and ctx.draft_runner is None:
+        raise InvalidRequestError("speculation method 'draft' needs a draft model (load one with draft_model=...)")
+    names = AUTO_ORDER if method == "auto" else (method,)
+    chain = [REGISTRY[n](ctx) for n in names]
+    return [p for p in chain if p is not None]
+
+
+def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int) -> Draft | None:
+    """Ask each proposer in order; the first non-empty draft wins."""
+    if max_k <= 0:
+        return None
+    for proposer in chain:
+        draft = proposer.propose(tokens, max_k)
+        if draft is not None and draft.token_ids:
+            return draft
+    return None

@@ -1,0 +1,53 @@
+"""Turning target logits into the distribution we sample from.
+
+Every function here is applied identically to plain and speculative decoding, row by row,
+so that speculation cannot change the output distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """OpenAI presence/frequency penalties.
+
+    logits: [T, V] float32; counts: [T, V] how often each token already appeared in the
+    output before each row's position. Returns a new [T, V] tensor.
+    """
+    return logits - counts * params.frequency_penalty - (counts > 0).to(logits.dtype) * params.presence_penalty
+
+
+def draft_prefix_counts(base: torch.Tensor, draft: list[int]) -> torch.Tensor:
+    """Per-row output token counts for a verify batch of len(draft) + 1 positions.
+
+    base: [V] counts of the committed output. Row i adds the first i draft tokens, because
+    position i is scored as if draft[:i] had already been generated.
+    Returns [K+1, V].
+    """
+    counts = base.unsqueeze(0).repeat(len(draft) + 1, 1)  # [K+1, V]
+    for i, tok in enumerate(draft):
+        counts[i + 1 :, tok] += 1
+    return counts
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p; returns probabilities [T, V] (float32).
+
+    Must not be called for greedy requests: greedy has its own exact argmax path.
+    """
+    assert params.temperature > 0, "greedy requests take the argmax path"
+    x = logits.float() / params.temperature  # [T, V]
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [T, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [T, V]
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # probability mass ranked above each token
+        drop_sorted = mass_before >= params.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)

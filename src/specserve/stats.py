@@ -1,0 +1,163 @@
+"""Per-request speculation statistics and the request output types.
+
+The vocabulary is the one in docs/design.md: a *step* is one target verification pass,
+*proposed* draft tokens are sent to it, *accepted* ones matched, and each step commits
+accepted + 1 tokens (the recovered or bonus token).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+SOURCES = ("prediction", "ngram", "draft", "none")  # "none": a step with no draft at all
+
+
+@dataclass
+class SourceStats:
+    """Counters for one draft source."""
+
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+    @property
+    def rejected(self) -> int:
+        return self.proposed - self.accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "steps": self.steps,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_step": round(self.tokens_per_step, 4),
+        }
+
+
+@dataclass
+class SpecStats:
+    """Everything we measured about one request."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    steps: int = 0
+    by_source: dict[str, SourceStats] = field(default_factory=lambda: {s: SourceStats() for s in SOURCES})
+    tokens_per_step_hist: Counter = field(default_factory=Counter)  # tokens committed per step -> count
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    total_time: float = 0.0
+    time_to_first_token: float | None = None
+
+    def record_step(self, source: str, proposed: int, accepted: int, committed: int) -> None:
+        s = self.by_source[source]
+        s.proposed += proposed
+        s.accepted += accepted
+        s.steps += 1
+        self.steps += 1
+        self.tokens_per_step_hist[committed] += 1
+
+    @property
+    def proposed(self) -> int:
+        return sum(s.proposed for s in self.by_source.values())
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.by_source.values())
+
+    @property
+    def rejected(self) -> int:
+        return self.proposed - self.accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.output_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Output tokens per second of generation, prefill excluded."""
+        t = self.total_time - self.prefill_time
+        return self.output_tokens / t if t > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "steps": self.steps,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_step": round(self.tokens_per_step, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "by_source": {k: v.to_dict() for k, v in self.by_source.items() if v.steps},
+            "tokens_per_step_hist": {str(k): v for k, v in sorted(self.tokens_per_step_hist.items())},
+            "prefill_time": round(self.prefill_time, 4),
+            "draft_time": round(self.draft_time, 4),
+            "verify_time": round(self.verify_time, 4),
+            "total_time": round(self.total_time, 4),
+            "time_to_first_token": None if self.time_to_first_token is None else round(self.time_to_first_token, 4),
+        }
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token_id, logprob), best first
+
+
+@dataclass
+class StepEvent:
+    """What one engine step committed, as streamed to callers.
+
+    token_ids are the tokens committed this step (after stop handling); sources[i] says where
+    token i came from: a draft source name when it was an accepted draft token, "target" for
+    the recovered/bonus token. text is the newly releasable text (may be "" while held back).
+    """
+
+    token_ids: list[int]
+    sources: list[str]
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | None while running
+    step_time: float = 0.0
+
+
+@dataclass
+class RequestOutput:
+    """The final result of one request."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: SpecStats
+    token_sources: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    steps: list[dict] = field(default_factory=list)  # per-step timeline: source, proposed, accepted, time
+
+    def to_dict(self) -> dict:
+        d = {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+        if self.logprobs is not None:
+            d["logprobs"] = [asdict(lp) for lp in self.logprobs]
+        return d
