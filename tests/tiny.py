@@ -63,8 +63,11 @@ def tiny_model(kind: str = "llama", seed: int = 0, vocab_size: int | None = None
         raise ValueError(kind)
     # Sharper logits than the default init, so greedy outputs have clear winners and repeat
     # themselves (which gives the n-gram drafter something to find).
+    # Special tokens (EOS included) get zero weights: a random model should write text, not
+    # control tokens; tests that need EOS pick an ordinary token as EOS instead.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
+        model.lm_head.weight[: len(SPECIAL) + 1].zero_()
     return model.float().eval()
 
 

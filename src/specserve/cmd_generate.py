@@ -1,0 +1,111 @@
+"""`specserve generate`: one request from the command line, streamed as it is accepted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import METHODS, SamplingParams, SpeculationConfig
+from .errors import InvalidRequestError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with speculative decoding",
+                       description="Generate from a prompt (argument, --prompt-file, or stdin) and print stats.")
+    p.add_argument("prompt", nargs="?", help="prompt text; omit to read --prompt-file or stdin")
+    p.add_argument("--prompt-file", help="read the prompt from this file")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--system", help="system message (implies --chat)")
+    p.add_argument("--prediction", metavar="FILE", help="Predicted Outputs: the text you expect (e.g. the file being edited)")
+    add_model_args(p)
+    p.add_argument("--speculation", choices=METHODS, default="auto", help="draft source (default: auto)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, help="starting K for every draft source")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text + stats) instead of streaming")
+    p.add_argument("--html", metavar="FILE", help="write a visual acceptance report")
+    p.set_defaults(func=run)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Model flags shared by generate, serve and bench."""
+    p.add_argument("--model", help="target: pack name, HF folder, .gguf file or hub id (default: Qwen2.5-Coder 1.5B pack)")
+    p.add_argument("--draft-model", help="draft model (default: the 0.5B pack when --model is not given; 'none' for none)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidRequestError(f"cannot read {what} file {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise InvalidRequestError(f"{what} file {path!r} is not UTF-8 text") from None
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None and args.prompt_file:
+        raise InvalidRequestError("give the prompt as an argument or with --prompt-file, not both")
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompt_file:
+        return read_text(args.prompt_file, "prompt")
+    if sys.stdin.isatty():
+        raise InvalidRequestError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
+    return sys.stdin.read()
+
+
+def run(args) -> int:
+    prompt = read_prompt(args)
+    prediction = read_text(args.prediction, "prediction") if args.prediction else None
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop))
+    spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
+    from .llm import LLM  # heavy import only once the arguments are known to be good
+
+    llm = LLM(model=args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device)
+    if args.chat or args.system:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                   [{"role": "user", "content": prompt}]
+        prompt_ids = llm.apply_chat_template(messages)
+    else:
+        prompt_ids = llm.tokenizer.encode(prompt)
+    gen = llm.stream(prompt_ids, params, prediction=prediction, speculation=spec)
+    for event in gen:
+        if not args.json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    out = gen.output
+    if args.json:
+        print(json.dumps(out.to_dict() | {"token_sources": out.token_sources}, ensure_ascii=False))
+    else:
+        print()
+        print(format_stats(out.stats, out.finish_reason), file=sys.stderr)
+    if args.html:
+        from .report_html import write_html
+
+        write_html(args.html, llm.tokenizer, out, title="specserve generate")
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+def format_stats(stats, finish_reason: str) -> str:
+    """A short human summary: totals, then one line per draft source that ran."""
+    lines = [
+        f"--- {stats.output_tokens} tokens in {stats.total_time:.2f}s "
+        f"({stats.tokens_per_second:.1f} tok/s after a {stats.prefill_time:.2f}s prefill), "
+        f"{stats.steps} steps, {stats.tokens_per_step:.2f} tokens/step, "
+        f"acceptance {stats.acceptance_rate:.1%}, finish: {finish_reason}",
+    ]
+    for name, s in stats.by_source.items():
+        if s.steps:
+            lines.append(f"    {name:<10} steps {s.steps:>5}  proposed {s.proposed:>6}  accepted {s.accepted:>6}"
+                         f"  ({s.acceptance_rate:.1%})  {s.tokens_per_step:.2f} tokens/step")
+    return "\n".join(lines)

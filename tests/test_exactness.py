@@ -1,0 +1,182 @@
+"""Greedy exactness: every speculation method gives token-for-token the plain output (float32).
+
+Tiny random-weight Llama- and Qwen2-shaped models; the drafts are made to be accepted for long
+stretches (perfect or edited predictions, a draft model with the target's own weights), so that
+EOS, stop strings and max_tokens land inside accepted drafts.
+"""
+
+import pytest
+
+from specserve import SamplingParams
+from specserve.llm import LLM
+from tiny import tiny_model, tiny_tokenizer
+
+METHODS = ("prediction", "ngram", "draft", "auto")
+PROMPTS = ("def add(a, b):", "Le café coûte 3 €. 東京", "class UserController:\n    def get_user(self")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def llms(request):
+    """(llm with a different-seed draft model, llm whose draft model is the target itself)."""
+    kind = request.param
+    tok = tiny_tokenizer()
+    target = tiny_model(kind, seed=0)
+    other = LLM.from_models(target, tok, tiny_model(kind, seed=1), name=kind)
+    same = LLM.from_models(target, tok, tiny_model(kind, seed=0), name=kind)
+    return other, same
+
+
+def plain(llm, prompt, **kw):
+    return llm.generate(prompt, SamplingParams(**({"max_tokens": 48} | kw)), speculation="none")
+
+
+def check_same(llm, prompt, method, prediction=None, **kw):
+    base = plain(llm, prompt, **kw)
+    out = llm.generate(prompt, SamplingParams(**({"max_tokens": 48} | kw)), prediction=prediction, speculation=method)
+    assert out.token_ids == base.token_ids
+    assert out.text == base.text
+    assert out.finish_reason == base.finish_reason
+    return base, out
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_methods_match_plain(llms, method, prompt):
+    other, same = llms
+    for llm in (other, same):
+        base, out = check_same(llm, prompt, method, prediction=plain(llm, prompt).text)
+        assert out.stats.output_tokens == len(base.token_ids)
+        assert sum(out.stats.tokens_per_step_hist.values()) == out.stats.steps
+
+
+def test_perfect_prediction_is_accepted_in_bulk(llms):
+    llm, _ = llms
+    base = plain(llm, PROMPTS[0], max_tokens=40)
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=40), prediction=base.text, speculation="prediction")
+    assert out.token_ids == base.token_ids
+    pred = out.stats.by_source["prediction"]
+    assert pred.accepted >= len(base.token_ids) - out.stats.steps
+    assert out.stats.steps <= 5  # K doubles 8 -> 16 -> 32: a 40-token output needs few passes
+    assert set(out.token_sources) <= {"prediction", "target"}
+
+
+def test_draft_model_with_target_weights_accepts_everything(llms):
+    _, same = llms
+    base, out = check_same(same, PROMPTS[0], "draft")
+    d = out.stats.by_source["draft"]
+    assert d.proposed > 0 and d.accepted == d.proposed
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 13, 29])
+def test_max_tokens_inside_accepted_draft(llms, max_tokens):
+    llm, same = llms
+    full = plain(llm, PROMPTS[1], max_tokens=48).text
+    for m in ("prediction", "auto"):
+        base, out = check_same(llm, PROMPTS[1], m, prediction=full, max_tokens=max_tokens)
+        assert len(out.token_ids) == max_tokens or out.finish_reason == "stop"
+    check_same(same, PROMPTS[1], "draft", max_tokens=max_tokens)
+
+
+def test_stop_string_inside_accepted_draft(llms):
+    llm, same = llms
+    full = plain(llm, PROMPTS[0], max_tokens=48)
+    stop = full.text[20:24]  # ends well inside what a perfect prediction drafts in one step
+    assert stop.strip(), "the tiny model produced whitespace; pick another slice"
+    for m in METHODS:
+        target = same if m == "draft" else llm
+        base, out = check_same(target, PROMPTS[0], m, prediction=full.text, stop=(stop, "zzzz-never"))
+        assert out.finish_reason == "stop"
+        assert stop not in out.text and out.text == full.text[: full.text.index(stop)]
+
+
+def test_eos_inside_accepted_draft(llms):
+    llm, same = llms
+    full = plain(llm, PROMPTS[2], max_tokens=40)
+    eos = full.token_ids[17]
+    for l in (llm, same):
+        saved = l.engine.eos_token_ids
+        l.engine.eos_token_ids = {eos}
+        try:
+            for m in METHODS:
+                base, out = check_same(l, PROMPTS[2], m, prediction=full.text, max_tokens=40)
+                assert out.finish_reason == "stop"
+                assert out.token_ids[-1] == eos and eos not in out.token_ids[:-1]
+        finally:
+            l.engine.eos_token_ids = saved
+
+
+@pytest.mark.parametrize("prediction", ["", "zzzz totally different text zzzz", None])
+def test_useless_predictions(llms, prediction):
+    llm, _ = llms
+    check_same(llm, PROMPTS[0], "prediction", prediction=prediction)
+    check_same(llm, PROMPTS[0], "auto", prediction=prediction)
+
+
+def test_prediction_diverging_at_first_token_then_reanchoring(llms):
+    llm, _ = llms
+    base = plain(llm, PROMPTS[0], max_tokens=48)
+    edited = "XYZ inserted line\n" + base.text  # diverges at the very first token
+    _, out = check_same(llm, PROMPTS[0], "prediction", prediction=edited)
+    assert out.stats.by_source["prediction"].accepted > len(base.token_ids) // 2
+
+
+def test_prediction_with_edit_in_the_middle_reanchors(llms):
+    llm, _ = llms
+    base = plain(llm, PROMPTS[0], max_tokens=48)
+    cut = len(base.text) // 3
+    edited = base.text[:cut] + " EDITED wrong words " + base.text[cut + 3 :]
+    _, out = check_same(llm, PROMPTS[0], "prediction", prediction=edited)
+    accepted = out.stats.by_source["prediction"].accepted
+    assert accepted > len(base.token_ids) // 2, out.stats.to_dict()
+
+
+def test_prediction_longer_than_max_tokens(llms):
+    llm, _ = llms
+    long = plain(llm, PROMPTS[0], max_tokens=48).text * 3
+    base, out = check_same(llm, PROMPTS[0], "prediction", prediction=long, max_tokens=10)
+    assert len(out.token_ids) == 10 and out.finish_reason == "length"
+
+
+def test_prediction_as_token_ids(llms):
+    llm, _ = llms
+    base = plain(llm, PROMPTS[0], max_tokens=30)
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=30), prediction=base.token_ids, speculation="prediction")
+    assert out.token_ids == base.token_ids
+    assert out.stats.by_source["prediction"].accepted >= 30 - out.stats.steps
+
+
+def test_context_length_limit(llms):
+    llm, _ = llms
+    ids = llm.encode("def add(a, b):")
+    ctx = llm.max_context
+    out = llm.generate(ids * ((ctx - 5) // len(ids)), SamplingParams(max_tokens=100), speculation="auto")
+    assert out.finish_reason == "length" and len(out.prompt_token_ids) + len(out.token_ids) <= ctx
+    from specserve.errors import ContextLengthError
+
+    with pytest.raises(ContextLengthError, match="context length"):
+        llm.generate(ids * (ctx // len(ids) + 1), SamplingParams(max_tokens=4))
+
+
+def test_penalties_and_logprobs_identical_with_speculation(llms):
+    llm, same = llms
+    kw = dict(max_tokens=40, presence_penalty=0.5, frequency_penalty=0.7, logprobs=3)
+    for l, m in ((llm, "prediction"), (llm, "ngram"), (same, "draft")):
+        base = plain(l, PROMPTS[0], **kw)
+        out = l.generate(PROMPTS[0], SamplingParams(**kw), prediction=base.text, speculation=m)
+        assert out.token_ids == base.token_ids
+        assert [lp.token_id for lp in out.logprobs] == out.token_ids
+        for a, b in zip(out.logprobs, base.logprobs):
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    penalised = plain(llm, PROMPTS[0], max_tokens=40, frequency_penalty=2.0)
+    assert penalised.token_ids != plain(llm, PROMPTS[0], max_tokens=40).token_ids  # the penalty is applied
+
+
+def test_streamed_text_adds_up(llms):
+    llm, _ = llms
+    base = plain(llm, PROMPTS[1], max_tokens=40, stop=("zz",))
+    gen = llm.stream(PROMPTS[1], SamplingParams(max_tokens=40, stop=("zz",)), prediction=base.text)
+    events = list(gen)
+    assert "".join(e.text for e in events) == gen.output.text == base.text
+    assert events[-1].finish_reason == gen.output.finish_reason
+    assert sum(len(e.token_ids) for e in events) == len(gen.output.token_ids)

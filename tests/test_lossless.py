@@ -1,0 +1,174 @@
+"""Losslessness at temperature > 0: chi-square goodness of fit against the exact target law.
+
+A synthetic bigram target and draft over V = 6 tokens make the exact distribution of the
+first two output tokens known in closed form. Every test is also run against a deliberately
+broken sampler (residual step removed: recover from p instead of max(0, p - q)) and must
+reject it, which shows the test has the power to catch the bug it is there for.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import specserve.verify as verify
+from specserve import SamplingParams, SpeculationConfig
+from specserve.engine import Engine
+from synthetic import BigramRunner, random_table
+from tiny import tiny_tokenizer
+
+V = 6
+# Draft seed 13 overlaps the target by sum(min(p, q)) = 0.36 after token 1, and the n-gram draft
+# proposes the target's favourite token (p = 0.70 after token 0 at T = 0.8): both settings make
+# the broken sampler's law differ from the target's by chi2/N > 0.015, so N = 4000 rejects it.
+ONEHOT_PROMPT = [5, 0, 1, 2, 5, 0]
+N = 4000
+PASS_P = 1e-3  # a correct sampler fails this with probability 0.1% per check (seeds are fixed)
+BROKEN_P = 1e-6  # the broken sampler must be rejected far more decisively than that
+
+
+def target_table() -> torch.Tensor:
+    return random_table(V, seed=11)
+
+
+def exact_pair_law(table: torch.Tensor, first: int, params: SamplingParams) -> np.ndarray:
+    """P(x1, x2 | last prompt token = first) under the target with temperature/top-k applied. [V, V]"""
+    from specserve.sampling import probs_from_logits
+
+    p = probs_from_logits(table, params).double()  # [V, V]: row t = next-token law after t
+    return (p[first].unsqueeze(1) * p).numpy()  # [V, V]
+
+
+def sample_pairs(draft_kind: str, params: SamplingParams, n: int = N, seed0: int = 0) -> np.ndarray:
+    """Counts [V, V] of the first two output tokens over n seeded requests."""
+    target = BigramRunner(target_table())
+    if draft_kind == "sampled":  # a different bigram model, sampled with the same params
+        draft, method, prompt = BigramRunner(random_table(V, seed=13)), "draft", [0, 1]
+    elif draft_kind == "disjoint":  # draft mass only where the target has none (after top-k)
+        t = target_table()
+        worst = t.argsort(dim=-1)[:, :2]  # [V, 2]: the two tokens top-k=4 removes from every row
+        d = torch.full((V, V), -30.0).scatter(1, worst, 5.0)
+        draft, method, prompt = BigramRunner(d), "draft", [0, 1]
+    elif draft_kind == "onehot":  # n-gram lookup proposes a fixed continuation deterministically
+        draft, method, prompt = None, "ngram", ONEHOT_PROMPT  # "5 0" recurs: proposes [1, 2, 5]
+    else:
+        raise ValueError(draft_kind)
+    engine = Engine(target, tiny_tokenizer(), draft, eos_token_ids=set())
+    spec = SpeculationConfig(method=method, num_speculative_tokens=3)
+    counts = np.zeros((V, V))
+    for i in range(n):
+        p = SamplingParams(max_tokens=2, temperature=params.temperature, top_k=params.top_k, seed=seed0 + i)
+        out = engine.generate(prompt, p, spec).run()
+        counts[out.token_ids[0], out.token_ids[1]] += 1
+    return counts
+
+
+def p_values(counts: np.ndarray, law: np.ndarray) -> dict[str, float]:
+    """Chi-square p-values: joint (x1, x2), and the marginals of each position. Zero-mass cells must be empty."""
+    n = counts.sum()
+    assert counts[law == 0].sum() == 0, "sampled a token the target gives probability 0"
+
+    def test(obs, exp):
+        exp = exp * n / exp.sum()
+        small = exp < 5  # pool rare cells so every bin expects >= 5 (chi-square's validity rule)
+        obs_b = np.append(obs[~small], obs[small].sum())
+        exp_b = np.append(exp[~small], exp[small].sum())
+        keep = exp_b > 0
+        return chisquare(obs_b[keep], exp_b[keep]).pvalue
+
+    return {
+        "joint": test(counts.ravel(), law.ravel()),
+        "first": test(counts.sum(1), law.sum(1)),
+        "second": test(counts.sum(0), law.sum(0)),
+    }
+
+
+def broken_residual(p, q):
+    return p  # the bug: recover from p itself, double-counting what the draft already covered
+
+
+CASES = [
+    ("sampled", SamplingParams(temperature=1.0)),
+    ("onehot", SamplingParams(temperature=0.8)),
+    ("disjoint", SamplingParams(temperature=1.0, top_k=4)),
+]
+
+
+@pytest.mark.parametrize("draft_kind,params", CASES, ids=[c[0] for c in CASES])
+def test_output_follows_target_law(draft_kind, params):
+    prompt_last = 0 if draft_kind == "onehot" else 1
+    law = exact_pair_law(target_table(), prompt_last, params)
+    pv = p_values(sample_pairs(draft_kind, params), law)
+    assert min(pv.values()) > PASS_P, pv
+
+
+@pytest.mark.parametrize("draft_kind,params", CASES[:2], ids=[c[0] for c in CASES[:2]])
+def test_chi_square_catches_broken_residual(monkeypatch, draft_kind, params):
+    monkeypatch.setattr(verify, "residual", broken_residual)
+    prompt_last = 0 if draft_kind == "onehot" else 1
+    law = exact_pair_law(target_table(), prompt_last, params)
+    pv = p_values(sample_pairs(draft_kind, params, seed0=10_000), law)
+    assert min(pv.values()) < BROKEN_P, pv
+
+
+def test_disjoint_draft_is_always_rejected():
+    params = SamplingParams(temperature=1.0, top_k=4, max_tokens=2, seed=1)
+    t = target_table()
+    worst = t.argsort(dim=-1)[:, :2]
+    engine = Engine(BigramRunner(t), tiny_tokenizer(), BigramRunner(torch.full((V, V), -30.0).scatter(1, worst, 5.0)),
+                    eos_token_ids=set())
+    out = engine.generate([0, 1], params, SpeculationConfig("draft", 3)).run()
+    assert out.stats.by_source["draft"].proposed > 0 and out.stats.by_source["draft"].accepted == 0
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_acceptance_rate_matches_sum_of_min(temperature):
+    """One-token drafts from q, verified against p: P(accept) must equal sum_x min(p(x), q(x))."""
+    from specserve.sampling import probs_from_logits
+
+    params = SamplingParams(temperature=temperature)
+    p = probs_from_logits(random_table(V, 21)[:1], params)  # [1, V]
+    q = probs_from_logits(random_table(V, 22)[:1], params)  # [1, V]
+    expected = torch.minimum(p, q).sum().item()
+    g = torch.Generator().manual_seed(5)
+    n, accepted = 20_000, 0
+    for _ in range(n):
+        x = int(torch.multinomial(q[0], 1, generator=g))
+        target = torch.cat([p, p])  # [K+1 = 2, V]
+        accepted += verify.verify_sampled(target, [x], q, g).num_accepted
+    sd = (expected * (1 - expected) / n) ** 0.5
+    assert abs(accepted / n - expected) < 4 * sd, (accepted / n, expected)
+
+
+def test_verify_sampled_first_token_law_and_broken_residual(monkeypatch):
+    """The pure function alone: the first committed token is distributed as p."""
+    from specserve.sampling import probs_from_logits
+
+    params = SamplingParams(temperature=1.0)
+    p = probs_from_logits(random_table(V, 31)[:2], params)  # [2, V]
+    q = probs_from_logits(random_table(V, 32)[:1], params)  # [1, V]
+
+    def first_tokens():
+        g = torch.Generator().manual_seed(9)
+        counts = np.zeros(V)
+        for _ in range(N):
+            x = int(torch.multinomial(q[0], 1, generator=g))
+            v = verify.verify_sampled(p, [x], q, g)
+            counts[x if v.num_accepted else v.next_token] += 1
+        return chisquare(counts, p[0].double().numpy() * N).pvalue
+
+    assert first_tokens() > PASS_P
+    monkeypatch.setattr(verify, "residual", broken_residual)
+    assert first_tokens() < BROKEN_P
+
+
+def test_seeded_sampling_is_reproducible():
+    engine = Engine(BigramRunner(target_table()), tiny_tokenizer(), BigramRunner(random_table(V, 12)),
+                    eos_token_ids=set())
+    for method in ("none", "draft", "ngram"):
+        runs = [engine.generate([0, 1, 2, 0, 1], SamplingParams(temperature=1.0, max_tokens=20, seed=42),
+                                SpeculationConfig(method)).run().token_ids for _ in range(2)]
+        assert runs[0] == runs[1]
+    other = engine.generate([0, 1, 2, 0, 1], SamplingParams(temperature=1.0, max_tokens=20, seed=43),
+                            SpeculationConfig("draft")).run().token_ids
+    assert other != runs[0]
