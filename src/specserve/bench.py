@@ -1,0 +1,420 @@
+"""The benchmark: refactor scenarios x speculation modes, against transformers peers on the same weights.
+
+Every scenario runs plain decoding first; every other run of that scenario is compared with it
+token for token (greedy: a lossless engine must reproduce it exactly; in bf16 a difference is
+located and the target's top-2 logit gap there is reported, so a rounding near-tie can be told
+from a bug). Speed is only ever reported as a ratio to the plain run of the same scenario in
+the same process: never a wall-clock number compared across machines.
+
+Metrics per run:
+  latency      wall-clock seconds of the request (prefill included)
+  ttft         seconds to the first output token
+  tokens/s     decode rate: tokens after the first emission / (latency - ttft)
+  speedup      tokens/s over plain's tokens/s (prefill is the same work in every mode)
+  e2e speedup  plain latency / latency
+  acceptance   accepted / proposed draft tokens; tokens/step: output tokens / target passes
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .config import SamplingParams
+from .edit import build_messages
+
+MODES = ("plain", "prediction", "ngram", "draft", "auto")
+METHOD = {"plain": "none", "prediction": "prediction", "ngram": "ngram", "draft": "draft", "auto": "auto"}
+PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
+PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
+NEAR_TIE = 0.5  # logits: a bf16 logit of magnitude ~20 is rounded in steps of 0.125
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    kind: str  # "edit": file + instruction, prediction = file; "chat": open question, no prediction
+    instruction: str
+    lang: str = ""
+    file: str | None = None
+    code: str = ""  # the file's text (edit scenarios)
+
+
+@dataclass
+class BenchOptions:
+    max_tokens: int = 256
+    scenarios: tuple[str, ...] | None = None  # None: all
+    modes: tuple[str, ...] = MODES
+    peers: tuple[str, ...] = PEERS
+    html_run: str | None = None  # "scenario/mode" to render as HTML
+
+
+@dataclass
+class Run:
+    """One measured request."""
+
+    scenario: str
+    mode: str
+    engine: str  # "specserve" | "transformers"
+    skipped: str | None = None
+    prompt_tokens: int = 0
+    trimmed_lines: int = 0  # lines cut off the end of the file so prompt + max_tokens fit the context
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    latency: float = 0.0
+    ttft: float | None = None
+    tokens_per_second: float = 0.0
+    acceptance_rate: float | None = None
+    tokens_per_step: float | None = None
+    speedup: float | None = None
+    e2e_speedup: float | None = None
+    equal_to_plain: bool | None = None
+    first_difference: dict | None = None
+    stats: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def load_scenarios(names: tuple[str, ...] | None = None) -> tuple[str, list[Scenario]]:
+    """The bundled scenarios (samples/scenarios.json), optionally only those named, in that order."""
+    root = resources.files("specserve") / "samples"
+    spec = json.loads((root / "scenarios.json").read_text(encoding="utf-8"))
+    found = {}
+    for s in spec["scenarios"]:
+        code = (root / s["file"]).read_text(encoding="utf-8") if s.get("file") else ""
+        found[s["name"]] = Scenario(s["name"], s["kind"], s["instruction"], s.get("lang", ""), s.get("file"), code)
+    if names is None:
+        return spec["system"], list(found.values())
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(found)}")
+    return spec["system"], [found[n] for n in names]
+
+
+def scenario_messages(s: Scenario, code: str) -> list[dict]:
+    return build_messages(code, s.instruction, s.lang) if s.kind == "edit" else [
+        {"role": "user", "content": s.instruction}]
+
+
+def build_prompt(llm, s: Scenario, max_tokens: int) -> tuple[list[int], str | None, int]:
+    """(prompt ids, prediction, lines trimmed): the file is cut at a line boundary to fit the context."""
+    lines = s.code.splitlines(True)
+    lo, hi = 0, len(lines)  # binary search the most lines that fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(llm.apply_chat_template(scenario_messages(s, "".join(lines[:mid])))) + max_tokens < llm.max_context:
+            lo = mid
+        else:
+            hi = mid - 1
+    code = "".join(lines[:lo])
+    ids = llm.apply_chat_template(scenario_messages(s, code))
+    if len(ids) + max_tokens >= llm.max_context:
+        raise ValueError(f"scenario {s.name}: the prompt does not fit the context of {llm.max_context} tokens")
+    return ids, (code if s.kind == "edit" else None), len(lines) - lo
+
+
+# --------------------------------------------------------------------------- runs
+
+
+class _Clock:
+    """Wall-clock of one request: start, first emission (and how many tokens it carried), end."""
+
+    def __init__(self, bar: tqdm):
+        self.bar, self.t0 = bar, time.perf_counter()
+        self.first: float | None = None
+        self.first_tokens = 0
+        self.end = self.t0
+
+    def emitted(self, n: int) -> None:
+        if n and self.first is None:
+            self.first, self.first_tokens = time.perf_counter() - self.t0, n
+        self.bar.update(n)
+
+    def stop(self) -> None:
+        self.end = time.perf_counter()
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.t0
+
+    def decode_rate(self, n: int) -> float:
+        """Tokens after the first emission per second after it (n / latency if there is none)."""
+        if self.first is not None and n > self.first_tokens and self.latency > self.first:
+            return (n - self.first_tokens) / (self.latency - self.first)
+        return n / self.latency if self.latency > 0 else 0.0
+
+
+def run_ours(llm, prompt_ids, max_tokens: int, mode: str, prediction: str | None, bar: tqdm):
+    """One specserve request, streamed so the bar moves. Returns (RequestOutput, _Clock)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    pred = prediction if mode in ("prediction", "auto") else None
+    with llm.lock:
+        clock = _Clock(bar)
+        gen = llm.stream(prompt_ids, params, prediction=pred, speculation=METHOD[mode])
+        for event in gen:
+            clock.emitted(len(event.token_ids))
+        clock.stop()
+    return gen.output, clock
+
+
+class _PeerStreamer:
+    """transformers streamer that feeds a _Clock (the first put() is the prompt: ignored)."""
+
+    def __init__(self, clock: _Clock):
+        self.clock, self.seen_prompt = clock, False
+
+    def put(self, value) -> None:
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        self.clock.emitted(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def peer_kwargs(llm, peer: str) -> dict:
+    if peer == "hf-prompt-lookup":
+        return {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
+    if peer == "hf-assisted":
+        return {"assistant_model": llm.engine.draft.model}
+    return {}
+
+
+@torch.inference_mode()
+def run_peer(llm, prompt_ids, max_tokens: int, peer: str, bar: tqdm) -> tuple[list[int], _Clock]:
+    """transformers `generate()` greedy on the very same model objects. Returns (new ids, _Clock)."""
+    from transformers import GenerationConfig
+
+    model = llm.engine.target.model
+    eos = sorted(llm.engine.eos_token_ids)
+    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, temperature=1.0, top_k=0, top_p=1.0,
+                              repetition_penalty=1.0, eos_token_id=eos or None,
+                              pad_token_id=eos[0] if eos else llm.tokenizer.pad_token_id)
+    ids = torch.tensor([prompt_ids], device=llm.engine.target.device)  # [1, P]
+    with llm.lock:
+        clock = _Clock(bar)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                             streamer=_PeerStreamer(clock), **peer_kwargs(llm, peer))  # [1, P + N]
+        clock.stop()
+    return out[0, len(prompt_ids):].tolist(), clock
+
+
+@torch.inference_mode()
+def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[int]) -> dict | None:
+    """Where `other` first departs from plain, and the target's top-2 logit gap at that position."""
+    n = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
+    if n == len(plain) == len(other):
+        return None
+    model = llm.engine.target.model
+    ids = torch.tensor([prompt_ids + plain[:n]], device=llm.engine.target.device)  # [1, P + n]
+    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float().cpu()  # [V]
+    top = torch.topk(logits, 2)
+    gap = float(top.values[0] - top.values[1])
+    tok = lambda i: llm.tokenizer.decode([i]) if i is not None else None  # noqa: E731
+    a = plain[n] if n < len(plain) else None
+    b = other[n] if n < len(other) else None
+    return {"position": n, "plain_token": a, "plain_text": tok(a), "run_token": b, "run_text": tok(b),
+            "top2": top.indices.tolist(), "top2_gap": round(gap, 4), "near_tie": gap < NEAR_TIE}
+
+
+def _ours_run(llm, s: Scenario, mode: str, prompt_ids, prediction, trimmed, opts: BenchOptions, bar):
+    out, clock = run_ours(llm, prompt_ids, opts.max_tokens, mode, prediction, bar)
+    st = out.stats
+    run = Run(s.name, mode, "specserve", prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
+              output_tokens=len(out.token_ids), finish_reason=out.finish_reason, latency=clock.latency,
+              ttft=st.time_to_first_token, tokens_per_second=clock.decode_rate(len(out.token_ids)),
+              acceptance_rate=st.acceptance_rate if st.proposed else None, tokens_per_step=st.tokens_per_step,
+              stats=st.to_dict())
+    return run, out
+
+
+def _peer_run(llm, s: Scenario, peer: str, prompt_ids, trimmed, opts: BenchOptions, bar) -> tuple[Run, list[int]]:
+    ids, clock = run_peer(llm, prompt_ids, opts.max_tokens, peer, bar)
+    eos = llm.engine.eos_token_ids
+    finish = "stop" if ids and ids[-1] in eos else "length"
+    run = Run(s.name, peer, "transformers", prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
+              output_tokens=len(ids), finish_reason=finish, latency=clock.latency, ttft=clock.first,
+              tokens_per_second=clock.decode_rate(len(ids)))
+    return run, ids
+
+
+def skip_reason(llm, s: Scenario, mode: str) -> str | None:
+    """Why a mode or peer cannot run for this scenario, or None."""
+    if mode in ("draft", "hf-assisted") and not llm.has_draft_model:
+        return "no draft model loaded"
+    if mode == "prediction" and s.kind != "edit":
+        return "no prediction for a chat question"
+    return None
+
+
+def compare(llm, run: Run, plain_run: Run, plain_ids: list[int], ids: list[int], prompt_ids) -> None:
+    """Fill equality with plain, first difference and the speedups (ratios in this process)."""
+    run.equal_to_plain = ids == plain_ids
+    if not run.equal_to_plain:
+        run.first_difference = first_difference(llm, prompt_ids, plain_ids, ids)
+    if plain_run.tokens_per_second:
+        run.speedup = run.tokens_per_second / plain_run.tokens_per_second
+    if run.latency:
+        run.e2e_speedup = plain_run.latency / run.latency
+
+
+def warm_up(llm, opts: BenchOptions) -> None:
+    """Pay one-time costs (kernels, allocator, lazy imports) before anything is timed."""
+    ids = llm.apply_chat_template([{"role": "user", "content": "Say hi."}])
+    with tqdm(disable=True) as bar:
+        run_ours(llm, ids, 4, "plain", None, bar)
+        if any(p in opts.peers for p in PEERS):
+            run_peer(llm, ids, 4, "hf", bar)
+
+
+def _wants_html(opts: BenchOptions, s: Scenario, mode: str, sink: dict) -> bool:
+    """The run named by html_run, else the first prediction (then auto) run; a named run wins."""
+    if opts.html_run is not None:
+        return opts.html_run == f"{s.name}/{mode}"
+    rank = {"prediction": 2, "auto": 1}.get(mode, 0)
+    if rank <= sink.get("rank", 0):
+        return False
+    sink["rank"] = rank
+    return True
+
+
+def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: dict) -> list[Run]:
+    """Plain first (the reference), then every other mode and peer of one scenario."""
+    prompt_ids, prediction, trimmed = build_prompt(llm, s, opts.max_tokens)
+    runs: list[Run] = []
+    plain_run, plain_ids = None, None
+    for mode in ("plain",) + tuple(m for m in opts.modes if m != "plain") + tuple(opts.peers):
+        outer.set_postfix_str(f"{s.name}/{mode}")
+        reason = skip_reason(llm, s, mode)
+        if reason:
+            runs.append(Run(s.name, mode, "transformers" if mode in PEERS else "specserve", skipped=reason))
+            outer.update(1)
+            continue
+        with tqdm(total=opts.max_tokens, desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr,
+                  disable=None) as bar:
+            if mode in PEERS:
+                run, ids = _peer_run(llm, s, mode, prompt_ids, trimmed, opts, bar)
+            else:
+                run, out = _ours_run(llm, s, mode, prompt_ids, prediction, trimmed, opts, bar)
+                ids = out.token_ids
+                if _wants_html(opts, s, mode, html_sink):
+                    html_sink.update(output=out, title=f"{s.name} / {mode}")
+        if plain_run is None:
+            plain_run, plain_ids = run, ids
+        compare(llm, run, plain_run, plain_ids, ids, prompt_ids)
+        if mode in opts.modes or mode in PEERS:
+            runs.append(run)
+        outer.update(1)
+    return runs
+
+
+def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
+    """All selected scenarios x modes x peers. Returns (runs, html_sink) — html_sink holds the
+    RequestOutput chosen for the HTML report (`output`, `title`), if any."""
+    _, scenarios = load_scenarios(opts.scenarios)
+    html_sink: dict = {}
+    warm_up(llm, opts)
+    per = len(set(opts.modes) | {"plain"}) + len(opts.peers)
+    with tqdm(total=per * len(scenarios), desc="bench", unit="run", file=sys.stderr, disable=None) as outer:
+        runs = [r for s in scenarios for r in run_scenario(llm, s, opts, outer, html_sink)]
+    return runs, html_sink
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def environment(llm, dtype: str, opts: BenchOptions) -> dict:
+    import transformers
+
+    return {"model": llm.model_name, "draft_model": llm.draft_model_name, "dtype": dtype,
+            "device": str(llm.engine.target.device), "max_tokens": opts.max_tokens,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "machine": platform.machine(), "threads": torch.get_num_threads(),
+            "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _f(v, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if v is None else f"{v:{spec}}{suffix}"
+
+
+def _equal_cell(r: Run) -> str:
+    if r.equal_to_plain is None:
+        return "–"
+    if r.equal_to_plain:
+        return "yes"
+    d = r.first_difference or {}
+    kind = "near-tie" if d.get("near_tie") else "DIFFERS"
+    return f"{kind} @{d.get('position')} (gap {d.get('top2_gap')})"
+
+
+def markdown_table(runs: list[Run], env: dict) -> str:
+    head = (f"# specserve bench\n\ntarget `{env['model']}`, draft `{env['draft_model']}`, {env['dtype']} on "
+            f"{env['device']} ({env['threads']} threads), max_tokens {env['max_tokens']}, torch {env['torch']}, "
+            f"transformers {env['transformers']}, {env['date']}\n\n"
+            "| scenario | mode | engine | out tok | latency s | TTFT s | tok/s | acceptance | tok/step | speedup "
+            "| e2e speedup | equal to plain |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+    rows = []
+    for r in runs:
+        if r.skipped:
+            rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | skipped: {r.skipped} |||||||||\n")
+            continue
+        rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "
+                    f"{_f(r.ttft)} | {r.tokens_per_second:.2f} | {_f(r.acceptance_rate, '.1%')} | "
+                    f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.e2e_speedup, '.2f', 'x')} | "
+                    f"{_equal_cell(r)} |\n")
+    return head + "".join(rows)
+
+
+def write_chart(runs: list[Run], path: Path) -> Path:
+    """Grouped bars: decode speedup vs plain (top) and tokens per step (bottom), per scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in runs if not r.skipped]
+    scenarios = list(dict.fromkeys(r.scenario for r in done))
+    modes = list(dict.fromkeys(r.mode for r in done))
+    fig, axes = plt.subplots(2, 1, figsize=(max(7, 1.6 * len(scenarios) + 3), 7), sharex=True)
+    width = 0.8 / max(len(modes), 1)
+    for j, mode in enumerate(modes):
+        xs, sp, tps = [], [], []
+        for i, s in enumerate(scenarios):
+            r = next((r for r in done if r.scenario == s and r.mode == mode), None)
+            if r is not None:
+                xs.append(i + (j - (len(modes) - 1) / 2) * width)
+                sp.append(r.speedup or 0.0)
+                tps.append(r.tokens_per_step or 0.0)
+        hatch = "//" if mode in PEERS else None
+        axes[0].bar(xs, sp, width, label=mode, hatch=hatch)
+        axes[1].bar(xs, tps, width, label=mode, hatch=hatch)
+    axes[0].axhline(1.0, color="black", lw=0.8)
+    axes[0].set_ylabel("decode speedup vs plain (x)")
+    axes[1].set_ylabel("tokens per target pass")
+    axes[1].set_xticks(range(len(scenarios)), scenarios, rotation=20, ha="right")
+    axes[0].legend(ncol=4, fontsize=8)
+    axes[0].set_title("specserve bench (hatched: transformers peers; tokens/step unknown for peers)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_results(runs: list[Run], env: dict, out: Path) -> dict[str, Path]:
+    """bench.json, bench.md and bench.png in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "bench.json", "markdown": out / "bench.md", "chart": out / "bench.png"}
+    paths["json"].write_text(json.dumps({"environment": env, "runs": [asdict(r) for r in runs]}, indent=2))
+    paths["markdown"].write_text(markdown_table(runs, env))
+    write_chart(runs, paths["chart"])
+    return paths

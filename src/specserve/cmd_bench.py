@@ -1,0 +1,91 @@
+"""`specserve bench`: scenarios x speculation modes x transformers peers -> JSON, Markdown, PNG.
+
+    specserve bench --quick --out bench-quick            # SmolLM2-135M, one scenario, short outputs (CI)
+    specserve bench --out bench --max-tokens 256 --scenarios py-rename,ts-async --modes plain,prediction
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .bench import MODES, PEERS, BenchOptions, environment, run_bench, write_results
+
+QUICK_MODEL = "smollm2-135m-instruct"
+QUICK_SCENARIO = "py-rename"
+
+
+def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = "") -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "none")
+    if allowed is not None:
+        bad = [v for v in items if v not in allowed]
+        if bad:
+            raise ValueError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(allowed)}")
+    return items
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark speculation modes and transformers peers on refactor scenarios",
+                              description="Run refactor scenarios under each speculation mode and transformers "
+                                          "generate() peers on the same weights; write bench.json, bench.md and "
+                                          "bench.png into --out.")
+    p.add_argument("--quick", action="store_true", help=f"CI size: {QUICK_MODEL} (or --model), one scenario, "
+                                                        "32 output tokens, float32")
+    p.add_argument("--model", default=None, help="target: pack name or model folder (default: the default target "
+                                                 f"pack; {QUICK_MODEL} with --quick)")
+    p.add_argument("--draft-model", default=None, help="draft model (default: the default draft pack when --model "
+                                                       "is not given; none with --quick); 'none' for no draft model")
+    p.add_argument("--dtype", default=None, help="bfloat16 (default) or float32 (default with --quick)")
+    p.add_argument("--max-tokens", type=int, default=None, help="output cap per run (default 256; 32 with --quick)")
+    p.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: all; "
+                                                     f"{QUICK_SCENARIO} with --quick)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES)}")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"transformers peers, from {','.join(PEERS)}; "
+                                                            "'none' for none")
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
+    p.add_argument("--html", type=Path, default=None, help="also write an HTML token-source report of one run")
+    p.add_argument("--html-run", default=None, help="which run the HTML shows, as scenario/mode "
+                                                    "(default: the first prediction run)")
+    p.set_defaults(func=run)
+
+
+def resolve_options(args) -> tuple[dict, BenchOptions]:
+    """LLM keyword arguments and bench options, with --quick defaults filled in."""
+    quick = args.quick
+    model = args.model or (QUICK_MODEL if quick else None)
+    draft = args.draft_model or ("none" if quick else None)
+    llm_kwargs = {"model": model, "draft_model": draft, "dtype": args.dtype or ("float32" if quick else "bfloat16")}
+    max_tokens = args.max_tokens or (32 if quick else 256)
+    if max_tokens < 1:
+        raise ValueError("--max-tokens must be at least 1")
+    scenarios = _csv(args.scenarios) or ((QUICK_SCENARIO,) if quick else None)
+    opts = BenchOptions(max_tokens=max_tokens, scenarios=scenarios, modes=_csv(args.modes, MODES, "mode"),
+                        peers=_csv(args.peers, PEERS, "peer"), html_run=args.html_run)
+    return llm_kwargs, opts
+
+
+def run(args) -> int:
+    from .llm import LLM
+
+    llm_kwargs, opts = resolve_options(args)
+    llm = LLM(**llm_kwargs)
+    runs, html = run_bench(llm, opts)
+    paths = write_results(runs, environment(llm, llm_kwargs["dtype"], opts), args.out)
+    if args.html:
+        from .report_html import write_html
+
+        if "output" not in html:
+            print("no speculative run to render as HTML (check --html-run)", file=sys.stderr)
+        else:
+            paths["html"] = write_html(args.html, llm.tokenizer, html["output"], f"specserve bench: {html['title']}")
+    print(paths["markdown"].read_text())
+    for kind, path in paths.items():
+        print(f"wrote {kind}: {path}", file=sys.stderr)
+    bad = [r for r in runs if r.engine == "specserve" and r.equal_to_plain is False]
+    if bad and llm_kwargs["dtype"] in ("float32", "fp32"):
+        print(f"{len(bad)} speculative run(s) differ from plain greedy decoding in float32: that is a bug",
+              file=sys.stderr)
+        return 1
+    return 0
