@@ -94,11 +94,9 @@ class PredictionProposer:
                 lo = mid
             else:
                 hi = mid - 1
-        if lo < self.min_anchor_chars and lo < len(tail):
-            return None
-        if lo == 0:
-            return None
         suffix = tail[-lo:]
+        if lo == 0 or (lo < self.min_anchor_chars and lo < len(tail)) or len("".join(suffix.split())) < 3:
+            return None  # too short, or only whitespace/indentation: it would match almost anywhere
         start = self.text.find(suffix, max(0, self.char_pos - lo))  # nearest at or after where we were
         if start < 0:
             start = self.text.rfind(suffix)

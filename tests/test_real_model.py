@@ -1,0 +1,60 @@
+"""The engine on real pretrained weights: the SmolLM2-135M-Instruct pack, in float32.
+
+A real byte-level BPE tokenizer exercises what the tiny test tokenizer cannot: multi-byte
+characters split across tokens, and edits whose text tokenizes differently in context than
+in the prediction (the re-anchoring seam).
+"""
+
+import pytest
+
+from specserve import SamplingParams
+from specserve.llm import LLM
+
+CODE = '''def total_price(items):
+    total = 0
+    for item in items:
+        total += item["price"] * item["quantity"]
+    return total
+
+
+def format_price(value):
+    return f"${value:.2f}"
+'''
+
+
+@pytest.fixture(scope="module")
+def llm(smol_model_dir):
+    return LLM(model=str(smol_model_dir), dtype="float32")
+
+
+def chat(llm, instruction, **kw):
+    messages = [{"role": "user", "content": f"{instruction}\n\n```python\n{CODE}```"}]
+    return llm.chat(messages, SamplingParams(max_tokens=120), **kw)
+
+
+def test_chat_template_is_applied(llm):
+    ids = llm.apply_chat_template([{"role": "user", "content": "hi"}])
+    text = llm.tokenizer.decode(ids)
+    assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
+
+
+def test_predicted_outputs_on_real_model_are_exact_and_accepted(llm):
+    instruction = "Add type hints to this code."
+    base = chat(llm, instruction, speculation="none")
+    for method in ("prediction", "auto", "ngram"):
+        out = chat(llm, instruction, prediction=CODE, speculation=method)
+        assert out.token_ids == base.token_ids, method
+        assert out.text == base.text
+    out = chat(llm, instruction, prediction=CODE, speculation="prediction")
+    pred = out.stats.by_source["prediction"]
+    assert pred.accepted >= 0.4 * len(out.token_ids), out.stats.to_dict()
+    assert out.stats.tokens_per_step > 2.0
+
+
+def test_non_ascii_stream_is_exact(llm):
+    prompt = "Translate to French and Japanese: 'The café is open.' →"
+    base = llm.generate(prompt, SamplingParams(max_tokens=40), speculation="none")
+    gen = llm.stream(prompt, SamplingParams(max_tokens=40), prediction=base.text, speculation="prediction")
+    text = "".join(e.text for e in gen)
+    assert gen.output.token_ids == base.token_ids and text == base.text
+    assert "\ufffd" not in text
