@@ -1,0 +1,57 @@
+"""`specserve generate` end to end in a subprocess: output, JSON stats, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tiny import save_tiny
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny-cli"))
+
+
+def cli(*args, stdin: str | None = None):
+    return subprocess.run([sys.executable, "-m", "specserve.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_generate_json_with_prediction(model_dir, tmp_path):
+    plain = cli("generate", "def add(a, b):", "--model", model_dir, "--dtype", "float32", "--max-tokens", "24",
+                "--speculation", "none", "--json")
+    assert plain.returncode == 0, plain.stderr
+    base = json.loads(plain.stdout)
+    pred = tmp_path / "pred.txt"
+    pred.write_text(base["text"], encoding="utf-8")
+    r = cli("generate", "--model", model_dir, "--dtype", "float32", "--max-tokens", "24", "--prediction", str(pred),
+            "--speculation", "prediction", "--json", stdin="def add(a, b):")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["token_ids"] == base["token_ids"]
+    assert out["stats"]["by_source"]["prediction"]["accepted"] > 0
+    assert len(out["token_sources"]) == len(out["token_ids"])
+
+
+def test_generate_streams_text_then_stats(model_dir):
+    r = cli("generate", "def add(a, b):", "--model", model_dir, "--dtype", "float32", "--max-tokens", "16")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "tokens/step" in r.stderr and "finish: length" in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prediction", "/nonexistent/file.py"], "cannot read prediction file"),
+    (["--max-tokens", "0"], "max_tokens must be at least 1"),
+    (["--temperature", "-1"], "temperature must be in"),
+    (["--model", "/nonexistent/model"], "no such file or folder"),
+    (["--speculation", "draft"], "needs a draft model"),
+])
+def test_bad_input_gets_one_line_error(model_dir, args, message):
+    base = ["generate", "hello", "--dtype", "float32"] + ([] if "--model" in args else ["--model", model_dir])
+    r = cli(*base, *args)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("specserve: error:")
