@@ -62,6 +62,11 @@ class Generation:
         self.engine, self.prompt_ids, self.params, self.spec = engine, prompt_ids, params, spec
         self.prediction = prediction
         self.should_cancel = should_cancel or (lambda: False)
+        self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None
+                                                       else random.getrandbits(63))
+        # Built here so that a request the proposers refuse fails before the first step.
+        self.chain = build_chain(ProposerContext(spec, params, len(prompt_ids), engine.tokenizer,
+                                                 prediction, engine.draft, self.generator))
         self.output: RequestOutput | None = None
         self._events = self._run()
 
@@ -83,9 +88,7 @@ class Generation:
         target = eng.target
         stats = SpecStats(prompt_tokens=len(self.prompt_ids))
         t0 = time.perf_counter()
-        generator = torch.Generator().manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
-        chain = build_chain(ProposerContext(self.spec, params, len(self.prompt_ids), eng.tokenizer,
-                                            self.prediction, eng.draft, generator))
+        generator, chain = self.generator, self.chain
         builder = OutputBuilder(eng.tokenizer, self.prompt_ids, params, eng.eos_token_ids)
         counts = torch.zeros(target.vocab_size) if params.has_penalties else None  # [V]
         tokens = list(self.prompt_ids)
@@ -138,7 +141,9 @@ class Generation:
             step_lp = _logprobs(logits, new, params.logprobs) if logprobs is not None else None
             if step_lp:
                 logprobs.extend(step_lp)
-            stats.record_step(src, len(draft_ids), n_acc, committed)
+            # Draft tokens cut by a stop/EOS/max_tokens inside the draft never reach the output:
+            # count them as not accepted, so accepted prediction tokens <= completion tokens.
+            stats.record_step(src, len(draft_ids), min(n_acc, committed), committed)
             for p in chain:
                 p.observe(tokens, Draft(draft_ids, src, None) if draft else None, n_acc)
             if stats.time_to_first_token is None:

@@ -83,11 +83,18 @@ class LLM:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         return self.encode(text)
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.target.vocab_size
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """Text (tokenized with the tokenizer's special tokens) or token ids, validated."""
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         return ids
@@ -101,7 +108,7 @@ class LLM:
         The caller must exhaust (or drop) the Generation before starting another on this LLM.
         """
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
-        return self.engine.generate(self._prompt_ids(prompt), params or SamplingParams(), spec,
+        return self.engine.generate(self.prompt_ids(prompt), params or SamplingParams(), spec,
                                     prediction, should_cancel)
 
     def generate(self, prompts, params: SamplingParams | None = None, prediction: str | list[int] | None = None,

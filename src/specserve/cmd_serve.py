@@ -1,0 +1,61 @@
+"""`specserve serve`: load the models, then run the OpenAI-compatible HTTP server.
+
+    specserve serve                                  # default packs, http://127.0.0.1:8000/v1
+    specserve serve --model smollm2-135m-instruct --dtype float32 --port 8080 --api-key secret
+
+Heavy imports (torch, transformers, fastapi) happen in `run`, so `specserve --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .config import METHODS
+
+
+def add_parser(subparsers) -> None:
+    """Register the `serve` subcommand (contract with cli.py)."""
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server",
+                              description="Serve /v1/chat/completions and /v1/completions (with Predicted "
+                              "Outputs), /v1/models, /health and /metrics.")
+    p.add_argument("--model", default=None, help="target: pack name, model folder or .gguf (default: the default pack)")
+    p.add_argument("--draft-model", default=None, help="draft model for speculation ('none' for no draft model)")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, fast on CPU) or float32")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSERVE_API_KEY, else open)")
+    p.add_argument("--speculation", default="auto", choices=METHODS, help="default speculation method (default auto)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="starting number of draft tokens per step (each source adapts it)")
+    p.add_argument("--max-queue", type=_non_negative_int, default=16,
+                   help="requests allowed to wait while one runs; beyond that 429 (default 16)")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="per-request deadline from arrival, queue wait included; 0 = none (default 600)")
+    p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=run)
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the LLM and serve until interrupted."""
+    from .config import SpeculationConfig
+    from .llm import LLM
+    from .server import ServerOptions, serve
+
+    speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
+    options = ServerOptions(api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
+                            max_queue=args.max_queue, request_timeout=args.request_timeout or None)
+    llm = LLM(model=args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
+              speculation=speculation)
+    serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
+    return 0

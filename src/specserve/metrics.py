@@ -1,0 +1,64 @@
+"""Prometheus metrics for the server, in a registry of their own so tests can build many apps.
+
+Acceptance rate per source = rate(specserve_spec_accepted_tokens_total) /
+rate(specserve_spec_proposed_tokens_total); mean accepted length per step =
+rate(accepted) / rate(specserve_spec_steps_total); tokens per step = that + 1.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .stats import SOURCES, RequestOutput
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """Every series the server exports; `observe_output` records one finished generation."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specserve_requests", "Requests by endpoint and outcome status "
+                                "(499: client went away, 504: timed out)", ["endpoint", "status"], registry=r)
+        self.ttft = Histogram("specserve_time_to_first_token_seconds", "Arrival to first output token "
+                              "(queue wait included)", buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("specserve_time_per_output_token_seconds", "Mean time per output token after "
+                              "the first", buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("specserve_e2e_request_latency_seconds", "Arrival to last byte",
+                             ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("specserve_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.completion_tokens = Counter("specserve_completion_tokens", "Output tokens generated", registry=r)
+        self.queue_depth = Gauge("specserve_queue_depth", "Requests waiting for the worker", registry=r)
+        self.active = Gauge("specserve_active_requests", "Requests running on the worker (0 or 1)", registry=r)
+        self.proposed = Counter("specserve_spec_proposed_tokens", "Draft tokens sent to the target",
+                                ["source"], registry=r)
+        self.accepted = Counter("specserve_spec_accepted_tokens", "Draft tokens the target accepted",
+                                ["source"], registry=r)
+        self.steps = Counter("specserve_spec_steps", "Target verification passes (source 'none': no draft)",
+                             ["source"], registry=r)
+        for s in SOURCES:  # export zeros from the start so rates are defined
+            for c in (self.proposed, self.accepted, self.steps):
+                c.labels(source=s)
+
+    def request(self, endpoint: str, status: int | str) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def observe_output(self, output: RequestOutput, ttft: float | None, e2e: float, endpoint: str) -> None:
+        """Token counts, latencies and per-source speculation counters of one generation."""
+        stats = output.stats
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.completion_tokens.inc(stats.output_tokens)
+        self.e2e.labels(endpoint=endpoint).observe(e2e)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if stats.output_tokens > 1:
+                self.tpot.observe((e2e - ttft) / (stats.output_tokens - 1))
+        for source, s in stats.by_source.items():
+            self.proposed.labels(source=source).inc(s.proposed)
+            self.accepted.labels(source=source).inc(s.accepted)
+            self.steps.labels(source=source).inc(s.steps)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,541 @@
+"""OpenAI request and response shapes, and their mapping onto the engine's configuration.
+
+Requests are parsed strictly (wrong JSON types are a 400, as OpenAI does) into pydantic
+models; `prepare_chat` / `prepare_completion` turn one into a `Prepared` job (prompt token ids,
+`SamplingParams`, `SpeculationConfig`, prediction text), refusing what we cannot serve with a
+400 that names the parameter. A `Dialect` builds the JSON bodies and SSE chunks of its endpoint.
+Everything here is pure apart from tokenizer calls, so it runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .config import SamplingParams, SpeculationConfig
+from .errors import ContextLengthError, InvalidRequestError
+from .stats import RequestOutput, TokenLogprob
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+# -- errors ---------------------------------------------------------------------------------------
+class APIError(Exception):
+    """An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type
+        self.param, self.code, self.headers = param, code, headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, what: str) -> APIError:
+    return APIError(400, f"{param}: {what} is not supported by this server", param=param,
+                    code="unsupported_parameter")
+
+
+def engine_error(exc: Exception) -> APIError:
+    """Map an engine exception raised for a request onto an OpenAI error."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextLengthError):
+        return bad_request(str(exc), None, "context_length_exceeded")
+    if isinstance(exc, (InvalidRequestError, ValueError)):
+        return bad_request(str(exc))
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error", code="internal_error")
+
+
+def parse_body(model_cls: type[BaseModel], raw: bytes) -> BaseModel:
+    """Validate a raw JSON body; invalid JSON and wrong types or ranges become a 400."""
+    try:
+        return model_cls.model_validate_json(raw or b"")
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
+
+
+def _param_path(loc: tuple) -> str | None:
+    """('messages', 0, 'content', 'str') -> 'messages[0].content' (union member tags dropped)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier() and part not in _TYPE_TAGS and not part[0].isupper():
+            out += f".{part}" if out else part
+    return out or None
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    err = e.errors(include_url=False)[0]
+    if err["type"] == "json_invalid":
+        return bad_request(f"the request body is not valid JSON ({err['msg']})", None, "invalid_json")
+    param = _param_path(err["loc"])
+    if param is None:
+        return bad_request("the request body must be a JSON object", None, "invalid_type")
+    if err["type"] == "missing":
+        return bad_request(f"missing required parameter {param!r}", param, "missing_required_parameter")
+    is_range = err["type"] in {"greater_than", "greater_than_equal", "less_than", "less_than_equal",
+                               "too_short", "too_long", "literal_error"}
+    return bad_request(f"{param}: {err['msg']}", param, "invalid_value" if is_range else "invalid_type")
+
+
+# -- request models -------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    """Wrong JSON types are errors (no "1" -> 1 coercion); unknown fields are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+Content = str | list[ContentPart]
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Content | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class Prediction(_Strict):
+    type: Literal["content"]
+    content: Content
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = False
+
+
+class SpeculationRequest(_Strict):
+    """Non-standard: `{"method": "auto|none|prediction|ngram|draft", "num_speculative_tokens": K}`."""
+
+    method: str | None = None
+    num_speculative_tokens: int | None = Field(None, ge=1, le=256)
+
+
+class ResponseFormat(_Open):
+    type: str
+
+
+class _Common(_Strict):
+    """Fields shared by chat and completions requests."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # extension (extra_body); -1 or 0 = off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    n: int | None = Field(None, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    speculation: SpeculationRequest | None = None  # extension (extra_body)
+    ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    prediction: Prediction | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+    prediction: Prediction | None = None  # extension: Predicted Outputs on completions too
+
+
+# -- request -> engine ------------------------------------------------------------------------
+@dataclass
+class Prepared:
+    """A validated request, ready for the worker."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    speculation: SpeculationConfig
+    prediction: str | None
+    stream: bool
+    include_usage: bool
+
+
+def content_text(content: Content | None, param: str) -> str:
+    """A string, or the concatenated text of an array of text parts; other parts are refused."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise unsupported(f"{param}[{j}]", f"content part type {part.type!r} (only 'text' parts)")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _refuse_common(req: _Common) -> None:
+    if req.n not in (None, 1):
+        raise unsupported("n", f"n={req.n} (only n=1)")
+    if req.logit_bias:
+        raise unsupported("logit_bias", "logit_bias")
+
+
+def _refuse_chat(req: ChatCompletionRequest) -> None:
+    """Refuse the chat features we do not implement, naming the parameter."""
+    _refuse_common(req)
+    if req.tools:
+        raise unsupported("tools", "tool calling")
+    if req.tool_choice not in (None, "none"):
+        raise unsupported("tool_choice", "tool calling")
+    if req.functions or req.function_call not in (None, "none"):
+        raise unsupported("functions" if req.functions else "function_call", "function calling")
+    if req.audio is not None or "audio" in (req.modalities or ()):
+        raise unsupported("audio" if req.audio is not None else "modalities", "audio output")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise unsupported("response_format", f"response_format type {req.response_format.type!r}")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+
+
+def speculation_config(req: SpeculationRequest | None, default: SpeculationConfig, has_draft: bool,
+                       ) -> SpeculationConfig:
+    """The server's default speculation, overridden field by field by the request's object."""
+    if req is None:
+        spec = default
+    else:
+        k = req.num_speculative_tokens if req.num_speculative_tokens is not None else default.num_speculative_tokens
+        try:
+            spec = SpeculationConfig(method=req.method or default.method, num_speculative_tokens=k)
+        except ValueError as e:
+            raise bad_request(str(e), "speculation.method") from None
+    if spec.method == "draft" and not has_draft:
+        raise bad_request("speculation method 'draft' needs a draft model; start the server with --draft-model",
+                          "speculation.method")
+    return spec
+
+
+def sampling_params(req: _Common, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """OpenAI defaults: temperature 1, top_p 1, no penalties."""
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(not s for s in stop):
+        raise bad_request("stop strings must be non-empty", "stop")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0), seed=req.seed,
+            stop=tuple(stop), presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0, logprobs=logprobs, ignore_eos=bool(req.ignore_eos))
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+
+def _max_tokens(requested: int | None, default: int | None, prompt_len: int, max_context: int,
+                prompt_param: str) -> int:
+    """Check prompt + max_tokens against the context; fill the default (capped to what fits)."""
+    room = max_context - prompt_len
+    if room <= 0:
+        raise bad_request(f"This model's maximum context length is {max_context} tokens, but the "
+                          f"{prompt_param} has {prompt_len} tokens. Please shorten it.", prompt_param,
+                          "context_length_exceeded")
+    if requested is None:
+        return room if default is None else min(default, room)
+    if prompt_len + requested > max_context:
+        raise bad_request(f"This model's maximum context length is {max_context} tokens. However, you requested "
+                          f"{prompt_len + requested} tokens ({prompt_len} in the {prompt_param}, {requested} for "
+                          f"the completion). Please reduce the length of the {prompt_param} or max_tokens.",
+                          "max_tokens", "context_length_exceeded")
+    return requested
+
+
+def _prediction_text(pred: Prediction | None, llm) -> str | None:
+    """The prediction's text; refused when it alone is longer than the context."""
+    if pred is None:
+        return None
+    text = content_text(pred.content, "prediction.content")
+    if text and len(llm.encode(text)) > llm.max_context:
+        raise bad_request(f"the prediction is longer than the model's context length ({llm.max_context} tokens)",
+                          "prediction.content", "context_length_exceeded")
+    return text or None
+
+
+def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
+    """Validate a chat request against the model and turn it into a job."""
+    _refuse_chat(req)
+    if not req.messages:
+        raise bad_request("messages must contain at least one message", "messages", "empty_array")
+    messages = []
+    for i, m in enumerate(req.messages):
+        if m.role in ("tool", "function") or m.tool_calls:
+            raise unsupported(f"messages[{i}]", "tool messages and tool calls")
+        role = "system" if m.role == "developer" else m.role
+        messages.append({"role": role, "content": content_text(m.content, f"messages[{i}].content")})
+    try:
+        prompt_ids = llm.apply_chat_template(messages)
+    except (InvalidRequestError, ContextLengthError):
+        raise
+    except Exception as e:  # a chat template that refuses these messages (jinja2 raise_exception)
+        raise bad_request(f"messages: the model's chat template rejected them: {e}", "messages") from None
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")
+    top_n = (req.top_logprobs or 0) if req.logprobs else None
+    return Prepared(prompt_ids, sampling_params(req, max_tokens, top_n),
+                    speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
+                    _prediction_text(req.prediction, llm), bool(req.stream),
+                    bool(req.stream_options and req.stream_options.include_usage))
+
+
+def _completion_prompt_ids(prompt, llm) -> list[int]:
+    """One prompt: a string, a list of token ids, or a batch of exactly one of those."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise unsupported("prompt", "a batch of several prompts (send one request per prompt)")
+        prompt = prompt[0]
+    try:
+        return llm.prompt_ids(prompt)
+    except InvalidRequestError as e:
+        code = "empty_prompt" if "empty" in str(e) else "invalid_value"
+        raise bad_request(str(e), "prompt", code) from None
+
+
+def prepare_completion(req: CompletionRequest, llm) -> Prepared:
+    """Validate a completions request against the model and turn it into a job."""
+    _refuse_common(req)
+    if req.echo:
+        raise unsupported("echo", "echo")
+    if req.suffix:
+        raise unsupported("suffix", "suffix (fill-in-the-middle)")
+    if req.best_of not in (None, 1):
+        raise unsupported("best_of", f"best_of={req.best_of} (only 1)")
+    prompt_ids = _completion_prompt_ids(req.prompt, llm)
+    max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context,
+                             "prompt")
+    return Prepared(prompt_ids, sampling_params(req, max_tokens, req.logprobs),
+                    speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
+                    _prediction_text(req.prediction, llm), bool(req.stream),
+                    bool(req.stream_options and req.stream_options.include_usage))
+
+
+# -- engine -> responses --------------------------------------------------------------------------
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte <-> printable character map used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+class TokenNamer:
+    """Token id -> (text, UTF-8 bytes) as OpenAI's logprobs show them; cached per id."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = getattr(backend, "decoder", None) if backend is not None else None
+        self.byte_level = decoder is not None and b"ByteLevel" in decoder.__getstate__()
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, tid: int) -> tuple[str, list[int]]:
+        if tid not in self.cache:
+            self.cache[tid] = self._name(tid)
+        return self.cache[tid]
+
+    def _name(self, tid: int) -> tuple[str, list[int]]:
+        piece = self.tok.convert_ids_to_tokens(tid)
+        if self.byte_level and piece and all(c in _BYTE_OF_CHAR for c in piece):
+            raw = bytes(_BYTE_OF_CHAR[c] for c in piece)
+            return raw.decode("utf-8", errors="replace"), list(raw)
+        if piece and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            raw = bytes([int(piece[3:5], 16)])  # SentencePiece byte fallback
+            return raw.decode("utf-8", errors="replace"), list(raw)
+        text = self.tok.decode([tid])
+        return text, list(text.encode("utf-8"))
+
+
+def usage(output: RequestOutput) -> dict:
+    """OpenAI usage, with Predicted Outputs' accepted / rejected prediction tokens."""
+    s = output.stats
+    pred = s.by_source["prediction"]
+    return {
+        "prompt_tokens": s.prompt_tokens, "completion_tokens": s.output_tokens,
+        "total_tokens": s.prompt_tokens + s.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                      "accepted_prediction_tokens": pred.accepted,
+                                      "rejected_prediction_tokens": pred.rejected},
+    }
+
+
+def finish_reason(output: RequestOutput) -> str:
+    return "length" if output.finish_reason == "length" else "stop"
+
+
+@dataclass
+class ResponseContext:
+    """What every chunk and body of one response shares."""
+
+    id: str
+    model: str
+    namer: TokenNamer
+    include_usage: bool = False
+    logprobs: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    text_offset: int = 0  # completions logprobs: chars of output already described
+
+
+class Dialect:
+    """Builds one endpoint's JSON bodies and SSE chunks. Subclasses: chat and completions."""
+
+    name = ""
+    request_model: type[_Common]
+    id_prefix = ""
+
+    def prepare(self, req, llm) -> Prepared:
+        raise NotImplementedError
+
+    def context(self, model: str, namer: TokenNamer, prepared: Prepared) -> ResponseContext:
+        return ResponseContext(f"{self.id_prefix}{uuid.uuid4().hex}", model, namer, prepared.include_usage,
+                               prepared.params.logprobs is not None)
+
+    def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
+        return []
+
+    def _chunk(self, ctx: ResponseContext, choices: list[dict], **extra) -> dict:
+        body = {"id": ctx.id, "object": self.chunk_object, "created": ctx.created, "model": ctx.model,
+                "system_fingerprint": None, "choices": choices}
+        if ctx.include_usage:
+            body["usage"] = None
+        body.update(extra)
+        return body
+
+    def usage_chunk(self, ctx: ResponseContext, output: RequestOutput) -> dict:
+        return self._chunk(ctx, [], usage=usage(output), speculation=output.stats.to_dict())
+
+
+class ChatDialect(Dialect):
+    name = "chat"
+    request_model = ChatCompletionRequest
+    id_prefix = "chatcmpl-"
+    chunk_object = "chat.completion.chunk"
+
+    def prepare(self, req, llm) -> Prepared:
+        return prepare_chat(req, llm)
+
+    def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None) -> dict | None:
+        if not ctx.logprobs or lps is None:
+            return None
+        return {"content": [self._entry(ctx, lp) for lp in lps], "refusal": None}
+
+    @staticmethod
+    def _entry(ctx: ResponseContext, lp: TokenLogprob) -> dict:
+        text, raw = ctx.namer(lp.token_id)
+        top = []
+        for tid, val in lp.top:
+            t, b = ctx.namer(tid)
+            top.append({"token": t, "logprob": val, "bytes": b})
+        return {"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top}
+
+    def opening_chunks(self, ctx):
+        delta = {"role": "assistant", "content": ""}
+        return [self._chunk(ctx, [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])]
+
+    def delta_chunk(self, ctx, text: str, lps) -> dict:
+        delta = {"content": text} if text else {}
+        return self._chunk(ctx, [{"index": 0, "delta": delta, "logprobs": self._logprobs(ctx, lps),
+                                  "finish_reason": None}])
+
+    def finish_chunk(self, ctx, output: RequestOutput) -> dict:
+        return self._chunk(ctx, [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(output)}],
+                           speculation=output.stats.to_dict())
+
+    def response(self, ctx, output: RequestOutput) -> dict:
+        message = {"role": "assistant", "content": output.text, "refusal": None}
+        return {"id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(ctx, output.logprobs),
+                             "finish_reason": finish_reason(output)}],
+                "usage": usage(output), "speculation": output.stats.to_dict()}
+
+
+class CompletionDialect(Dialect):
+    name = "completions"
+    request_model = CompletionRequest
+    id_prefix = "cmpl-"
+    chunk_object = "text_completion"
+
+    def prepare(self, req, llm) -> Prepared:
+        return prepare_completion(req, llm)
+
+    def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None) -> dict | None:
+        """OpenAI's legacy shape: parallel lists plus char offsets into the generated text."""
+        if not ctx.logprobs or lps is None:
+            return None
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in lps:
+            text, _ = ctx.namer(lp.token_id)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top})
+            out["text_offset"].append(ctx.text_offset)
+            ctx.text_offset += len(text)
+        return out
+
+    def delta_chunk(self, ctx, text: str, lps) -> dict:
+        return self._chunk(ctx, [{"index": 0, "text": text, "logprobs": self._logprobs(ctx, lps),
+                                  "finish_reason": None}])
+
+    def finish_chunk(self, ctx, output: RequestOutput) -> dict:
+        return self._chunk(ctx, [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(output)}],
+                           speculation=output.stats.to_dict())
+
+    def response(self, ctx, output: RequestOutput) -> dict:
+        return {"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "text": output.text, "logprobs": self._logprobs(ctx, output.logprobs),
+                             "finish_reason": finish_reason(output)}],
+                "usage": usage(output), "speculation": output.stats.to_dict()}
+
+
+CHAT, COMPLETIONS = ChatDialect(), CompletionDialect()

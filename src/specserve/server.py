@@ -1,0 +1,474 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one `LLM`.
+
+    request ─► auth ─► parse + validate (400) ─► tokenize on the prep thread ─► bounded queue (429)
+            ─► the one worker thread runs generations one at a time (single-sequence KV cache)
+            ─► each StepEvent is handed to the event loop (call_soon_threadsafe) ─► SSE chunk / JSON
+
+The event loop never touches the model. A client that disconnects cancels its request (removed
+from the queue, or stopped by the worker at the next step); a request past its deadline ends
+with a 504 (or an SSE error event); an exception in one request is answered, never fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import __version__
+from .metrics import Metrics
+from .protocol import CHAT, COMPLETIONS, APIError, Dialect, Prepared, ResponseContext, TokenNamer, engine_error, \
+    parse_body
+
+log = logging.getLogger("specserve.server")
+GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """api_key: required Bearer token (None: open). max_queue: requests allowed to wait while one
+    runs (beyond that: 429). request_timeout: seconds from arrival to the last token (None: none)."""
+
+    api_key: str | None = None
+    max_queue: int = 16
+    request_timeout: float | None = 600.0
+
+
+class ClientGone(Exception):
+    """The client disconnected; there is nobody left to answer."""
+
+
+def timeout_error(seconds: float | None) -> APIError:
+    return APIError(504, f"the request did not finish within the server's timeout of {seconds:g} s",
+                    "timeout_error", code="request_timeout")
+
+
+# -- the worker side ----------------------------------------------------------------------------
+class Job:
+    """One request travelling between the event loop and the worker thread.
+
+    The worker posts ("event", StepEvent)*, then ("done", RequestOutput | None) or ("error", exc).
+    """
+
+    def __init__(self, prepared: Prepared, loop: asyncio.AbstractEventLoop, deadline: float | None):
+        self.prepared, self.loop, self.deadline = prepared, loop, deadline
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.reason: str | None = None  # why it was cancelled: "client" | "timeout" | "shutdown"
+        self._cancelled = threading.Event()
+
+    def post(self, kind: str, payload: Any = None) -> None:
+        """Hand an item to the event loop; safe from any thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop is closed: the server is shutting down
+            pass
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        self._cancelled.set()
+
+    def should_stop(self) -> bool:
+        """Asked by the engine before every step (worker thread)."""
+        if not self._cancelled.is_set() and self.deadline is not None and time.monotonic() > self.deadline:
+            self.cancel("timeout")
+        return self._cancelled.is_set()
+
+
+class Scheduler:
+    """A bounded FIFO of jobs and the one worker thread that runs them, one at a time."""
+
+    def __init__(self, llm, max_queue: int, metrics: Metrics):
+        self.llm, self.max_queue, self.metrics = llm, max_queue, metrics
+        self.active: Job | None = None
+        self.mean_run_s = 1.0  # moving average of run time, for Retry-After
+        self._waiting: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="specserve-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel everything and let the worker finish its current step, then exit."""
+        with self._cond:
+            self._stopping = True
+            jobs = list(self._waiting) + ([self.active] if self.active else [])
+            self._waiting.clear()
+            self._cond.notify_all()
+        for job in jobs:
+            job.cancel("shutdown")
+            job.post("done", None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or refuse with 429 (Retry-After) when max_queue jobs already wait."""
+        with self._cond:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+            if len(self._waiting) >= self.max_queue:
+                retry = str(max(1, math.ceil(self.mean_run_s)))
+                raise APIError(429, f"the server is busy ({len(self._waiting)} requests waiting); retry later",
+                               "rate_limit_error", code="queue_full", headers={"Retry-After": retry})
+            self._waiting.append(job)
+            self._gauges()
+            self._cond.notify()
+
+    def cancel(self, job: Job, reason: str) -> None:
+        """Cancel a job: drop it from the queue if it waits, else the worker stops it within a step."""
+        job.cancel(reason)
+        with self._cond:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._gauges()
+                job.post("done", None)
+
+    def _gauges(self) -> None:
+        self.metrics.queue_depth.set(len(self._waiting))
+        self.metrics.active.set(1 if self.active else 0)
+
+    def _take(self) -> Job | None:
+        with self._cond:
+            while not self._waiting and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            self.active = self._waiting.popleft()
+            self._gauges()
+            return self.active
+
+    def _loop(self) -> None:
+        while (job := self._take()) is not None:
+            start = time.monotonic()
+            try:
+                self._run(job)
+            finally:
+                with self._cond:
+                    self.active = None
+                    self._gauges()
+                self.mean_run_s = 0.8 * self.mean_run_s + 0.2 * (time.monotonic() - start)
+
+    def _run(self, job: Job) -> None:
+        """Run one generation to its end, posting every step; never raises."""
+        if job.should_stop():
+            job.post("done", None)
+            return
+        p = job.prepared
+        try:
+            with self.llm.lock:
+                gen = self.llm.stream(p.prompt_ids, p.params, prediction=p.prediction, speculation=p.speculation,
+                                      should_cancel=job.should_stop)
+                for i, event in enumerate(gen):
+                    if p.stream or i == 0:  # non-streaming needs only the first (time to first token)
+                        job.post("event", event)
+                job.post("done", gen.output)
+        except Exception as e:  # noqa: BLE001 - answered to this client; the server lives on
+            if engine_error(e).status >= 500:
+                log.exception("generation failed")
+            job.post("error", e)
+
+
+# -- the HTTP side ------------------------------------------------------------------------------
+class Server:
+    """Request handling shared by the routes: validation, queueing, streaming, metrics."""
+
+    def __init__(self, llm, model_name: str, options: ServerOptions):
+        self.llm, self.model_name, self.options = llm, model_name, options
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(llm, options.max_queue, self.metrics)
+        self.prep = ThreadPoolExecutor(1, thread_name_prefix="specserve-prep")
+        self.namer = TokenNamer(llm.tokenizer)
+        self.started = time.time()
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        self.prep.shutdown(wait=False, cancel_futures=True)
+
+    # -- checks ---------------------------------------------------------------------------------
+    async def authorize(self, request: Request) -> None:
+        """FastAPI dependency: Bearer token, compared in constant time (async: no threadpool hop)."""
+        key = self.options.api_key
+        if not key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        if not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+
+    def check_model(self, name: str) -> None:
+        if name not in (self.model_name, self.llm.model_name):
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    # -- one request ----------------------------------------------------------------------------
+    async def handle(self, request: Request, dialect: Dialect) -> Response:
+        """Parse, validate, queue and answer one request (JSON body or SSE stream)."""
+        t0 = time.monotonic()
+        try:
+            req = parse_body(dialect.request_model, await request.body())
+            self.check_model(req.model)
+            prepared = await self._prepare(dialect, req)
+            loop = asyncio.get_running_loop()
+            timeout = self.options.request_timeout
+            job = Job(prepared, loop, t0 + timeout if timeout else None)
+            self.scheduler.submit(job)
+        except APIError as e:
+            self.metrics.request(dialect.name, e.status)
+            raise
+        watcher = asyncio.create_task(self._watch_disconnect(request, job))
+        ctx = dialect.context(self.model_name, self.namer, prepared)
+        if prepared.stream:
+            return await self._start_stream(dialect, ctx, job, watcher, t0)
+        return await self._complete(dialect, ctx, job, watcher, t0)
+
+    async def _prepare(self, dialect: Dialect, req) -> Prepared:
+        """Tokenize and validate on the prep thread, so long prompts never stall the event loop."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.prep, dialect.prepare, req, self.llm)
+        except Exception as e:  # noqa: BLE001
+            raise engine_error(e) from None
+
+    async def _next(self, job: Job) -> tuple[str, Any]:
+        """The worker's next item; a 504 when the deadline passes and the worker has not answered."""
+        wait = None if job.deadline is None else max(0.0, job.deadline - time.monotonic()) + GRACE_S
+        try:
+            return await asyncio.wait_for(job.items.get(), wait)
+        except asyncio.TimeoutError:
+            self.scheduler.cancel(job, "timeout")
+            raise timeout_error(self.options.request_timeout) from None
+
+    def _finished(self, job: Job, output):
+        """The RequestOutput of a job that ended; why it has none when it was cancelled."""
+        if output is not None and output.finish_reason != "abort":
+            return output
+        if job.reason == "timeout":
+            raise timeout_error(self.options.request_timeout)
+        if job.reason == "shutdown":
+            raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+        raise ClientGone()
+
+    async def _watch_disconnect(self, request: Request, job: Job) -> None:
+        """Cancel the job as soon as the client goes away (the worker checks before every step)."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.scheduler.cancel(job, "client")
+                return
+
+    def _record(self, dialect: Dialect, status: int, output, ttft: float | None, t0: float) -> None:
+        self.metrics.request(dialect.name, status)
+        if output is not None:
+            self.metrics.observe_output(output, ttft, time.monotonic() - t0, dialect.name)
+
+    async def _complete(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
+        """Non-streaming: wait for the end, answer one JSON body."""
+        ttft, status, output = None, 200, None
+        try:
+            while True:
+                kind, payload = await self._next(job)
+                if kind == "event":
+                    ttft = ttft if ttft is not None or not payload.token_ids else time.monotonic() - t0
+                elif kind == "error":
+                    raise engine_error(payload)
+                else:
+                    output = self._finished(job, payload)
+                    return JSONResponse(dialect.response(ctx, output))
+        except APIError as e:
+            status = e.status
+            raise
+        except ClientGone:
+            status = 499
+            return Response(status_code=499)
+        finally:
+            watcher.cancel()
+            self._record(dialect, status, output, ttft, t0)
+
+    async def _start_stream(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
+        """Streaming: wait for the first step so early errors still get a proper HTTP status."""
+        try:
+            first = await self._next(job)
+            if first[0] == "error":
+                raise engine_error(first[1])
+            if first[0] == "done":
+                self._finished(job, first[1])
+        except (APIError, ClientGone) as e:
+            watcher.cancel()
+            status = e.status if isinstance(e, APIError) else 499
+            self._record(dialect, status, None, None, t0)
+            if isinstance(e, ClientGone):
+                return Response(status_code=499)
+            raise
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(self._sse(dialect, ctx, job, first, watcher, t0), media_type="text/event-stream",
+                                 headers=headers)
+
+    async def _sse(self, dialect: Dialect, ctx: ResponseContext, job: Job, item, watcher,
+                   t0: float) -> AsyncIterator[str]:
+        """SSE: role chunk, one chunk per step's new text, finish chunk, usage chunk, [DONE]."""
+        status, output, ttft = 499, None, None
+        try:
+            for chunk in dialect.opening_chunks(ctx):
+                yield _sse(chunk)
+            while True:
+                kind, payload = item
+                if kind == "event":
+                    if payload.text or (ctx.logprobs and payload.logprobs):
+                        ttft = ttft if ttft is not None else time.monotonic() - t0
+                        yield _sse(dialect.delta_chunk(ctx, payload.text, payload.logprobs))
+                elif kind == "error":
+                    raise engine_error(payload)
+                else:
+                    output = self._finished(job, payload)
+                    yield _sse(dialect.finish_chunk(ctx, output))
+                    if ctx.include_usage:
+                        yield _sse(dialect.usage_chunk(ctx, output))
+                    break
+                item = await self._next(job)
+            status = 200
+            yield "data: [DONE]\n\n"
+        except APIError as e:  # headers are sent: the error travels as an SSE event
+            status = e.status
+            yield _sse(e.body())
+            yield "data: [DONE]\n\n"
+        except ClientGone:
+            status = 499
+        finally:
+            watcher.cancel()
+            if status == 499:
+                self.scheduler.cancel(job, "client")
+            self._record(dialect, status, output, ttft, t0)
+
+    # -- small endpoints ------------------------------------------------------------------------
+    def models(self) -> dict:
+        card = {"id": self.model_name, "object": "model", "created": int(self.started), "owned_by": "specserve",
+                "max_model_len": self.llm.max_context,
+                "draft_model": getattr(self.llm, "draft_model_name", None)}
+        return {"object": "list", "data": [card]}
+
+    def health(self) -> tuple[dict, int]:
+        s = self.scheduler
+        body = {"status": "ok" if s.alive else "unavailable", "model": self.model_name,
+                "queued": s.queued, "active": 1 if s.active else 0, "max_queue": s.max_queue,
+                "worker_alive": s.alive, "threads": threading.active_count(),
+                "thread_names": sorted(t.name for t in threading.enumerate())}
+        return body, 200 if s.alive else 503
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), e.status, headers=e.headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error, ours or the framework's, in OpenAI's shape."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return _error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):  # FastAPI's 422 -> 400
+        err = (e.errors() or [{}])[0]
+        param = ".".join(str(p) for p in err.get("loc", ())[1:]) or None
+        return _error_response(APIError(400, f"{param or 'request'}: {err.get('msg', 'invalid request')}", param=param,
+                                        code="invalid_value"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        kind = "invalid_request_error" if e.status_code < 500 else "server_error"
+        return _error_response(APIError(e.status_code, str(e.detail), kind, headers=dict(e.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception):
+        log.exception("unhandled error")
+        return _error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error",
+                                        code="internal_error"))
+
+
+def create_app(llm, model_name: str | None = None, options: ServerOptions | None = None) -> FastAPI:
+    """An OpenAI-compatible app over one loaded LLM; the worker runs for the app's lifespan."""
+    server = Server(llm, model_name or llm.model_name, options or ServerOptions())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.start()
+        try:
+            yield
+        finally:
+            server.stop()
+
+    app = FastAPI(title="specserve", version=__version__, lifespan=lifespan)
+    app.state.server = server
+    _add_error_handlers(app)
+    auth = Depends(server.authorize)
+
+    @app.post("/v1/chat/completions", dependencies=[auth])
+    async def chat_completions(request: Request):
+        return await server.handle(request, CHAT)
+
+    @app.post("/v1/completions", dependencies=[auth])
+    async def completions(request: Request):
+        return await server.handle(request, COMPLETIONS)
+
+    @app.get("/v1/models", dependencies=[auth])
+    async def models():
+        return server.models()
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[auth])
+    async def model(model_id: str):
+        server.check_model(model_id)
+        return server.models()["data"][0]
+
+    @app.get("/health")
+    async def health():
+        body, status = server.health()
+        return JSONResponse(body, status)
+
+    @app.get("/metrics")
+    async def metrics():
+        content, content_type = server.metrics.render()
+        return Response(content, media_type=content_type)
+
+    return app
+
+
+def serve(llm, host: str = "127.0.0.1", port: int = 8000, options: ServerOptions | None = None,
+          model_name: str | None = None, log_level: str = "info") -> None:
+    """Run the server until interrupted (SIGINT/SIGTERM)."""
+    import uvicorn
+
+    app = create_app(llm, model_name, options)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run()

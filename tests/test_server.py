@@ -1,0 +1,297 @@
+"""The OpenAI-compatible server, driven by the official `openai` SDK against a real server process.
+
+One tiny random-weight model (float32, greedy exactness holds) plus a tiny draft model of
+another seed; every request is small, so the whole file runs in well under a minute.
+"""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import openai
+import pytest
+
+from server_proc import ServerProcess, metric_value
+from tiny import save_tiny
+
+API_KEY = "test-key"
+MODEL = "tiny"
+MSGS = [{"role": "user", "content": "def get_user(self, user_id):"}]
+GREEDY = {"temperature": 0, "max_tokens": 48}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target, draft = save_tiny(root / "target"), save_tiny(root / "draft", seed=1)
+    with ServerProcess(target, "--draft-model", draft, "--served-model-name", MODEL, "--max-queue", "4",
+                       api_key=API_KEY) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=60)
+
+
+def chat(client, **kw):
+    kw = {"model": MODEL, "messages": MSGS, **GREEDY, **kw}
+    return client.chat.completions.create(**kw)
+
+
+def stream_chat(client, **kw):
+    """Stream a chat completion; returns (text, chunks)."""
+    chunks = list(chat(client, stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def spec(resp) -> dict:
+    """Our non-standard `speculation` stats object on a response or chunk."""
+    return resp.model_extra["speculation"]
+
+
+def with_inserted_line(text: str) -> str:
+    """A prediction that differs from the real output: a line inserted in the middle."""
+    mid = len(text) // 2
+    return text[:mid] + "\n    inserted = line()\n" + text[mid:]
+
+
+# -- basics -------------------------------------------------------------------------------------
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    health = server.health()
+    assert health["status"] == "ok" and health["worker_alive"] and health["active"] == 0
+
+
+def test_chat_stream_equals_nonstream(client):
+    full = chat(client)
+    text, chunks = stream_chat(client)
+    assert text == full.choices[0].message.content and text
+    assert full.object == "chat.completion" and full.id.startswith("chatcmpl-")
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == full.choices[0].finish_reason
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert all(c.usage is None for c in chunks[:-1])
+    u = full.usage
+    assert u.prompt_tokens + u.completion_tokens == u.total_tokens
+    assert usage_chunk.usage.completion_tokens == u.completion_tokens
+    assert spec(full)["output_tokens"] == u.completion_tokens
+
+
+def test_completions_stream_equals_nonstream(client):
+    kw = {"model": MODEL, "prompt": "import os\nimport", "temperature": 0, "max_tokens": 40}
+    full = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert full.object == "text_completion" and text == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens <= 40
+
+
+def test_max_completion_tokens_and_length(client):
+    resp = chat(client, max_tokens=None, max_completion_tokens=7, extra_body={"ignore_eos": True})
+    assert resp.usage.completion_tokens == 7 and resp.choices[0].finish_reason == "length"
+
+
+def test_text_part_arrays_equal_strings(client):
+    plain = chat(client, prediction={"type": "content", "content": "return self.db.find(user_id)"})
+    parts = chat(client, messages=[{"role": "user", "content": [{"type": "text", "text": "def get_user(self, "},
+                                                                 {"type": "text", "text": "user_id):"}]}],
+                 prediction={"type": "content", "content": [{"type": "text", "text": "return self.db"},
+                                                            {"type": "text", "text": ".find(user_id)"}]})
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage == plain.usage
+
+
+# -- Predicted Outputs ------------------------------------------------------------------------
+def test_prediction_is_lossless_and_usage_adds_up(client):
+    base = chat(client, max_tokens=64, extra_body={"speculation": {"method": "none"}})
+    reference = base.choices[0].message.content
+    prediction = {"type": "content", "content": with_inserted_line(reference)}
+    resp = chat(client, max_tokens=64, prediction=prediction)
+    assert resp.choices[0].message.content == reference
+    details = resp.usage.completion_tokens_details
+    pred = spec(resp)["by_source"]["prediction"]
+    assert details.accepted_prediction_tokens > 0
+    assert details.accepted_prediction_tokens == pred["accepted"]
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == pred["proposed"]
+    text, chunks = stream_chat(client, max_tokens=64, prediction=prediction)
+    assert text == reference
+    assert chunks[-1].usage.completion_tokens_details == details
+
+
+def test_completions_accept_prediction(client):
+    kw = {"model": MODEL, "prompt": "def add(a, b):", "temperature": 0, "max_tokens": 40}
+    plain = client.completions.create(**kw).choices[0].text
+    pred = client.completions.create(**kw, extra_body={"prediction": {"type": "content", "content": plain}})
+    assert pred.choices[0].text == plain
+    assert pred.usage.completion_tokens_details.accepted_prediction_tokens > 0
+
+
+def test_logprobs_with_prediction_equal_logprobs_without(client):
+    base = chat(client, logprobs=True, top_logprobs=3, extra_body={"speculation": {"method": "none"}})
+    prediction = {"type": "content", "content": with_inserted_line(base.choices[0].message.content)}
+    pred = chat(client, logprobs=True, top_logprobs=3, prediction=prediction)
+    a, b = base.choices[0].logprobs.content, pred.choices[0].logprobs.content
+    assert [t.token for t in a] == [t.token for t in b] and len(a) == base.usage.completion_tokens
+    for x, y in zip(a, b):
+        assert math.isclose(x.logprob, y.logprob, abs_tol=1e-4)
+        assert x.bytes == list(x.token.encode()) and len(x.top_logprobs) == 3
+        assert [t.token for t in x.top_logprobs] == [t.token for t in y.top_logprobs]
+    _, chunks = stream_chat(client, logprobs=True, top_logprobs=3, prediction=prediction)
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in a]
+
+
+def test_penalties_with_prediction_are_lossless(client):
+    kw = {"presence_penalty": 0.8, "frequency_penalty": 0.5}
+    base = chat(client, extra_body={"speculation": {"method": "none"}}, **kw).choices[0].message.content
+    pred = chat(client, prediction={"type": "content", "content": base}, **kw)
+    assert pred.choices[0].message.content == base
+    assert pred.usage.completion_tokens_details.accepted_prediction_tokens > 0
+
+
+def test_completions_logprobs_shape(client):
+    resp = client.completions.create(model=MODEL, prompt="def add", temperature=0, max_tokens=6, logprobs=2)
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert "".join(lp.tokens).startswith(resp.choices[0].text) and lp.text_offset[0] == 0
+    assert all(len(top) <= 2 for top in lp.top_logprobs)
+
+
+# -- speculation and sampling options ---------------------------------------------------------
+@pytest.mark.parametrize("method", ["ngram", "draft", "auto"])
+def test_speculation_per_request(client, method):
+    plain = chat(client, extra_body={"speculation": {"method": "none"}}).choices[0].message.content
+    resp = chat(client, extra_body={"speculation": {"method": method, "num_speculative_tokens": 4}})
+    assert resp.choices[0].message.content == plain
+    sources = set(spec(resp)["by_source"]) - {"none"}
+    assert sources <= ({"ngram", "draft"} if method == "auto" else {method})
+    if method == "draft":
+        assert sources == {"draft"}
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kw = {"temperature": 0.9, "top_p": 0.95, "seed": 7, "extra_body": {"top_k": 50}}
+    first = chat(client, **kw).choices[0].message.content
+    assert chat(client, **kw).choices[0].message.content == first
+    assert stream_chat(client, **kw)[0] == first
+
+
+def test_stop_string(client):
+    reference = chat(client).choices[0].message.content
+    stop = reference[10:13]
+    resp = chat(client, stop=[stop, "never-appears"])
+    assert resp.choices[0].message.content == reference[: reference.index(stop)]
+    assert resp.choices[0].finish_reason == "stop"
+
+
+# -- errors -----------------------------------------------------------------------------------
+LONG = "The quick brown fox jumps over the lazy dog. " * 120  # > 512 tokens
+OK_CHAT = {"model": MODEL, "messages": MSGS, "max_tokens": 4}
+BAD = [  # (endpoint, body, status, param)
+    ("chat/completions", b"{not json", 400, None),
+    ("chat/completions", b"", 400, None),
+    ("chat/completions", b"[1, 2]", 400, None),
+    ("chat/completions", {"messages": MSGS}, 400, "model"),
+    ("chat/completions", {"model": MODEL}, 400, "messages"),
+    ("chat/completions", {**OK_CHAT, "model": "gpt-9"}, 404, "model"),
+    ("chat/completions", {**OK_CHAT, "messages": []}, 400, "messages"),
+    ("chat/completions", {**OK_CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+    ("chat/completions", {**OK_CHAT, "temperature": "hot"}, 400, "temperature"),
+    ("chat/completions", {**OK_CHAT, "temperature": 2.5}, 400, "temperature"),
+    ("chat/completions", {**OK_CHAT, "top_p": 0}, 400, "top_p"),
+    ("chat/completions", {**OK_CHAT, "max_tokens": 0}, 400, "max_tokens"),
+    ("chat/completions", {**OK_CHAT, "presence_penalty": 3}, 400, "presence_penalty"),
+    ("chat/completions", {**OK_CHAT, "stream": "yes"}, 400, "stream"),
+    ("chat/completions", {**OK_CHAT, "stop": 5}, 400, "stop"),
+    ("chat/completions", {**OK_CHAT, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs"),
+    ("chat/completions", {**OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat/completions", {**OK_CHAT, "max_tokens": 100_000}, 400, "max_tokens"),
+    ("chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
+    ("chat/completions", {**OK_CHAT, "prediction": {"type": "content", "content": LONG}}, 400, "prediction.content"),
+    ("chat/completions", {**OK_CHAT, "prediction": {"type": "diff", "content": "x"}}, 400, "prediction.type"),
+    ("chat/completions", {**OK_CHAT, "n": 2}, 400, "n"),
+    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("chat/completions", {**OK_CHAT, "tool_choice": "required"}, 400, "tool_choice"),
+    ("chat/completions", {**OK_CHAT, "audio": {"voice": "alloy", "format": "wav"}}, 400, "audio"),
+    ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages[0].content[0]"),
+    ("chat/completions", {**OK_CHAT, "speculation": {"method": "magic"}}, 400, "speculation.method"),
+    ("chat/completions", {**OK_CHAT, "speculation": {"num_speculative_tokens": 0}}, 400,
+     "speculation.num_speculative_tokens"),
+    ("completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions", {"model": MODEL, "prompt": [1, 2, 99999]}, 400, "prompt"),
+    ("completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
+    ("completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+    ("completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("no/such/route", {}, 404, None),
+]
+
+
+def _post(server, path, body, headers=None):
+    headers = {"Authorization": f"Bearer {API_KEY}", **(headers or {})}
+    if isinstance(body, bytes):
+        return httpx.post(f"{server.base_url}/{path}", content=body, timeout=30,
+                          headers={**headers, "Content-Type": "application/json"})
+    return httpx.post(f"{server.base_url}/{path}", json=body, timeout=30, headers=headers)
+
+
+def test_bad_input_matrix(server, client):
+    assert len(BAD) >= 15
+    failures = []
+    for path, body, status, param in BAD:
+        r = _post(server, path, body)
+        err = r.json().get("error", {})
+        shaped = set(err) == {"message", "type", "param", "code"} and err["message"]
+        if r.status_code != status or not shaped or err.get("param") != param:
+            failures.append((path, str(body)[:80], r.status_code, r.text[:200]))
+    assert not failures, failures
+    assert chat(client, max_tokens=4).choices[0].message.content is not None  # still serving
+    assert server.health()["status"] == "ok"
+
+
+def test_wrong_method_is_openai_shaped(server):
+    r = httpx.get(f"{server.base_url}/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_api_key(server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic test-key"}):
+        r = httpx.post(f"{server.base_url}/chat/completions", json=OK_CHAT, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    bad = openai.OpenAI(base_url=server.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert httpx.get(f"{server.url}/health").status_code == 200  # health and metrics stay open
+    assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+def test_sdk_raises_on_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        chat(client, model="gpt-9")
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, n=3)
+    assert e.value.body["param"] == "n"
+
+
+# -- metrics ----------------------------------------------------------------------------------
+def test_metrics(server, client):
+    chat(client, prediction={"type": "content", "content": "return self.db.find(user_id)\n"})
+    text = server.metrics()
+    assert metric_value(text, "specserve_requests_total", endpoint="chat", status="200") > 0
+    assert metric_value(text, "specserve_requests_total", endpoint="chat", status="400") > 0
+    assert metric_value(text, "specserve_spec_proposed_tokens_total", source="prediction") > 0
+    assert metric_value(text, "specserve_spec_steps_total", source="prediction") > 0
+    accepted = metric_value(text, "specserve_spec_accepted_tokens_total")
+    assert 0 < accepted <= metric_value(text, "specserve_spec_proposed_tokens_total")
+    for name in ("specserve_time_to_first_token_seconds_count", "specserve_time_per_output_token_seconds_count",
+                 "specserve_e2e_request_latency_seconds_count", "specserve_prompt_tokens_total",
+                 "specserve_completion_tokens_total"):
+        assert metric_value(text, name) > 0, name
+    assert "specserve_queue_depth 0.0" in text
