@@ -22,11 +22,12 @@ class PredictionProposer:
     name = "prediction"
 
     def __init__(self, tokenizer, prediction: str | list[int], prompt_len: int,
-                 k_init: int = 8, k_max: int = 64, min_anchor_chars: int = 8):
+                 k_init: int = 8, k_max: int = 128, min_anchor_chars: int = 4):
         self.tok = tokenizer
         self.prompt_len = prompt_len
         self.k = AdaptiveK(k_init, 1, k_max)
         self.min_anchor_chars = min_anchor_chars
+        self.need = min_anchor_chars  # anchor length required now: doubles after each wasted draft
         if isinstance(prediction, str):
             self.text = prediction
             enc = tokenizer(prediction, add_special_tokens=False, return_offsets_mapping=True)
@@ -61,6 +62,9 @@ class PredictionProposer:
         new = tokens[-committed:]
         if draft is not None and draft.source == self.name:
             self.k.update(len(draft.token_ids), num_accepted)
+            # A draft rejected at its first token means the anchor was wrong: trust only longer
+            # anchors until one works, so noisy output lets the n-gram / draft model take over.
+            self.need = self.min_anchor_chars if num_accepted else min(2 * self.need, 64)
         if self.anchored and new == self.expected(len(new)):
             self._advance(len(new))
             return
@@ -95,7 +99,7 @@ class PredictionProposer:
             else:
                 hi = mid - 1
         suffix = tail[-lo:]
-        if lo == 0 or (lo < self.min_anchor_chars and lo < len(tail)) or len("".join(suffix.split())) < 3:
+        if lo == 0 or (lo < self.need and lo < len(tail)) or len("".join(suffix.split())) < 3:
             return None  # too short, or only whitespace/indentation: it would match almost anywhere
         start = self.text.find(suffix, max(0, self.char_pos - lo))  # nearest at or after where we were
         if start < 0:
@@ -127,4 +131,5 @@ def make_prediction(ctx: ProposerContext) -> PredictionProposer | None:
         return None
     s = ctx.spec
     k_init = s.num_speculative_tokens or 8
-    return PredictionProposer(ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, max(k_init, s.prediction_k_max))
+    return PredictionProposer(ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, max(k_init, s.prediction_k_max),
+                              s.prediction_min_anchor_chars)
