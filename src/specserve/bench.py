@@ -34,6 +34,7 @@ from .edit import build_messages
 MODES = ("plain", "prediction", "ngram", "draft", "auto")
 METHOD = {"plain": "none", "prediction": "prediction", "ngram": "ngram", "draft": "draft", "auto": "auto"}
 PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
+REFERENCE_MODES = ("plain", "hf")  # plain decoding, ours and transformers'
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
 NEAR_TIE = 0.5  # logits: a bf16 logit of magnitude ~20 is rounded in steps of 0.125
 
@@ -55,6 +56,15 @@ class BenchOptions:
     modes: tuple[str, ...] = MODES
     peers: tuple[str, ...] = PEERS
     html_run: str | None = None  # "scenario/mode" to render as HTML
+    max_prompt_tokens: int | None = None  # cut the file so the prompt stays under this (None: the context)
+    # Cap for the slow reference runs (plain, hf): their rate is measured on the first N tokens and
+    # the other runs are checked against that prefix. None: the same cap as every other run.
+    plain_max_tokens: int | None = None
+
+    def cap(self, mode: str) -> int:
+        if mode in REFERENCE_MODES and self.plain_max_tokens:
+            return min(self.max_tokens, self.plain_max_tokens)
+        return self.max_tokens
 
 
 @dataclass
@@ -105,20 +115,25 @@ def scenario_messages(s: Scenario, code: str) -> list[dict]:
         {"role": "user", "content": s.instruction}]
 
 
-def build_prompt(llm, s: Scenario, max_tokens: int) -> tuple[list[int], str | None, int]:
-    """(prompt ids, prediction, lines trimmed): the file is cut at a line boundary to fit the context."""
+def build_prompt(llm, s: Scenario, max_tokens: int,
+                 max_prompt_tokens: int | None = None) -> tuple[list[int], str | None, int]:
+    """(prompt ids, prediction, lines trimmed): the file is cut at a line boundary so that the
+    prompt + max_tokens fit the context (and the prompt fits max_prompt_tokens, if given)."""
+    limit = llm.max_context - max_tokens - 1
+    if max_prompt_tokens:
+        limit = min(limit, max_prompt_tokens)
     lines = s.code.splitlines(True)
     lo, hi = 0, len(lines)  # binary search the most lines that fit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if len(llm.apply_chat_template(scenario_messages(s, "".join(lines[:mid])))) + max_tokens < llm.max_context:
+        if len(llm.apply_chat_template(scenario_messages(s, "".join(lines[:mid])))) <= limit:
             lo = mid
         else:
             hi = mid - 1
     code = "".join(lines[:lo])
     ids = llm.apply_chat_template(scenario_messages(s, code))
-    if len(ids) + max_tokens >= llm.max_context:
-        raise ValueError(f"scenario {s.name}: the prompt does not fit the context of {llm.max_context} tokens")
+    if len(ids) > limit:
+        raise ValueError(f"scenario {s.name}: the prompt ({len(ids)} tokens) does not fit within {limit} tokens")
     return ids, (code if s.kind == "edit" else None), len(lines) - lo
 
 
@@ -182,29 +197,28 @@ class _PeerStreamer:
         pass
 
 
-def peer_kwargs(llm, peer: str) -> dict:
-    if peer == "hf-prompt-lookup":
-        return {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
-    if peer == "hf-assisted":
-        return {"assistant_model": llm.engine.draft.model}
-    return {}
+def peer_config(llm, max_tokens: int, peer: str):
+    """Greedy GenerationConfig; every field the model's own generation_config could fill is set
+    (Qwen's ships sampling and repetition_penalty=1.1 defaults that would change the output)."""
+    from transformers import GenerationConfig
+
+    eos = sorted(llm.engine.eos_token_ids)
+    extra = {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS} if peer == "hf-prompt-lookup" else {}
+    return GenerationConfig(max_new_tokens=max_tokens, do_sample=False, temperature=1.0, top_p=1.0,
+                            repetition_penalty=1.0, eos_token_id=eos or None,
+                            pad_token_id=eos[0] if eos else llm.tokenizer.pad_token_id, **extra)
 
 
 @torch.inference_mode()
 def run_peer(llm, prompt_ids, max_tokens: int, peer: str, bar: tqdm) -> tuple[list[int], _Clock]:
     """transformers `generate()` greedy on the very same model objects. Returns (new ids, _Clock)."""
-    from transformers import GenerationConfig
-
     model = llm.engine.target.model
-    eos = sorted(llm.engine.eos_token_ids)
-    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, temperature=1.0, top_k=0, top_p=1.0,
-                              repetition_penalty=1.0, eos_token_id=eos or None,
-                              pad_token_id=eos[0] if eos else llm.tokenizer.pad_token_id)
+    assistant = {"assistant_model": llm.engine.draft.model} if peer == "hf-assisted" else {}
     ids = torch.tensor([prompt_ids], device=llm.engine.target.device)  # [1, P]
     with llm.lock:
         clock = _Clock(bar)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                             streamer=_PeerStreamer(clock), **peer_kwargs(llm, peer))  # [1, P + N]
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=peer_config(
+            llm, max_tokens, peer), streamer=_PeerStreamer(clock), **assistant)  # [1, P + N]
         clock.stop()
     return out[0, len(prompt_ids):].tolist(), clock
 
@@ -223,23 +237,25 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
     tok = lambda i: llm.tokenizer.decode([i]) if i is not None else None  # noqa: E731
     a = plain[n] if n < len(plain) else None
     b = other[n] if n < len(other) else None
+    pair_gap = float(logits[a] - logits[b]) if a is not None and b is not None else None  # plain's minus run's
     return {"position": n, "plain_token": a, "plain_text": tok(a), "run_token": b, "run_text": tok(b),
-            "top2": top.indices.tolist(), "top2_gap": round(gap, 4), "near_tie": gap < NEAR_TIE}
+            "top2": top.indices.tolist(), "top2_gap": round(gap, 4),
+            "pair_gap": None if pair_gap is None else round(pair_gap, 4), "near_tie": gap < NEAR_TIE}
 
 
 def _ours_run(llm, s: Scenario, mode: str, prompt_ids, prediction, trimmed, opts: BenchOptions, bar):
-    out, clock = run_ours(llm, prompt_ids, opts.max_tokens, mode, prediction, bar)
+    out, clock = run_ours(llm, prompt_ids, opts.cap(mode), mode, prediction, bar)
     st = out.stats
     run = Run(s.name, mode, "specserve", prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
               output_tokens=len(out.token_ids), finish_reason=out.finish_reason, latency=clock.latency,
-              ttft=st.time_to_first_token, tokens_per_second=clock.decode_rate(len(out.token_ids)),
+              ttft=clock.first, tokens_per_second=clock.decode_rate(len(out.token_ids)),
               acceptance_rate=st.acceptance_rate if st.proposed else None, tokens_per_step=st.tokens_per_step,
               stats=st.to_dict())
     return run, out
 
 
 def _peer_run(llm, s: Scenario, peer: str, prompt_ids, trimmed, opts: BenchOptions, bar) -> tuple[Run, list[int]]:
-    ids, clock = run_peer(llm, prompt_ids, opts.max_tokens, peer, bar)
+    ids, clock = run_peer(llm, prompt_ids, opts.cap(peer), peer, bar)
     eos = llm.engine.eos_token_ids
     finish = "stop" if ids and ids[-1] in eos else "length"
     run = Run(s.name, peer, "transformers", prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
@@ -259,6 +275,8 @@ def skip_reason(llm, s: Scenario, mode: str) -> str | None:
 
 def compare(llm, run: Run, plain_run: Run, plain_ids: list[int], ids: list[int], prompt_ids) -> None:
     """Fill equality with plain, first difference and the speedups (ratios in this process)."""
+    if plain_run.finish_reason == "length" and len(plain_ids) < len(ids):
+        ids = ids[: len(plain_ids)]  # plain was capped (plain_max_tokens): compare the prefix it made
     run.equal_to_plain = ids == plain_ids
     if not run.equal_to_plain:
         run.first_difference = first_difference(llm, prompt_ids, plain_ids, ids)
@@ -290,7 +308,7 @@ def _wants_html(opts: BenchOptions, s: Scenario, mode: str, sink: dict) -> bool:
 
 def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: dict) -> list[Run]:
     """Plain first (the reference), then every other mode and peer of one scenario."""
-    prompt_ids, prediction, trimmed = build_prompt(llm, s, opts.max_tokens)
+    prompt_ids, prediction, trimmed = build_prompt(llm, s, opts.max_tokens, opts.max_prompt_tokens)
     runs: list[Run] = []
     plain_run, plain_ids = None, None
     for mode in ("plain",) + tuple(m for m in opts.modes if m != "plain") + tuple(opts.peers):
@@ -300,7 +318,7 @@ def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: d
             runs.append(Run(s.name, mode, "transformers" if mode in PEERS else "specserve", skipped=reason))
             outer.update(1)
             continue
-        with tqdm(total=opts.max_tokens, desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr,
+        with tqdm(total=opts.cap(mode), desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr,
                   disable=None) as bar:
             if mode in PEERS:
                 run, ids = _peer_run(llm, s, mode, prompt_ids, trimmed, opts, bar)
@@ -338,6 +356,7 @@ def environment(llm, dtype: str, opts: BenchOptions) -> dict:
 
     return {"model": llm.model_name, "draft_model": llm.draft_model_name, "dtype": dtype,
             "device": str(llm.engine.target.device), "max_tokens": opts.max_tokens,
+            "max_prompt_tokens": opts.max_prompt_tokens,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "machine": platform.machine(), "threads": torch.get_num_threads(),
             "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "date": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -13,6 +13,11 @@ from .bench import MODES, PEERS, BenchOptions, environment, run_bench, write_res
 
 QUICK_MODEL = "smollm2-135m-instruct"
 QUICK_SCENARIO = "py-rename"
+QUICK_PROMPT_TOKENS = 1024  # a quarter of the file: CI time goes into prefill on CPU
+# `make demo`: the whole 434-line file on the default Qwen pair; plain decoding's rate is measured
+# on its first 64 tokens (the full file would take plain decoding ~20 minutes on 2 CPU cores).
+DEMO = {"scenarios": "py-rename", "modes": "plain,prediction,auto", "peers": "none", "max_tokens": 4096,
+        "plain_max_tokens": 64, "html": Path("bench-out/demo/report.html")}
 
 
 def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = "") -> tuple[str, ...] | None:
@@ -32,13 +37,22 @@ def add_parser(subparsers) -> None:
                                           "generate() peers on the same weights; write bench.json, bench.md and "
                                           "bench.png into --out.")
     p.add_argument("--quick", action="store_true", help=f"CI size: {QUICK_MODEL} (or --model), one scenario, "
-                                                        "32 output tokens, float32")
+                                                        f"32 output tokens, prompt <= {QUICK_PROMPT_TOKENS} tokens, "
+                                                        "float32")
+    p.add_argument("--demo", action="store_true", help="the README demo: the py-rename refactor of the whole file "
+                                                       "on the default packs, plain vs prediction vs auto")
     p.add_argument("--model", default=None, help="target: pack name or model folder (default: the default target "
                                                  f"pack; {QUICK_MODEL} with --quick)")
     p.add_argument("--draft-model", default=None, help="draft model (default: the default draft pack when --model "
                                                        "is not given; none with --quick); 'none' for no draft model")
     p.add_argument("--dtype", default=None, help="bfloat16 (default) or float32 (default with --quick)")
     p.add_argument("--max-tokens", type=int, default=None, help="output cap per run (default 256; 32 with --quick)")
+    p.add_argument("--plain-max-tokens", type=int, default=None,
+                   help="cap for the slow reference runs (plain, hf): their rate is measured on that many tokens "
+                        "and the other runs are checked against that prefix (default: --max-tokens)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="cut each file at a line boundary so the prompt stays under this many tokens "
+                        f"(default: the model's context; {QUICK_PROMPT_TOKENS} with --quick)")
     p.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: all; "
                                                      f"{QUICK_SCENARIO} with --quick)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES)}")
@@ -51,9 +65,18 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _parser_defaults() -> dict:
+    """The parser's own defaults, so --demo only fills what the user did not set."""
+    return {"modes": ",".join(MODES), "peers": ",".join(PEERS)}
+
+
 def resolve_options(args) -> tuple[dict, BenchOptions]:
     """LLM keyword arguments and bench options, with --quick defaults filled in."""
     quick = args.quick
+    if args.demo:
+        for key, value in DEMO.items():
+            if getattr(args, key) in (None, _parser_defaults().get(key)):
+                setattr(args, key, value)
     model = args.model or (QUICK_MODEL if quick else None)
     draft = args.draft_model or ("none" if quick else None)
     llm_kwargs = {"model": model, "draft_model": draft, "dtype": args.dtype or ("float32" if quick else "bfloat16")}
@@ -62,7 +85,9 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
         raise ValueError("--max-tokens must be at least 1")
     scenarios = _csv(args.scenarios) or ((QUICK_SCENARIO,) if quick else None)
     opts = BenchOptions(max_tokens=max_tokens, scenarios=scenarios, modes=_csv(args.modes, MODES, "mode"),
-                        peers=_csv(args.peers, PEERS, "peer"), html_run=args.html_run)
+                        peers=_csv(args.peers, PEERS, "peer"), html_run=args.html_run,
+                        max_prompt_tokens=args.max_prompt_tokens or (QUICK_PROMPT_TOKENS if quick else None),
+                        plain_max_tokens=args.plain_max_tokens)
     return llm_kwargs, opts
 
 

@@ -23,7 +23,8 @@ def add_parser(subparsers) -> None:
                                           "only when the answer is complete.")
     p.add_argument("file", type=Path, help="the file to edit")
     p.add_argument("--instruction", "-i", required=True, help="what to change")
-    p.add_argument("--base-url", default=None, help="server URL (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1)")
+    p.add_argument("--base-url", default=None,
+                   help="server URL (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1)")
     p.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
     p.add_argument("--api-key", default=None, help="API key (default: $OPENAI_API_KEY, or none for local servers)")
     dest = p.add_mutually_exclusive_group()

@@ -1,0 +1,170 @@
+"""Replay estimator: what would the prediction drafter achieve on a known (prediction, output) pair?
+
+No model runs. An `OracleRunner` stands in for the target: at every position its logits put all
+the mass on the known next output token, so the real `Engine` with the real
+`PredictionProposer` accepts exactly the draft tokens a target that writes `output` would
+accept. The counts therefore come from the production loop, not from a re-implementation.
+
+A cost model turns the step trace into a projected speedup: plain decoding costs one target
+pass per token; a speculative step that verifies K + 1 tokens costs c(K + 1) passes, with
+c(n) = 1 + (r - 1) (n - 1) / 7, where r is the measured (or given) cost of verifying 8 tokens
+relative to 1 (DESIGN.md: 1.16 for the 1.5B target in bf16 on CPU).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .config import SamplingParams, SpeculationConfig
+from .engine import Engine
+from .stats import RequestOutput
+
+DEFAULT_COST_RATIO = 1.16  # cost of verifying 8 tokens / cost of 1 (DESIGN.md, 1.5B bf16 CPU)
+COST_REF_TOKENS = 8
+
+
+class OracleRunner:
+    """A runner whose "model" knows the answer: logits one-hot on the next output token.
+
+    Logits depend only on the position, never on the fed tokens: verification stops at the
+    first draft token that differs from the output, so what the oracle says after a wrong
+    token is never used. vocab_size only needs to cover the output's ids (argmax is all
+    greedy verification reads), which keeps each [T, V] logits tensor small.
+    """
+
+    def __init__(self, prompt_len: int, output_ids: list[int], max_context: int | None = None):
+        self.prompt_len = prompt_len
+        self.output_ids = list(output_ids)
+        self.vocab_size = max(self.output_ids, default=0) + 1
+        self.max_context = max_context or (prompt_len + len(self.output_ids) + 1024)
+        self.length = 0
+        self._buf = torch.zeros(0, self.vocab_size)  # [rows, V], reused: fresh [T, V] zeros per step cost
+        self._hot: list[tuple[int, int]] = []  # (row, token) entries set to 1 by the last forward
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Float32 logits [T, V] ([1, V] if last_only); row i predicts the token after position length + i.
+
+        The tensor is a view of a buffer reused by the next call: the engine reads a step's
+        logits only within that step.
+        """
+        positions = range(self.length, self.length + len(token_ids))
+        if last_only:
+            positions = positions[-1:]
+        if len(positions) > self._buf.shape[0]:
+            self._buf = torch.zeros(max(len(positions), 2 * self._buf.shape[0]), self.vocab_size)
+            self._hot = []
+        for row, tok in self._hot:
+            self._buf[row, tok] = 0.0
+        self._hot = []
+        for row, p in enumerate(positions):
+            j = p + 1 - self.prompt_len  # index in output of the token that follows position p
+            if 0 <= j < len(self.output_ids):
+                self._buf[row, self.output_ids[j]] = 1.0
+                self._hot.append((row, self.output_ids[j]))
+        self.length += len(token_ids)
+        return self._buf[: len(positions)]  # [T, V]
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+
+@dataclass
+class ReplayResult:
+    """What the prediction drafter achieves on one (prediction, output) pair."""
+
+    output_tokens: int
+    prediction_tokens: int
+    steps: int
+    proposed: int
+    accepted: int
+    rejected: int
+    tokens_per_step: float
+    acceptance_rate: float
+    cost_ratio: float
+    projected_speedup: float
+    exact: bool  # the engine's output text equals the given output (tokenization round-trips)
+    step_sizes: list[int] = field(default_factory=list, repr=False)  # tokens verified per step (K + 1)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("step_sizes")
+        return d
+
+
+def step_cost(n_verified: int, cost_ratio: float) -> float:
+    """Cost of one target pass over n_verified tokens, in units of a one-token pass (linear model)."""
+    return 1.0 + (cost_ratio - 1.0) * (n_verified - 1) / (COST_REF_TOKENS - 1)
+
+
+def projected_speedup(output_tokens: int, step_sizes: list[int], cost_ratio: float) -> float:
+    """Plain decoding cost (one pass per token) over the speculative steps' cost."""
+    cost = sum(step_cost(n, cost_ratio) for n in step_sizes)
+    return output_tokens / cost if cost else 0.0
+
+
+def replay_ids(tokenizer, prediction: str, output_ids: list[int],
+               spec: SpeculationConfig | None = None) -> RequestOutput:
+    """Run the real engine with an oracle target that writes exactly `output_ids`."""
+    prompt = [output_ids[0] if output_ids else 0]  # one token: no prefill; the prompt is never read
+    oracle = OracleRunner(len(prompt), output_ids)
+    engine = Engine(oracle, tokenizer)
+    params = SamplingParams(max_tokens=max(1, len(output_ids)), temperature=0.0, ignore_eos=True)
+    return engine.generate(prompt, params, spec or SpeculationConfig("prediction"), prediction=prediction).run()
+
+
+def replay(tokenizer, prediction: str, output: str, cost_ratio: float = DEFAULT_COST_RATIO,
+           spec: SpeculationConfig | None = None) -> ReplayResult:
+    """Replay the prediction drafter against `output`; see the module docstring."""
+    output_ids = tokenizer.encode(output, add_special_tokens=False)
+    if not output_ids:
+        raise ValueError("the output is empty: nothing to replay")
+    out = replay_ids(tokenizer, prediction, output_ids, spec)
+    s = out.stats
+    sizes = [st["proposed"] + 1 for st in out.steps]
+    return ReplayResult(
+        output_tokens=s.output_tokens, prediction_tokens=len(tokenizer.encode(prediction, add_special_tokens=False)),
+        steps=s.steps, proposed=s.proposed, accepted=s.accepted, rejected=s.rejected,
+        tokens_per_step=s.tokens_per_step, acceptance_rate=s.acceptance_rate, cost_ratio=cost_ratio,
+        projected_speedup=projected_speedup(s.output_tokens, sizes, cost_ratio),
+        exact=out.token_ids == output_ids, step_sizes=sizes)
+
+
+def aggregate(results: list[ReplayResult], cost_ratio: float = DEFAULT_COST_RATIO) -> dict:
+    """Corpus totals: sums of counts, ratios of sums (long files weigh more, as in real time)."""
+    tokens = sum(r.output_tokens for r in results)
+    steps = sum(r.steps for r in results)
+    proposed = sum(r.proposed for r in results)
+    accepted = sum(r.accepted for r in results)
+    sizes = [n for r in results for n in r.step_sizes]
+    return {"pairs": len(results), "output_tokens": tokens, "steps": steps, "proposed": proposed,
+            "accepted": accepted, "rejected": proposed - accepted,
+            "acceptance_rate": accepted / proposed if proposed else 0.0,
+            "tokens_per_step": tokens / steps if steps else 0.0,
+            "median_pair_tokens_per_step": statistics.median(r.tokens_per_step for r in results) if results else 0.0,
+            "projected_speedup": projected_speedup(tokens, sizes, cost_ratio)}
+
+
+@torch.inference_mode()
+def measure_cost_ratio(runner, context: int = 256, n: int = COST_REF_TOKENS, repeats: int = 3) -> float:
+    """Time a real runner: one pass over n new tokens vs one pass over 1, after `context` cached."""
+    runner.reset()
+    runner.forward([1] * context, last_only=True)
+
+    def best(k: int) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            runner.forward([1] * k)
+            times.append(time.perf_counter() - t0)
+            runner.truncate(context)
+        return min(times)
+
+    best(1)  # warm-up
+    return best(n) / best(1)

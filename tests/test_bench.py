@@ -1,0 +1,108 @@
+"""`specserve bench --quick` on tiny random models in float32: every speculative output must equal
+plain greedy decoding, and the JSON / Markdown / PNG / HTML outputs must be written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import save_tiny
+
+from specserve import bench
+from specserve.bench import PEERS, MODES, Run, Scenario, build_prompt, load_scenarios, markdown_table
+from specserve.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-models")
+    return save_tiny(root / "target", seed=0), save_tiny(root / "draft", seed=1)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tiny_pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out")
+    target, draft = tiny_pair
+    rc = main(["bench", "--quick", "--model", target, "--draft-model", draft, "--max-tokens", "24",
+               "--out", str(out), "--html", str(out / "report.html")])
+    return rc, out
+
+
+def test_quick_bench_outputs_equal_plain(quick_run):
+    rc, out = quick_run
+    assert rc == 0
+    data = json.loads((out / "bench.json").read_text())
+    runs = data["runs"]
+    assert [r["mode"] for r in runs] == list(MODES) + list(PEERS)
+    assert not [r for r in runs if r["skipped"]]
+    for r in runs:
+        assert r["equal_to_plain"] is True, (r["mode"], r["first_difference"])
+        assert r["output_tokens"] > 0 and r["latency"] > 0
+        assert r["speedup"] is not None and r["speedup"] > 0
+    assert data["environment"]["dtype"] == "float32"
+    ours = [r for r in runs if r["engine"] == "specserve"]
+    assert all(r["stats"]["output_tokens"] == r["output_tokens"] for r in ours)
+    assert next(r for r in ours if r["mode"] == "plain")["tokens_per_step"] == 1.0
+
+
+def test_quick_bench_files_written(quick_run):
+    _, out = quick_run
+    png = (out / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    md = (out / "bench.md").read_text()
+    assert "| py-rename | prediction | specserve |" in md and "hf-assisted" in md
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and "py-rename / prediction" in html
+
+
+def test_scenarios_bundled():
+    system, scenarios = load_scenarios()
+    kinds = {s.kind for s in scenarios}
+    assert kinds == {"edit", "chat"} and "complete updated file" in system
+    files = {s.file for s in scenarios if s.file}
+    assert files == {"users_controller.py", "orders_controller.ts"}
+    for s in scenarios:
+        if s.kind == "edit":
+            assert 350 <= len(s.code.splitlines()) <= 500
+    with pytest.raises(ValueError, match="unknown scenario"):
+        load_scenarios(("nope",))
+
+
+def test_prompt_trimmed_to_fit_context(tiny_pair):
+    from specserve.llm import LLM
+
+    llm = LLM(model=tiny_pair[0], draft_model="none", dtype="float32")
+    _, (s, *_) = load_scenarios(("py-rename",))
+    ids, prediction, trimmed = build_prompt(llm, s, 64)
+    assert len(ids) + 64 < llm.max_context  # the tiny model has 512 positions: the file must be cut
+    assert trimmed > 0 and s.code.startswith(prediction) and prediction.endswith("\n")
+    short, short_pred, more = build_prompt(llm, s, 64, max_prompt_tokens=300)
+    assert len(short) <= 300 and more > trimmed and prediction.startswith(short_pred)
+    chat = Scenario("c", "chat", "Write a haiku.")
+    ids, prediction, trimmed = build_prompt(llm, chat, 64)
+    assert prediction is None and trimmed == 0
+
+
+def test_markdown_marks_near_tie_and_bug():
+    env = {"model": "m", "draft_model": None, "dtype": "bfloat16", "device": "cpu", "threads": 2,
+           "max_tokens": 8, "torch": "t", "transformers": "x", "date": "d"}
+    tie = Run("s", "ngram", "specserve", output_tokens=8, latency=1.0, equal_to_plain=False,
+              first_difference={"position": 3, "top2_gap": 0.06, "near_tie": True})
+    bug = Run("s", "draft", "specserve", output_tokens=8, latency=1.0, equal_to_plain=False,
+              first_difference={"position": 5, "top2_gap": 4.0, "near_tie": False})
+    skipped = Run("s", "hf-assisted", "transformers", skipped="no draft model loaded")
+    md = markdown_table([tie, bug, skipped], env)
+    assert "near-tie @3 (gap 0.06)" in md and "DIFFERS @5 (gap 4.0)" in md and "skipped: no draft model" in md
+
+
+def test_first_difference_reports_gap(tiny_pair):
+    from specserve.llm import LLM
+
+    llm = LLM(model=tiny_pair[0], draft_model="none", dtype="float32")
+    prompt = llm.encode("def add(a, b):")
+    plain = llm.generate(prompt, bench.SamplingParams(max_tokens=6)).token_ids
+    assert bench.first_difference(llm, prompt, plain, list(plain)) is None
+    other = plain[:2] + [(plain[2] + 1) % 300] + plain[3:]
+    d = bench.first_difference(llm, prompt, plain, other)
+    assert d["position"] == 2 and d["plain_token"] == plain[2] and d["top2"][0] == plain[2]
+    assert d["top2_gap"] >= 0

@@ -1,0 +1,123 @@
+"""The replay estimator: the real engine + prediction drafter against an oracle target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import tiny_tokenizer
+from transformers import AutoTokenizer
+
+from specserve.cli import main
+from specserve.proposer import REGISTRY
+from specserve.propose_prediction import PredictionProposer
+from specserve.replay import OracleRunner, aggregate, projected_speedup, replay, replay_ids, step_cost
+
+BEFORE = "".join(
+    f"def handler_{i}(request):\n    user = load_user(request.user_id)\n    return render(user, page={i})\n\n"
+    for i in range(40))
+
+
+def edited(text: str) -> str:
+    """Insert a line in the middle and change another one further down."""
+    lines = text.splitlines(True)
+    lines.insert(60, "    audit(request, 'viewed')\n")
+    lines[100] = lines[100].replace("load_user", "fetch_user")
+    return "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """The tiny tokenizer, saved to a folder and loaded back the way `specserve replay` loads one."""
+    folder = tmp_path_factory.mktemp("tok")
+    tiny_tokenizer().save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.folder = str(folder)
+    return tok
+
+
+def check_stats_add_up(tokenizer, prediction: str, output: str) -> None:
+    ids = tokenizer.encode(output, add_special_tokens=False)
+    out = replay_ids(tokenizer, prediction, ids)
+    s = out.stats
+    assert out.token_ids == ids and out.finish_reason == "length"
+    assert s.proposed == s.accepted + s.rejected
+    assert s.output_tokens == len(ids) == s.accepted + s.steps  # each step adds one target token
+    assert sum(st["committed"] for st in out.steps) == len(ids)
+    assert sum(st["accepted"] for st in out.steps) == s.accepted == s.by_source["prediction"].accepted
+    assert out.token_sources.count("prediction") == s.accepted
+    assert out.token_sources.count("target") == s.steps
+
+
+def test_oracle_logits_point_at_the_output():
+    oracle = OracleRunner(prompt_len=2, output_ids=[5, 7, 3])
+    assert oracle.forward([9], last_only=True).shape == (1, 8)  # prefill of prompt[:-1]
+    logits = oracle.forward([9, 5, 1])  # [3, V]: pending prompt token, then a right and a wrong draft token
+    assert logits.argmax(-1).tolist() == [5, 7, 3]  # position-only: the wrong token does not matter
+    oracle.truncate(2)
+    assert oracle.length == 2 and oracle.forward([5]).argmax(-1).tolist() == [7]
+
+
+def test_perfect_prediction_accepts_everything_but_bonus_tokens(tokenizer):
+    r = replay(tokenizer, BEFORE, BEFORE)
+    assert r.exact and r.rejected == 0 and r.acceptance_rate == 1.0
+    assert r.accepted == r.output_tokens - r.steps  # every token but one bonus token per step
+    assert r.tokens_per_step > 20  # K doubles up to the engine's prediction_k_max
+    check_stats_add_up(tokenizer, BEFORE, BEFORE)
+
+
+def test_edit_in_the_middle_reanchors(tokenizer, monkeypatch):
+    after = edited(BEFORE)
+    r = replay(tokenizer, BEFORE, after)
+    assert r.exact
+    assert r.accepted >= 0.85 * r.output_tokens, r
+    assert r.acceptance_rate >= 0.9 and r.tokens_per_step > 8
+    check_stats_add_up(tokenizer, BEFORE, after)
+
+    # The same edit with re-anchoring disabled: after the first divergence the drafter goes
+    # quiet for good, so far fewer tokens are accepted. This gives the threshold above meaning.
+    class NoReanchor(PredictionProposer):
+        def _reanchor(self, tokens):
+            self.anchored = False
+
+    def no_reanchor(ctx):
+        return NoReanchor(ctx.tokenizer, ctx.prediction, ctx.prompt_len, 8, 96)
+
+    monkeypatch.setitem(REGISTRY, "prediction", no_reanchor)
+    blind = replay(tokenizer, BEFORE, after)
+    assert blind.accepted < 0.6 * r.accepted
+
+
+def test_unrelated_output_gains_nothing(tokenizer):
+    r = replay(tokenizer, BEFORE, "The quick brown fox jumps over the lazy dog.\n" * 5)
+    assert r.accepted <= 0.2 * r.output_tokens
+    assert r.projected_speedup < 1.2
+
+
+def test_cost_model():
+    assert step_cost(1, 1.16) == 1.0 and step_cost(8, 1.16) == pytest.approx(1.16)
+    assert projected_speedup(10, [1] * 10, 1.16) == pytest.approx(1.0)
+    assert projected_speedup(16, [8, 8], 1.16) == pytest.approx(16 / 2.32)
+    assert projected_speedup(16, [8, 8], 1.0) == pytest.approx(8.0)
+
+
+def test_aggregate_is_ratio_of_sums(tokenizer):
+    a, b = replay(tokenizer, BEFORE, BEFORE), replay(tokenizer, BEFORE, edited(BEFORE))
+    agg = aggregate([a, b])
+    assert agg["output_tokens"] == a.output_tokens + b.output_tokens
+    assert agg["tokens_per_step"] == pytest.approx(agg["output_tokens"] / (a.steps + b.steps))
+    assert agg["rejected"] == a.rejected + b.rejected
+
+
+def test_cli_replay(tokenizer, tmp_path, capsys):
+    (tmp_path / "before.py").write_text(BEFORE)
+    (tmp_path / "after.py").write_text(edited(BEFORE))
+    rc = main(["replay", "--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "after.py"),
+               "--model", tokenizer.folder, "--cost-ratio", "1.5", "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["cost_ratio"] == 1.5 and d["exact"] and d["accepted"] + d["rejected"] == d["proposed"]
+    assert d["projected_speedup"] > 1.0
+    rc = main(["replay", "--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "after.py"),
+               "--model", tokenizer.folder])
+    assert rc == 0 and "tokens per step" in capsys.readouterr().out
