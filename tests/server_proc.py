@@ -83,6 +83,8 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         self.log.close()
+        if os.path.exists(self.log.name):  # its tail was already shown in any failure message
+            os.unlink(self.log.name)
 
     def __enter__(self) -> "ServerProcess":
         return self.start()

@@ -282,7 +282,7 @@ def compare(llm, run: Run, plain_run: Run, plain_ids: list[int], ids: list[int],
         run.first_difference = first_difference(llm, prompt_ids, plain_ids, ids)
     if plain_run.tokens_per_second:
         run.speedup = run.tokens_per_second / plain_run.tokens_per_second
-    if run.latency:
+    if run.latency and run.output_tokens == plain_run.output_tokens:  # latencies of equal work only
         run.e2e_speedup = plain_run.latency / run.latency
 
 
