@@ -13,13 +13,11 @@ from dataclasses import asdict, dataclass, field
 SOURCES = ("prediction", "ngram", "draft", "none")  # "none": a step with no draft at all
 
 
-@dataclass
-class SourceStats:
-    """Counters for one draft source."""
+class _Acceptance:
+    """rejected and acceptance rate, derived from `proposed` and `accepted` (fields or properties)."""
 
-    proposed: int = 0
-    accepted: int = 0
-    steps: int = 0
+    proposed: int
+    accepted: int
 
     @property
     def rejected(self) -> int:
@@ -28,6 +26,15 @@ class SourceStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
+
+
+@dataclass
+class SourceStats(_Acceptance):
+    """Counters for one draft source."""
+
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
 
     @property
     def tokens_per_step(self) -> float:
@@ -45,7 +52,7 @@ class SourceStats:
 
 
 @dataclass
-class SpecStats:
+class SpecStats(_Acceptance):
     """Everything we measured about one request."""
 
     prompt_tokens: int = 0
@@ -74,14 +81,6 @@ class SpecStats:
     @property
     def accepted(self) -> int:
         return sum(s.accepted for s in self.by_source.values())
-
-    @property
-    def rejected(self) -> int:
-        return self.proposed - self.accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
 
     @property
     def tokens_per_step(self) -> float:
