@@ -21,7 +21,7 @@ import torch
 
 from .config import SamplingParams, SpeculationConfig
 from .detokenize import OutputBuilder
-from .errors import ContextLengthError, InvalidRequestError
+from .errors import ContextLengthError, InvalidRequestError, ModelLoadError
 from .proposer import Draft, ProposerContext, build_chain, choose_draft
 from .sampling import apply_penalties, draft_prefix_counts, probs_from_logits
 from .stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
@@ -37,8 +37,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids or ())
         if draft is not None and draft.vocab_size != target.vocab_size:
-            raise InvalidRequestError(
-                f"draft model vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})"
+            raise ModelLoadError(
+                f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
+                f"({target.vocab_size}); pick a draft model of the same family"
             )
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from .config import SamplingParams, SpeculationConfig
 from .engine import Engine, Generation
-from .errors import InvalidRequestError, ModelLoadError
+from .errors import InvalidRequestError
 from .loader import eos_ids, load
 from .runner import ModelRunner
 from .stats import RequestOutput
@@ -53,11 +53,6 @@ class LLM:
         return self
 
     def _init(self, target: ModelRunner, tokenizer, draft, name: str, speculation: SpeculationConfig) -> None:
-        if draft is not None and draft.vocab_size != target.vocab_size:
-            raise ModelLoadError(
-                f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
-                f"({target.vocab_size}); pick a draft model of the same family"
-            )
         self.model_name = name
         self.tokenizer = tokenizer
         self.speculation = speculation
