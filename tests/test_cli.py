@@ -41,6 +41,11 @@ def test_generate_streams_text_then_stats(model_dir):
     assert r.stdout.strip() and "tokens/step" in r.stderr and "finish: length" in r.stderr
 
 
+def test_empty_stdin_prompt_fails_before_loading_a_model():
+    r = cli("generate", "--model", "/nonexistent/model", stdin="")
+    assert r.returncode == 2 and "prompt on stdin is empty" in r.stderr  # not the model error: checked first
+
+
 @pytest.mark.parametrize("args,message", [
     (["--prediction", "/nonexistent/file.py"], "cannot read prediction file"),
     (["--max-tokens", "0"], "max_tokens must be at least 1"),

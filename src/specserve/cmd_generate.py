@@ -59,7 +59,10 @@ def read_prompt(args) -> str:
         return read_text(args.prompt_file, "prompt")
     if sys.stdin.isatty():
         raise InvalidRequestError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
-    return sys.stdin.read()
+    prompt = sys.stdin.read()
+    if not prompt:
+        raise InvalidRequestError("the prompt on stdin is empty")
+    return prompt
 
 
 def run(args) -> int:
