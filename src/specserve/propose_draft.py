@@ -44,6 +44,7 @@ class DraftModelProposer:
         if len(prompt_ids) > 1:
             self.runner.forward(prompt_ids[:-1], last_only=True)
             self.fed = list(prompt_ids[:-1])
+            self.committed = len(self.fed)  # the prompt is committed: no need to compare it again
 
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         k = min(self.k.k, max_k, self.runner.max_context - len(tokens))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from .detokenize import IncrementalDetokenizer
 from .proposer import AdaptiveK, Draft, ProposerContext, register
 
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
@@ -117,12 +118,13 @@ def _token_starts(offsets) -> list[int]:
 
 
 def _decode_with_starts(tokenizer, ids: list[int]) -> tuple[str, list[int]]:
-    """Decode ids and record where each token's text starts (prefix decoding, O(n) calls)."""
+    """Decode ids and record where each token's text starts (incremental: one short decode per token)."""
+    detok = IncrementalDetokenizer(tokenizer, [])
     starts, text = [], ""
-    for i in range(len(ids)):
+    for tok in ids:
         starts.append(len(text))
-        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
-    return text, starts
+        text += detok.add(tok)
+    return text + detok.flush(), starts
 
 
 @register("prediction")
