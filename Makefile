@@ -12,11 +12,13 @@ TEST_HOME := $(CURDIR)/.cache/specserve
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/install_llama_cpp.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel on this disk; any other torch release would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
+	# llama.cpp, compiled here once per machine with the flags our exactness needs (about 5 min).
+	scripts/install_llama_cpp.sh $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

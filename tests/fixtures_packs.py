@@ -23,5 +23,19 @@ def pack_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def smol_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The converted SmolLM2-135M-Instruct folder (safetensors, bf16, tokenizer, chat template)."""
+    """The SmolLM2-135M-Instruct pack folder (the verified Q4_1 GGUF, tokenizer, chat template)."""
     return packs.pull(packs.TEST_PACK, home=pack_home(tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def smol_gguf(smol_model_dir: Path) -> Path:
+    """The pack's GGUF file, as llama.cpp runs it."""
+    return smol_model_dir / packs.PACKS[packs.TEST_PACK].gguf_name
+
+
+@pytest.fixture(scope="session")
+def smol_hf_dir(smol_model_dir: Path) -> Path:
+    """The same pack converted (once) to a safetensors folder for the transformers backend."""
+    source = packs.ModelSource(path=str(smol_model_dir), gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name,
+                               pack=packs.TEST_PACK)
+    return Path(packs.ensure_converted(source).path)

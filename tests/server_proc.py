@@ -31,13 +31,15 @@ def free_port() -> int:
 class ServerProcess:
     """One server process; `base_url` ends in /v1 (what the openai SDK wants)."""
 
-    def __init__(self, model_dir: str, *args: str, api_key: str | None = None):
+    def __init__(self, model_dir: str, *args: str, api_key: str | None = None, dtype: str | None = "float32"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.url}/v1"
         self.api_key = api_key
-        self.cmd = [sys.executable, "-m", "specserve.cli", "serve", "--model", model_dir, "--dtype", "float32",
+        self.cmd = [sys.executable, "-m", "specserve.cli", "serve", "--model", model_dir,
                     "--port", str(self.port), "--log-level", "warning", *args]
+        if dtype:  # a GGUF with no dtype runs on llama.cpp
+            self.cmd += ["--dtype", dtype]
         if api_key:
             self.cmd += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="specserve-server-", suffix=".log", delete=False)

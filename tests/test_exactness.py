@@ -1,6 +1,7 @@
 """Greedy exactness: every speculation method gives token-for-token the plain output (float32).
 
-Tiny random-weight Llama- and Qwen2-shaped models; the drafts are made to be accepted for long
+Tiny random-weight Llama- and Qwen2-shaped models on the transformers backend, and the tiny
+Qwen2 model written as an f32 GGUF on the llama.cpp backend; the drafts are made to be accepted for long
 stretches (perfect or edited predictions, a draft model with the target's own weights), so that
 EOS, stop strings and max_tokens land inside accepted drafts.
 """
@@ -10,15 +11,18 @@ import pytest
 from specserve import SamplingParams
 from specserve.llm import LLM
 from tiny import tiny_model, tiny_tokenizer
+from tiny_gguf import llamacpp_llms
 
 METHODS = ("prediction", "ngram", "draft", "auto")
 PROMPTS = ("def add(a, b):", "Le café coûte 3 €. 東京", "class UserController:\n    def get_user(self")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def llms(request):
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama.cpp"])
+def llms(request, tmp_path_factory):
     """(llm with a different-seed draft model, llm whose draft model is the target itself)."""
     kind = request.param
+    if kind == "llama.cpp":
+        return llamacpp_llms(tmp_path_factory.mktemp("gguf"))
     tok = tiny_tokenizer()
     target = tiny_model(kind, seed=0)
     other = LLM.from_models(target, tok, tiny_model(kind, seed=1), name=kind)

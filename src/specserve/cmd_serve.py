@@ -14,15 +14,15 @@ import os
 from .config import METHODS
 
 
+from .cmd_generate import add_model_args, load_options
+
+
 def add_parser(subparsers) -> None:
     """Register the `serve` subcommand (contract with cli.py)."""
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server",
                               description="Serve /v1/chat/completions and /v1/completions (with Predicted "
                               "Outputs), /v1/models, /health and /metrics.")
-    p.add_argument("--model", default=None, help="target: pack name, model folder or .gguf (default: the default pack)")
-    p.add_argument("--draft-model", default=None, help="draft model for speculation ('none' for no draft model)")
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default, fast on CPU) or float32")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     p.add_argument("--api-key", default=None,
@@ -55,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
     speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     options = ServerOptions(api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
                             max_queue=args.max_queue, request_timeout=args.request_timeout or None)
-    llm = LLM(model=args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-              speculation=speculation)
+    llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation)
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
     return 0

@@ -6,7 +6,7 @@ to get there faster. Neither changes the output distribution: speculation is los
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 METHODS = ("auto", "none", "prediction", "ngram", "draft")
 
@@ -106,12 +106,29 @@ class SpeculationConfig:
         return replace(self, num_speculative_tokens=k)
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """How models are loaded. Shared by `LLM`, `specserve generate/serve/bench`."""
+BACKENDS = ("auto", "llama.cpp", "transformers")
 
-    model: str | None = None  # None: the default target pack
-    draft_model: str | None = None
-    dtype: str = "bfloat16"
-    device: str | None = None  # None: cuda when available, else cpu
-    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How models are run: shared by `LLM`, `specserve generate/serve/bench`.
+
+    backend: "auto" (a GGUF pack or .gguf file on llama.cpp unless a torch dtype is asked for;
+    HF folders and hub ids on transformers), "llama.cpp" or "transformers".
+    dtype: torch dtype name, transformers only (None: bfloat16 there; llama.cpp runs the GGUF's
+    own weights). default_dtype: the torch dtype when `dtype` is None (it does not steer the
+    backend choice). threads: llama.cpp CPU threads (None: every core this process may use).
+    """
+
+    backend: str = "auto"
+    dtype: str | None = None
+    default_dtype: str = "bfloat16"
+    device: str | None = None  # None: cuda when available, else cpu (transformers)
+    max_context: int | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")

@@ -22,6 +22,7 @@ import torch
 from .config import SamplingParams, SpeculationConfig
 from .detokenize import OutputBuilder
 from .errors import ContextLengthError, InvalidRequestError, ModelLoadError
+from .governor import PLAIN, Governor
 from .proposer import Draft, ProposerContext, build_chain, choose_draft
 from .sampling import apply_penalties, draft_prefix_counts, probs_from_logits
 from .stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
@@ -36,6 +37,7 @@ class Engine:
         self.draft = draft
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids or ())
+        self.governor = Governor()  # learns across requests what pays on this machine (auto only)
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise ModelLoadError(
                 f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
@@ -90,6 +92,7 @@ class Generation:
         stats = SpecStats(prompt_tokens=len(self.prompt_ids))
         t0 = time.perf_counter()
         generator, chain = self.generator, self.chain
+        governor = eng.governor if self.spec.method == "auto" else None
         builder = OutputBuilder(eng.tokenizer, self.prompt_ids, params, eng.eos_token_ids)
         counts = torch.zeros(target.vocab_size) if params.has_penalties else None  # [V]
         tokens = list(self.prompt_ids)
@@ -113,7 +116,7 @@ class Generation:
                 break
             step_start = time.perf_counter()
             budget = min(params.max_tokens - len(builder.token_ids) - 1, target.max_context - len(tokens) - 1)
-            draft = choose_draft(chain, tokens, budget)
+            draft = choose_draft(chain, tokens, budget, governor)
             draft_ids = draft.token_ids[:budget] if draft else []
             t_verify = time.perf_counter()
             stats.draft_time += t_verify - step_start
@@ -123,10 +126,11 @@ class Generation:
                 logits = apply_penalties(logits, draft_prefix_counts(counts, draft_ids), params)
             n_acc, next_tok = _verify(logits, draft_ids, draft, params, generator)
             target.truncate(len(tokens) + n_acc)  # pending + accepted are cached; next_tok is the new pending
-            stats.verify_time += time.perf_counter() - t_verify
+            t_done = time.perf_counter()
+            stats.verify_time += t_done - t_verify
 
             new = draft_ids[:n_acc] + [next_tok]
-            src = draft.source if draft else "none"
+            src = draft.source if draft else PLAIN
             new_sources = [src] * n_acc + ["target"]
             committed = 0
             for tok in new:
@@ -145,6 +149,8 @@ class Generation:
             # Draft tokens cut by a stop/EOS/max_tokens inside the draft never reach the output:
             # count them as not accepted, so accepted prediction tokens <= completion tokens.
             stats.record_step(src, len(draft_ids), min(n_acc, committed), committed)
+            if governor is not None:
+                governor.record(src, t_done - step_start, len(draft_ids[:n_acc]) + 1)
             for p in chain:
                 p.observe(tokens, Draft(draft_ids, src, None) if draft else None, n_acc)
             if stats.time_to_first_token is None:

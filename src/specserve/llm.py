@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
-from .config import SamplingParams, SpeculationConfig
+from .backends import SequenceRunner
+from .backends.transformers import TransformersBackend
+from .config import LoadOptions, SamplingParams, SpeculationConfig
 from .engine import Engine, Generation
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, ModelLoadError
 from .loader import eos_ids, load
-from .runner import ModelRunner
 from .stats import RequestOutput
 
 NO_DRAFT = ("", "none")
@@ -28,37 +29,68 @@ class LLM:
     model: pack name, local folder, .gguf file or hub id; None = the default target pack.
     draft_model: same kinds; None = the default draft pack when `model` is also None,
     otherwise no draft model; "none" = no draft model.
-    One request runs at a time per LLM (the KV caches are single-sequence); a lock enforces it.
+    backend: "auto" (GGUF packs and .gguf files on llama.cpp, unless a torch `dtype` is asked
+    for; HF folders and hub ids on transformers), "llama.cpp" or "transformers".
+    dtype: torch dtype for the transformers backend (None = bfloat16).
+    threads: llama.cpp CPU threads (None = every core this process may use).
+    One request runs at a time per LLM (one cache sequence per model); a lock enforces it.
     """
 
-    def __init__(self, model: str | None = None, draft_model: str | None = None, dtype: str = "bfloat16",
+    def __init__(self, model: str | None = None, draft_model: str | None = None, dtype: str | None = None,
                  device: str | None = None, speculation: str | SpeculationConfig = "auto",
-                 max_context: int | None = None):
-        target, tokenizer, name = load(model, "target", dtype, device, max_context)
-        draft, draft_name = None, None
+                 max_context: int | None = None, backend: str = "auto", threads: int | None = None,
+                 options: LoadOptions | None = None):
+        options = options or LoadOptions(backend=backend, dtype=dtype, device=device, max_context=max_context,
+                                         threads=threads)
+        target = load(model, "target", options)
+        draft = None
         default_draft = model is None and draft_model is None
         if default_draft or draft_model not in (None, *NO_DRAFT):
-            draft, _, draft_name = load(None if default_draft else draft_model, "draft", dtype, device, max_context)
-        self._init(target, tokenizer, draft, name, SpeculationConfig.coerce(speculation))
-        self.draft_model_name = draft_name
+            draft = load(None if default_draft else draft_model, "draft", options)
+        try:
+            self._init(target.backend, target.tokenizer, draft.backend if draft else None, target.name,
+                       SpeculationConfig.coerce(speculation), target.eos_token_ids)
+        except ModelLoadError as e:  # name both files: the engine only knows the two backends
+            raise ModelLoadError(f"{draft.name} cannot draft for {target.name}: {e}") from None
+        self.draft_model_name = draft.name if draft else None
+
+    @classmethod
+    def from_options(cls, model: str | None, draft_model: str | None, options: LoadOptions,
+                     speculation: str | SpeculationConfig = "auto") -> "LLM":
+        """LLM(...) with the model flags shared by the CLI commands."""
+        return cls(model, draft_model, speculation=speculation, options=options)
 
     @classmethod
     def from_models(cls, model, tokenizer, draft_model=None, name: str = "model",
                     speculation: str | SpeculationConfig = "auto", max_context: int | None = None) -> "LLM":
         """Wrap already-loaded transformers models (tests, notebooks)."""
+        draft = TransformersBackend(draft_model, max_context) if draft_model is not None else None
+        return cls.from_backends(TransformersBackend(model, max_context), tokenizer, draft, name, speculation,
+                                 eos_ids(model, tokenizer))
+
+    @classmethod
+    def from_backends(cls, target, tokenizer, draft=None, name: str = "model",
+                      speculation: str | SpeculationConfig = "auto", eos_token_ids: set[int] | None = None) -> "LLM":
+        """Wrap already-built backends (tests, notebooks); EOS defaults to the tokenizer's."""
         self = cls.__new__(cls)
-        draft = ModelRunner(draft_model, max_context) if draft_model is not None else None
-        self._init(ModelRunner(model, max_context), tokenizer, draft, name, SpeculationConfig.coerce(speculation))
+        eos = eos_token_ids if eos_token_ids is not None else {tokenizer.eos_token_id} - {None}
+        self._init(target, tokenizer, draft, name, SpeculationConfig.coerce(speculation), eos)
         self.draft_model_name = "draft" if draft is not None else None
         return self
 
-    def _init(self, target: ModelRunner, tokenizer, draft, name: str, speculation: SpeculationConfig) -> None:
+    def _init(self, target, tokenizer, draft, name: str, speculation: SpeculationConfig, eos: set[int]) -> None:
         self.model_name = name
         self.tokenizer = tokenizer
         self.speculation = speculation
-        self.engine = Engine(target, tokenizer, draft, eos_ids(target.model, tokenizer))
+        self.target_backend, self.draft_backend = target, draft
+        self.engine = Engine(SequenceRunner(target), tokenizer, SequenceRunner(draft) if draft else None, eos)
         self.max_context = target.max_context
         self.lock = threading.Lock()
+
+    @property
+    def backend_name(self) -> str:
+        """Which backend runs the target: "llama.cpp" or "transformers"."""
+        return self.target_backend.name
 
     @property
     def has_draft_model(self) -> bool:

@@ -1,22 +1,35 @@
-"""Loading a model spec into a ModelRunner and tokenizer.
+"""Loading a model spec into a backend and a tokenizer.
 
 A spec is resolved by `packs.resolve_model` (pack name -> local folder -> .gguf file -> hub id);
-this file only turns the resolved source into objects and checks they fit together.
+this file picks the backend, turns the resolved source into objects and checks they fit.
+
+Backend choice with `backend="auto"`: a GGUF (a pack or a `.gguf` file) runs on llama.cpp as it
+is, unless a torch dtype was asked for (only transformers has one); Hugging Face folders and
+hub ids run on transformers.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .config import LoadOptions
 from .errors import ModelLoadError
-from .runner import ModelRunner
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    backend: object  # a backends.Backend
+    tokenizer: object
+    name: str
+    eos_token_ids: set[int]
 
 
 def pick_device(device: str | None) -> str:
@@ -30,24 +43,87 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
 
 
-def load(spec: str | None, role: str, dtype: str, device: str | None, max_context: int | None = None):
-    """Resolve and load one model. Returns (ModelRunner, tokenizer, display name)."""
+def choose_backend(source, options: LoadOptions) -> str:
+    """The backend that will run `source` (a packs.ModelSource), or a clear error."""
+    if options.backend == "auto":
+        return "llama.cpp" if source.gguf_file and options.dtype is None else "transformers"
+    if options.backend == "llama.cpp":
+        if not source.gguf_file:
+            raise ModelLoadError(f"the llama.cpp backend runs GGUF files, and {source.display_name!r} is a "
+                                 f"Hugging Face model; use --backend transformers or give a .gguf file or pack")
+        if options.dtype is not None:
+            raise ModelLoadError("--dtype applies to the transformers backend only; llama.cpp runs the "
+                                 "GGUF's own weights as they are")
+    return options.backend
+
+
+def load(spec: str | None, role: str, options: LoadOptions | None = None) -> LoadedModel:
+    """Resolve and load one model on the chosen backend."""
     from .packs import resolve_model
 
+    options = options or LoadOptions()
     source = resolve_model(spec, role=role)
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    backend_name = choose_backend(source, options)
     t0 = time.perf_counter()
+    if backend_name == "llama.cpp":
+        loaded = _load_llamacpp(source, options)
+    else:
+        loaded = _load_transformers(source, options)
+    what = "GGUF as is" if backend_name == "llama.cpp" else (options.dtype or options.default_dtype)
+    print(f"loaded {source.display_name} on {backend_name} ({what}) in {time.perf_counter() - t0:.1f}s",
+          file=sys.stderr)
+    return loaded
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def load_tokenizer(source):
+    """The tokenizer of a resolved source: a pack's saved tokenizer, a folder's, or a GGUF's own."""
+    from pathlib import Path
+
+    folder = Path(source.path)
+    has_saved = folder.is_dir() and (folder / "tokenizer_config.json").is_file()
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file and not has_saved else {}
+    try:
+        return AutoTokenizer.from_pretrained(source.path, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"cannot load the tokenizer of {source.display_name!r}: {_first_line(e)}") from e
+
+
+def _load_llamacpp(source, options: LoadOptions) -> LoadedModel:
+    from pathlib import Path
+
+    from .backends.llamacpp import LlamaCppBackend
+
+    path = Path(source.path) / source.gguf_file
+    backend = LlamaCppBackend(path, max_context=options.max_context, threads=options.threads)
+    tokenizer = load_tokenizer(source)
+    eos = backend.eog_token_ids()
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return LoadedModel(backend, tokenizer, source.display_name, eos)
+
+
+def _load_transformers(source, options: LoadOptions) -> LoadedModel:
+    from .backends.transformers import TransformersBackend
+    from .packs import ensure_converted
+
+    if source.pack:  # packs keep the GGUF; the safetensors folder is made on first use here
+        source = ensure_converted(source)
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype(dtype), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype(options.dtype or options.default_dtype),
+                                                     **kwargs)
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"cannot load {source.display_name!r} as a causal language model: {first}") from e
-    model.to(pick_device(device))
-    print(f"loaded {source.display_name} ({dtype}) in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    return ModelRunner(model, max_context), tokenizer, source.display_name
+        raise ModelLoadError(f"cannot load {source.display_name!r} as a causal language model: {_first_line(e)}") from e
+    model.to(pick_device(options.device))
+    backend = TransformersBackend(model, options.max_context)
+    return LoadedModel(backend, tokenizer, source.display_name, eos_ids(model, tokenizer))
 
 
 def eos_ids(model, tokenizer) -> set[int]:

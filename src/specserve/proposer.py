@@ -100,11 +100,14 @@ def build_chain(ctx: ProposerContext) -> list[Proposer]:
     return [p for p in chain if p is not None]
 
 
-def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int) -> Draft | None:
-    """Ask each proposer in order; the first non-empty draft wins."""
-    if max_k <= 0:
+def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int, governor=None) -> Draft | None:
+    """Ask each proposer in order; the first non-empty draft wins. A `governor.Governor` (auto
+    only) may make the step plain or skip sources that do not pay for themselves."""
+    if max_k <= 0 or (governor is not None and governor.wants_plain_step()):
         return None
     for proposer in chain:
+        if governor is not None and not governor.allows(proposer.name):
+            continue
         draft = proposer.propose(tokens, max_k)
         if draft is not None and draft.token_ids:
             return draft

@@ -1,0 +1,102 @@
+"""The seam between the engine and whatever executes a model.
+
+A *backend* owns one model's weights and the KV cache of **many sequences**. One `forward`
+carries new tokens for several sequences at once (ragged: each its own count) and returns
+logits only for the rows asked for; `truncate` rolls one sequence's cache back, which is how
+rejected draft tokens are forgotten. Everything above this file (proposers, verification,
+sampling, stops, stats) is backend-agnostic.
+
+`SequenceRunner` is the single-sequence view the engine and the draft proposer drive today:
+`forward(tokens) -> logits [T, V]`, `truncate(length)`, `reset()`. Tests and the replay oracle
+plug in their own objects with the same members (the `Runner` protocol).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SeqInput:
+    """New tokens for one sequence in a forward.
+
+    logits: which rows come back: "all" ([T, V]), "last" ([1, V]) or "none" (prefill chunk).
+    """
+
+    seq: int
+    token_ids: Sequence[int]
+    logits: str = "all"
+
+
+class Backend(Protocol):
+    """Executes one model for many sequences. Positions are implicit: a sequence's new tokens
+    follow the tokens already in its cache."""
+
+    name: str  # "transformers" | "llama.cpp"
+    vocab_size: int  # rows of the output layer (logits width V)
+    max_context: int  # longest sequence one cache holds
+    max_sequences: int  # sequences that may exist at once
+
+    def new_sequence(self) -> int:
+        """Allocate an empty sequence; returns its id."""
+
+    def free_sequence(self, seq: int) -> None:
+        """Release a sequence and its cache."""
+
+    def length(self, seq: int) -> int:
+        """Tokens held in the sequence's cache."""
+
+    def forward(self, inputs: Sequence[SeqInput]) -> list[torch.Tensor | None]:
+        """One pass over every input's new tokens. Returns, per input, float32 logits on the CPU:
+        [T_i, V] for "all", [1, V] for "last", None for "none"."""
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Forget every cached position of `seq` at or after `length`."""
+
+
+class Runner(Protocol):
+    """One sequence, as the engine and the draft proposer see it."""
+
+    vocab_size: int
+    max_context: int
+    length: int
+
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor: ...
+
+    def truncate(self, length: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class SequenceRunner:
+    """A `Runner` over one sequence of a `Backend` (allocated on creation)."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.seq = backend.new_sequence()
+        self.vocab_size = backend.vocab_size
+        self.max_context = backend.max_context
+
+    @property
+    def length(self) -> int:
+        return self.backend.length(self.seq)
+
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Feed token_ids after the cached ones. Returns float32 logits [T, V] ([1, V] if last_only)."""
+        if self.length + len(token_ids) > self.max_context:
+            raise ValueError(f"cache would exceed the context length {self.max_context}")
+        (logits,) = self.backend.forward([SeqInput(self.seq, token_ids, "last" if last_only else "all")])
+        return logits
+
+    def truncate(self, length: int) -> None:
+        if length < self.length:
+            self.backend.truncate(self.seq, length)
+
+    def reset(self) -> None:
+        self.backend.truncate(self.seq, 0)
+
+    def close(self) -> None:
+        self.backend.free_sequence(self.seq)

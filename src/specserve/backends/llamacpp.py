@@ -1,0 +1,260 @@
+"""The llama.cpp backend: GGUF files run as they are, through llama-cpp-python's low-level API.
+
+One `llama_context` holds the KV cache of every sequence (a unified cache, `n_seq_max`
+sequences). A forward is one `llama_batch`: each token carries its position, its sequence id
+and a flag saying whether its logits row is wanted; `llama_decode` runs it; rows are read with
+`llama_get_logits_ith`. Rolling a sequence back is `llama_memory_seq_rm(mem, seq, length, -1)`.
+
+Batch invariance (docs/design.md, "Exactness on llama.cpp"). llama.cpp's CPU kernels choose
+their arithmetic by how many tokens a pass carries, so K tokens verified in one pass round
+differently from K one-token decoding steps, and greedy output could change for reasons other
+than a near-tie. Three choices, each measured on the Qwen Q4_K_M and SmolLM2 Q4_1 packs:
+- flash attention with an f16/f32 KV cache takes a tiled kernel for >= 64 queries and splits
+  the KV range across threads for a single query once the cache holds >= 512 cells; with a
+  q8_0 KV cache it always runs the per-query kernel;
+- K-quant matmuls take a tiled GEMM for >= 8 rows (`GGML_CPU_TILED_MM=0` turns it off; the
+  switch is read once per process);
+- repacked weights (`use_extra_bufts`) use GEMM for groups of 4 rows and GEMV for the rest.
+`batch_invariant=True` (the default) sets all three, and then a chunk, token-by-token passes,
+and a chunk sharing its batch with other sequences give bit-identical logits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ModelLoadError
+from .base import SeqInput
+
+_init_lock = threading.Lock()
+_initialised = False
+_log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
+_LOG_KEEP = 40
+
+
+def _lib():
+    """Import llama_cpp lazily: the transformers path must work where it is not installed."""
+    try:
+        import llama_cpp
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ModelLoadError("the llama.cpp backend needs llama-cpp-python; install it with "
+                             "`pip install 'llama-cpp-python>=0.3.36,<0.4'` (or run `make venv`)") from e
+    return llama_cpp
+
+
+def _init_backend(batch_invariant: bool) -> None:
+    """Initialise llama.cpp once per process and route its log into a short buffer."""
+    global _initialised, _log_callback
+    with _init_lock:
+        if _initialised:
+            return
+        if batch_invariant:  # read by ggml-cpu on its first matmul; a user's own setting wins
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+        ll = _lib()
+
+        @ll.llama_log_callback
+        def _log_callback(level, text, user_data):  # noqa: ARG001 - fixed C signature
+            line = text.decode("utf-8", "replace").strip() if text else ""
+            if len(line) > 1:  # skip the progress dots
+                _log_tail.append(line)
+                del _log_tail[:-_LOG_KEEP]
+
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _initialised = True
+
+
+def default_threads() -> int:
+    """Cores this process may run on (the model's threads should own the machine's cores)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_TELLING = ("error", "failed", "unknown", "invalid", "does not", "unable", "not supported", "unsupported")
+
+
+def _load_error(path: Path) -> str:
+    """The most telling llama.cpp log line about why a load failed."""
+    for line in reversed(_log_tail):
+        low = line.lower()
+        if any(word in low for word in _TELLING):
+            return line.split(": ", 1)[-1] if ": " in line else line
+    return "not a GGUF model llama.cpp can load (truncated file or unsupported architecture?)"
+
+
+class LlamaCppBackend:
+    """Owns one GGUF model, one llama.cpp context and the cache of up to `max_sequences` sequences.
+
+    threads: CPU threads for decoding and batches (default: every core this process may use).
+    max_context: tokens one sequence may hold (default: the model's training context, capped
+    at 16384 to bound the cache's memory); the context holds max_context * max_sequences.
+    batch_invariant: disable weight repacking so chunked and token-by-token passes round alike.
+    """
+
+    name = "llama.cpp"
+
+    def __init__(self, gguf_path: str | Path, max_context: int | None = None, max_sequences: int = 1,
+                 threads: int | None = None, batch_invariant: bool = True, n_batch: int = 512,
+                 gpu_layers: int | None = None):
+        _init_backend(batch_invariant)
+        ll = self._ll = _lib()
+        self.path = Path(gguf_path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"no such GGUF file: {self.path}")
+        self.threads = threads or default_threads()
+        self.batch_invariant = batch_invariant
+        self._model = self._load_model(gpu_layers)
+        vocab = ll.llama_model_get_vocab(self._model)
+        self.vocab_size: int = ll.llama_vocab_n_tokens(vocab)
+        self._vocab = vocab
+        train_ctx = ll.llama_model_n_ctx_train(self._model) or 2048
+        self.max_context: int = min(max_context or min(train_ctx, 16384), train_ctx)
+        self.max_sequences = max_sequences
+        self.n_batch = n_batch
+        self._ctx = self._new_context()
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self._lengths: dict[int, int] = {}
+        self._free_ids = list(range(max_sequences - 1, -1, -1))
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _load_model(self, gpu_layers: int | None):
+        ll = self._ll
+        params = ll.llama_model_default_params()
+        offload = ll.llama_supports_gpu_offload()
+        params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
+        params.use_extra_bufts = not self.batch_invariant
+        _log_tail.clear()
+        model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            raise ModelLoadError(f"cannot load {self.path.name} with llama.cpp: {_load_error(self.path)}")
+        return model
+
+    def _new_context(self):
+        ll = self._ll
+        p = ll.llama_context_default_params()
+        p.n_ctx = self.max_context * self.max_sequences
+        p.n_batch = p.n_ubatch = self.n_batch
+        p.n_seq_max = self.max_sequences
+        p.n_threads = p.n_threads_batch = self.threads
+        p.kv_unified = True
+        if self.batch_invariant:  # see the module docstring
+            p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            p.type_k = p.type_v = ll.GGML_TYPE_Q8_0
+        p.no_perf = True
+        ctx = ll.llama_init_from_model(self._model, p)
+        if not ctx:
+            raise ModelLoadError(f"cannot create a llama.cpp context for {self.path.name} "
+                                 f"({self.max_context} tokens x {self.max_sequences} sequences): "
+                                 f"{_load_error(self.path)}")
+        return ctx
+
+    def close(self) -> None:
+        """Free the context and model (also done when the object is collected)."""
+        ll = getattr(self, "_ll", None)
+        if ll is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- metadata ---------------------------------------------------------------------------
+    def eog_token_ids(self) -> set[int]:
+        """Every token llama.cpp treats as end of generation (EOS, EOT, <|im_end|>, ...)."""
+        is_eog = self._ll.llama_vocab_is_eog
+        return {t for t in range(self.vocab_size) if is_eog(self._vocab, t)}
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    # -- sequences --------------------------------------------------------------------------
+    def new_sequence(self) -> int:
+        if not self._free_ids:
+            raise RuntimeError(f"all {self.max_sequences} sequences are in use")
+        seq = self._free_ids.pop()
+        self._lengths[seq] = 0
+        return seq
+
+    def free_sequence(self, seq: int) -> None:
+        if seq in self._lengths:
+            self._ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            del self._lengths[seq]
+            self._free_ids.append(seq)
+
+    def length(self, seq: int) -> int:
+        return self._lengths[seq]
+
+    def truncate(self, seq: int, length: int) -> None:
+        if length < self._lengths[seq]:
+            self._ll.llama_memory_seq_rm(self._mem, seq, length, -1)
+            self._lengths[seq] = length
+
+    # -- the forward ------------------------------------------------------------------------
+    def forward(self, inputs: Sequence[SeqInput]) -> list[torch.Tensor | None]:
+        """Decode every input's tokens in batches of at most n_batch tokens; gather wanted rows."""
+        for x in inputs:
+            if self._lengths[x.seq] + len(x.token_ids) > self.max_context:
+                raise ValueError(f"cache would exceed the context length {self.max_context}")
+        flat = [(i, x.seq, tok, self._wants(x, j))
+                for i, x in enumerate(inputs) for j, tok in enumerate(x.token_ids)]
+        rows: list[list[np.ndarray]] = [[] for _ in inputs]
+        for start in range(0, len(flat), self.n_batch):
+            self._decode(flat[start:start + self.n_batch], rows)
+        return [self._stack(x, r) for x, r in zip(inputs, rows)]
+
+    @staticmethod
+    def _wants(x: SeqInput, j: int) -> bool:
+        return x.logits == "all" or (x.logits == "last" and j == len(x.token_ids) - 1)
+
+    def _decode(self, chunk: list[tuple[int, int, int, bool]], rows: list[list[np.ndarray]]) -> None:
+        """One llama_decode over `chunk` = [(input index, seq, token, wants logits)]."""
+        b = self._batch
+        for k, (_, seq, tok, want) in enumerate(chunk):
+            b.token[k] = tok
+            b.pos[k] = self._lengths[seq]
+            b.n_seq_id[k] = 1
+            b.seq_id[k][0] = seq
+            b.logits[k] = want
+            self._lengths[seq] += 1
+        b.n_tokens = len(chunk)
+        rc = self._ll.llama_decode(self._ctx, b)
+        if rc != 0:
+            for _, seq, _, _ in chunk:  # nothing of this chunk is trustworthy: forget it
+                self._lengths[seq] -= 1
+            for seq in {seq for _, seq, _, _ in chunk}:
+                self._ll.llama_memory_seq_rm(self._mem, seq, self._lengths[seq], -1)
+            raise RuntimeError(f"llama_decode failed with code {rc} (KV cache full or bad batch)")
+        for k, (i, _, _, want) in enumerate(chunk):
+            if want:
+                ptr = self._ll.llama_get_logits_ith(self._ctx, k)
+                rows[i].append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())  # [V]
+
+    def _stack(self, x: SeqInput, rows: list[np.ndarray]) -> torch.Tensor | None:
+        if x.logits == "none":
+            return None
+        if not rows:
+            return torch.empty(0, self.vocab_size)
+        return torch.from_numpy(np.stack(rows))  # [T, V] float32
