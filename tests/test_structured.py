@@ -113,8 +113,8 @@ def test_broken_row_masks_break_exactness(llm, monkeypatch):
     """Masking every verified row with row 0's mask (ignoring draft[:i]) must be caught."""
     real_cut = constrain.Constraint.cut
 
-    def broken_cut(self, draft_ids):
-        kept = real_cut(self, draft_ids)
+    def broken_cut(self, draft_ids, sampled=False):
+        kept = real_cut(self, draft_ids, sampled)
         self._rows = self._rows[:1].expand(len(kept) + 1, -1).clone()  # [K+1, W]: row 0 everywhere
         return kept
 

@@ -173,19 +173,34 @@ class Constraint:
         self.banned = banned  # [V] bool, or None
         self._rows: torch.Tensor | None = None  # [K+1, ceil(V/32)] int32 bitmask of the last cut
 
-    def cut(self, draft_ids: list[int]) -> list[int]:
-        """The longest draft prefix the grammar accepts; prepares the masks of its K+1 rows."""
+    def cut(self, draft_ids: list[int], sampled: bool = False) -> list[int]:
+        """The draft to verify, and the masks of its K+1 rows (kept for `mask`).
+
+        Deterministic draft: the longest prefix the grammar accepts. For it, rejecting the first
+        disallowed token x and sampling the bonus from the masked p are the same law, because
+        the residual of p against one-hot(x) is p itself when p(x) = 0.
+        Sampled draft (sampled=True, q a full distribution): that first disallowed token is kept,
+        so verification rejects it (p(x) = 0) and samples the *residual* max(0, p - q): sampling
+        from p there instead would not be lossless (see tests/test_structured_lossless.py).
+        """
         m = self.matcher
         rows = xgr.allocate_token_bitmask(len(draft_ids) + 1, self.vocab_size)  # [K+1, W]
-        kept = 0
+        kept, walked = len(draft_ids), 0
         for i, tok in enumerate(draft_ids):
             self._fill(rows, i)
-            if m.is_terminated() or (self.banned is not None and self.banned[tok]) or not m.accept_token(tok):
+            if m.is_terminated():  # draft[:i] ended with a stop token: nothing after it counts
+                kept = i
                 break
-            kept = i + 1
-        self._fill(rows, kept)
-        if kept:
-            m.rollback(kept)
+            if (self.banned is not None and self.banned[tok]) or not m.accept_token(tok):
+                kept = i + 1 if sampled else i
+                break
+            walked += 1
+        if kept == walked:
+            self._fill(rows, kept)
+        else:  # the row after a disallowed token is never committed: any valid distribution
+            rows[kept] = -1
+        if walked:
+            m.rollback(walked)
         self._rows = rows[: kept + 1]
         return draft_ids[:kept]
 

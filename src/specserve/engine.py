@@ -119,7 +119,8 @@ class Generation:
             draft = choose_draft(chain, tokens, budget)
             draft_ids = draft.token_ids[:budget] if draft else []
             if self.constraint is not None:  # (a) cut at the first token the grammar rejects
-                draft_ids = self.constraint.cut(draft_ids)
+                draft_ids = self.constraint.cut(draft_ids, sampled=not params.greedy and draft is not None
+                                                and draft.probs is not None)
             t_verify = time.perf_counter()
             stats.draft_time += t_verify - step_start
 
