@@ -90,6 +90,7 @@ class GrammarSpec:
     kind: str
     source: object = None
     banned: str = ""
+    param: str | None = None  # the request field it came from, named by errors
 
     def __post_init__(self):
         if self.kind == "json_schema" and not self.banned:
@@ -109,8 +110,8 @@ class GrammarSpec:
             if self.kind == "grammar":
                 return self.source
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError subclasses
-            raise ConstraintError(f"cannot compile the {self.kind} constraint: {e}") from None
-        raise ConstraintError(f"unknown constraint kind {self.kind!r}")
+            raise ConstraintError(f"cannot compile the {self.kind} constraint: {e}", self.param) from None
+        raise ConstraintError(f"unknown constraint kind {self.kind!r}", self.param)
 
 
 def literal(text: str) -> xgr.Grammar:
@@ -158,10 +159,25 @@ class ConstraintFactory:
         except ConstraintError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise ConstraintError(f"cannot compile the {spec.kind} constraint: {e}") from None
+            raise ConstraintError(f"cannot compile the {spec.kind} constraint: {e}", spec.param) from None
 
-    def __call__(self, spec: GrammarSpec) -> "Constraint":
-        return Constraint(self.compile(spec), self.vocab_size, self.banned(spec.banned))
+    def prepare(self, spec: "GrammarSpec | CompiledGuide") -> "CompiledGuide":
+        """Compile once (e.g. while validating a request); make many Constraints from it."""
+        if isinstance(spec, CompiledGuide):
+            return spec
+        return CompiledGuide(self.compile(spec), self.banned(spec.banned))
+
+    def __call__(self, spec: "GrammarSpec | CompiledGuide") -> "Constraint":
+        guide = self.prepare(spec)
+        return Constraint(guide.compiled, self.vocab_size, guide.banned)
+
+
+@dataclass(frozen=True)
+class CompiledGuide:
+    """A compiled grammar plus its banned-token mask: what one request (or each of its n choices) needs."""
+
+    compiled: xgr.CompiledGrammar
+    banned: torch.Tensor | None  # [V] bool
 
 
 class Constraint:

@@ -13,7 +13,7 @@ import threading
 from typing import Callable, Sequence
 
 from .config import SamplingParams, SpeculationConfig
-from .constrain import GrammarSpec, factory_for
+from .constrain import CompiledGuide, GrammarSpec, factory_for
 from .engine import Engine, Generation
 from .errors import InvalidRequestError
 from .loader import eos_ids, load
@@ -105,16 +105,21 @@ class LLM:
         return ids
 
     # -- generation -------------------------------------------------------------------------
-    def constraint(self, spec: GrammarSpec | None):
-        """A fresh grammar Constraint for one request (None: unconstrained)."""
-        if spec is None:
-            return None
+    def _factory(self):
         eng = self.engine
-        return factory_for(self.tokenizer, eng.target.vocab_size, eng.eos_token_ids)(spec)
+        return factory_for(self.tokenizer, eng.target.vocab_size, eng.eos_token_ids)
+
+    def compile_guide(self, spec: GrammarSpec) -> CompiledGuide:
+        """Compile a grammar for this model's vocabulary (raises ConstraintError when it cannot)."""
+        return self._factory().prepare(spec)
+
+    def constraint(self, guide: GrammarSpec | CompiledGuide | None):
+        """A fresh grammar Constraint for one request (None: unconstrained)."""
+        return None if guide is None else self._factory()(guide)
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
-               should_cancel: Callable[[], bool] | None = None, guide: GrammarSpec | None = None) -> Generation:
+               should_cancel: Callable[[], bool] | None = None, guide: GrammarSpec | CompiledGuide | None = None) -> Generation:
         """Start one request; iterate it for StepEvents (text as soon as each step is accepted).
 
         guide: a structured-output grammar (JSON schema, regex, EBNF) the output must follow.
@@ -126,7 +131,7 @@ class LLM:
 
     def generate(self, prompts, params: SamplingParams | None = None, prediction: str | list[int] | None = None,
                  speculation: str | SpeculationConfig | None = None,
-                 guide: GrammarSpec | None = None) -> RequestOutput | list[RequestOutput]:
+                 guide: GrammarSpec | CompiledGuide | None = None) -> RequestOutput | list[RequestOutput]:
         """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list."""
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
             return [self.generate(p, params, prediction, speculation, guide) for p in prompts]
@@ -135,7 +140,7 @@ class LLM:
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
              prediction: str | list[int] | None = None,
-             speculation: str | SpeculationConfig | None = None, guide: GrammarSpec | None = None,
+             speculation: str | SpeculationConfig | None = None, guide: GrammarSpec | CompiledGuide | None = None,
              tools: list[dict] | None = None) -> RequestOutput:
         """Apply the target's chat template (with `tools` when given), then generate."""
         return self.generate(self.apply_chat_template(messages, tools), params, prediction, speculation, guide)

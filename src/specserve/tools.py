@@ -69,6 +69,20 @@ def check_tools(tools: list) -> list[dict]:
     return out
 
 
+def check_message_tool_calls(calls: list, param: str) -> list[dict]:
+    """An assistant message's earlier tool_calls: [{id, type, function: {name, arguments}}]."""
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments", ""), (str, dict)):
+            raise ConstraintError(f"{param}[{j}] must be {{'id', 'type': 'function', "
+                                  "'function': {'name', 'arguments'}}", f"{param}[{j}]")
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}})
+    return out
+
+
 def resolve_choice(choice, tools: list[dict]) -> str | None:
     """tool_choice -> "none" | "auto" | "required" | a function name (forced)."""
     if choice is None:
