@@ -104,9 +104,12 @@ def test_regex_constraint(llm):
 def test_bulk_acceptance_of_a_schema_following_prediction(llm):
     """A long schema-valid prediction is verified in few steps, not one token per step."""
     base = run(llm, 13, "none")
-    out = run(llm, 13, "prediction", prediction=base.text)
+    out = run(llm, 13, "prediction", prediction=base.text)  # re-tokenized: some segmentations differ
     assert out.token_ids == base.token_ids
     assert out.stats.steps <= max(4, len(base.token_ids) // 4), out.stats.to_dict()
+    exact = run(llm, 13, "prediction", prediction=base.token_ids)  # the same tokens: nothing rejected
+    assert exact.token_ids == base.token_ids and exact.stats.by_source["prediction"].rejected == 0
+    assert exact.stats.steps <= 5, exact.steps  # K = 8, 16, 32, 64
 
 
 def test_broken_row_masks_break_exactness(llm, monkeypatch):
