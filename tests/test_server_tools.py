@@ -156,3 +156,22 @@ def test_n_choices_seeded_and_usage_summed(client):
     streamed = ["".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices and ch.choices[0].index == i)
                 for i in range(2)]
     assert streamed == texts
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output(server, method):
+    lc = pytest.importorskip("langchain_openai")
+    llm = lc.ChatOpenAI(base_url=server.base_url, api_key="x", model=MODEL, temperature=0, max_tokens=96,
+                        max_retries=0)
+    person = llm.with_structured_output(Person, method=method).invoke("def get_user(self, user_id):")
+    assert isinstance(person, Person)
+
+
+def test_litellm_tools_call(server, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list at import
+    litellm = pytest.importorskip("litellm")
+    resp = litellm.completion(model=f"openai/{MODEL}", api_base=server.base_url, api_key="x", messages=MSGS,
+                              tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=96)
+    c = resp.choices[0]
+    assert c.finish_reason == "tool_calls"
+    _check_call(c.message.tool_calls[0], WEATHER)
