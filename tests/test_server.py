@@ -235,6 +235,9 @@ BAD = [  # (endpoint, body, status, param)
      "response_format.json_schema"),
     ("chat/completions", {**OK_CHAT, "structured_outputs": {"regex": "(unclosed"}}, 400, "structured_outputs.regex"),
     ("chat/completions", {**OK_CHAT, "structured_outputs": {"choice": []}}, 400, "structured_outputs.choice"),
+    ("chat/completions", {**OK_CHAT, "ignore_eos": True, "response_format": {"type": "json_object"}}, 400,
+     "ignore_eos"),
+    ("completions", {"model": MODEL, "prompt": "x", "n": 9}, 400, "n"),
     ("chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages[0].content[0]"),
     ("chat/completions", {**OK_CHAT, "speculation": {"method": "magic"}}, 400, "speculation.method"),

@@ -175,3 +175,13 @@ def test_litellm_tools_call(server, monkeypatch):
     c = resp.choices[0]
     assert c.finish_reason == "tool_calls"
     _check_call(c.message.tool_calls[0], WEATHER)
+
+
+def test_completions_n_and_regex(client):
+    kw = dict(model=MODEL, prompt="def add(a, b):", n=3, temperature=1.0, seed=3, max_tokens=12,
+              extra_body={"structured_outputs": {"regex": "[a-f]{4}"}, "speculation": {"method": "ngram"}})
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    texts = [c.text for c in a.choices]
+    assert texts == [c.text for c in b.choices] and len(set(texts)) > 1
+    assert all(len(t) == 4 and set(t) <= set("abcdef") for t in texts)
+    assert a.usage.completion_tokens == sum(s["output_tokens"] for s in a.model_extra["speculation"])

@@ -65,7 +65,8 @@ def test_fallback_template_describes_tools_and_round_trips():
     llm = LLM.from_models(tiny_model(max_positions=2048), tok, name="t")
     msgs = [{"role": "user", "content": "hi"},
             {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab", "n": 3}'}}]},
+                {"id": "c1", "type": "function",
+                 "function": {"name": "lookup", "arguments": '{"key": "ab", "n": 3}'}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "found"}]
     text = tok.decode(llm.apply_chat_template(msgs, [TOOL]))
     assert text.startswith("<|im_start|>system\nYou may call functions")

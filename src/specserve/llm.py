@@ -119,7 +119,8 @@ class LLM:
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
-               should_cancel: Callable[[], bool] | None = None, guide: GrammarSpec | CompiledGuide | None = None) -> Generation:
+               should_cancel: Callable[[], bool] | None = None,
+               guide: GrammarSpec | CompiledGuide | None = None) -> Generation:
         """Start one request; iterate it for StepEvents (text as soon as each step is accepted).
 
         guide: a structured-output grammar (JSON schema, regex, EBNF) the output must follow.

@@ -20,8 +20,8 @@ from .config import SamplingParams, SpeculationConfig
 from .constrain import CompiledGuide, ConstraintError
 from .errors import ContextLengthError, InvalidRequestError
 from .stats import RequestOutput, TokenLogprob
-from .structured import (GUIDED_FIELDS, ToolSetup, check_n, extension_guide, response_format_guide, tool_guide,
-                         tool_setup)
+from .structured import (GUIDED_FIELDS, ToolSetup, check_guided, check_n, extension_guide, response_format_guide,
+                         tool_guide, tool_setup)
 from .tools import ToolStreamSplitter, check_message_tool_calls, parse_tool_calls
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -318,8 +318,9 @@ def _extension_fields(req: _Common) -> dict:
     return {k: getattr(req, k) for k in ("structured_outputs", *GUIDED_FIELDS)}
 
 
-def _compile(spec, llm) -> CompiledGuide | None:
+def _compile(spec, llm, req: _Common) -> CompiledGuide | None:
     """Compile the request's grammar now, so a bad one is a 400 before the request is queued."""
+    check_guided(spec, req.ignore_eos)
     return None if spec is None else llm.compile_guide(spec)
 
 
@@ -344,7 +345,7 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
                     speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
                     _prediction_text(req.prediction, llm), bool(req.stream),
                     bool(req.stream_options and req.stream_options.include_usage),
-                    _compile(spec, llm), tools if tools.parse_calls else None, check_n(req.n))
+                    _compile(spec, llm, req), tools if tools.parse_calls else None, check_n(req.n))
 
 
 def _completion_prompt_ids(prompt, llm) -> list[int]:
@@ -377,7 +378,7 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
                     speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
                     _prediction_text(req.prediction, llm), bool(req.stream),
                     bool(req.stream_options and req.stream_options.include_usage),
-                    _compile(extension_guide(_extension_fields(req)), llm), None, check_n(req.n))
+                    _compile(extension_guide(_extension_fields(req)), llm, req), None, check_n(req.n))
 
 
 # -- engine -> responses --------------------------------------------------------------------------

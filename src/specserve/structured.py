@@ -107,9 +107,9 @@ def extension_guide(extra: dict) -> GrammarSpec | None:
 
 def tool_setup(tools, tool_choice, parallel_tool_calls) -> ToolSetup:
     """Validate tools / tool_choice / parallel_tool_calls."""
-    checked = check_tools(tools) if tools else None
     if tools is not None and not isinstance(tools, list):
         raise ConstraintError("tools must be a list", "tools")
+    checked = check_tools(tools) if tools else None
     choice = resolve_choice(tool_choice, checked or [])
     return ToolSetup(checked if choice != "none" else None, choice,
                      True if parallel_tool_calls is None else bool(parallel_tool_calls))
@@ -120,6 +120,13 @@ def tool_guide(setup: ToolSetup) -> GrammarSpec | None:
     if setup.tools and setup.choice not in ("auto", "none"):
         return forced_grammar(setup.tools, setup.choice)
     return None
+
+
+def check_guided(guide, ignore_eos: bool | None) -> None:
+    """A grammar ends the output with EOS when it is complete; ignoring EOS would run past it."""
+    if guide is not None and ignore_eos:
+        raise ConstraintError("ignore_eos cannot be combined with a structured output or forced tool call",
+                              "ignore_eos")
 
 
 def check_n(n: int | None) -> int:
