@@ -106,3 +106,22 @@ def test_choice_seeds_are_derived_and_distinct():
     ps = choice_params(SamplingParams(temperature=1.0, seed=5), 3)
     assert len({p.seed for p in ps}) == 3 and ps == choice_params(SamplingParams(temperature=1.0, seed=5), 3)
     assert choice_params(SamplingParams(seed=5), 1)[0].seed == 5
+
+
+def test_native_template_gets_tools_and_tool_messages():
+    """A template that uses `tools` renders them itself: no fallback system prompt."""
+    import copy
+
+    from test_server_tools import TOOLS_TEMPLATE
+
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = TOOLS_TEMPLATE
+    llm = LLM.from_models(tiny_model(max_positions=2048), tok, name="t")
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+    text = tok.decode(llm.apply_chat_template(msgs, [TOOL]))
+    assert text.startswith("<|im_start|>system\nYou can call these tools:\n{") and "You may call" not in text
+    assert '"name": "lookup"' in text and '{"name": "lookup", "arguments": {"key": "ab"}}' in text
+    assert "<tool_response>\nfound\n</tool_response>" in text
