@@ -125,3 +125,18 @@ def test_native_template_gets_tools_and_tool_messages():
     assert text.startswith("<|im_start|>system\nYou can call these tools:\n{") and "You may call" not in text
     assert '"name": "lookup"' in text and '{"name": "lookup", "arguments": {"key": "ab"}}' in text
     assert "<tool_response>\nfound\n</tool_response>" in text
+
+
+def test_forced_call_never_writes_raw_control_characters(llm):
+    """xgrammar's maxLength string rule admits them; the tool grammar bans them (JSON must escape them)."""
+    from specserve.tools import forced_grammar
+
+    spec = forced_grammar(check_tools([TOOL]), "lookup")
+    assert "\n" not in spec.banned and "\x0c" in spec.banned and "\t" in spec.banned
+    prompt = llm.apply_chat_template([{"role": "user", "content": "Le café coûte 3 €."}], [TOOL])
+    for seed in range(4):
+        out = llm.generate(prompt, SamplingParams(max_tokens=96, temperature=1.0, seed=seed), speculation="draft",
+                           guide=llm.compile_guide(spec))
+        assert out.finish_reason == "stop"
+        _, calls = parse_tool_calls(out.text)
+        jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import xgrammar as xgr
 
-from .constrain import ConstraintError, GrammarSpec, check_schema, literal
+from .constrain import TOOL_BANNED, ConstraintError, GrammarSpec, check_schema, literal
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -116,7 +116,8 @@ def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
         body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
     except Exception as e:  # noqa: BLE001
         raise ConstraintError(f"tools: cannot compile the function schema: {e}", "tools") from None
-    return GrammarSpec("grammar", xgr.Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE)))
+    framed = xgr.Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE))
+    return GrammarSpec("grammar", framed, banned=TOOL_BANNED, param="tools")
 
 
 # -- templating --------------------------------------------------------------------------------
