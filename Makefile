@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/install_llama_cpp.sh
 	$(BIN)/pip install --quiet torch==2.13.0
 	# llama.cpp, compiled here once per machine with the flags our exactness needs (about 5 min).
 	scripts/install_llama_cpp.sh $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,clients]'
 	touch $(STAMP)
 
 test: venv

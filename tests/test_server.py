@@ -220,11 +220,29 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
     ("chat/completions", {**OK_CHAT, "prediction": {"type": "content", "content": LONG}}, 400, "prediction.content"),
     ("chat/completions", {**OK_CHAT, "prediction": {"type": "diff", "content": "x"}}, 400, "prediction.type"),
-    ("chat/completions", {**OK_CHAT, "n": 2}, 400, "n"),
-    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("chat/completions", {**OK_CHAT, "n": 9}, 400, "n"),
+    ("completions", {"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of"),
+    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "no spaces"}}]}, 400,
+     "tools[0].function.name"),
+    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "not": {}}}}]}, 400, "tools[0].function.parameters"),
+    ("chat/completions", {**OK_CHAT, "tools": [{"function": {"name": "f"}}]}, 400, "tools[0]"),
     ("chat/completions", {**OK_CHAT, "tool_choice": "required"}, 400, "tool_choice"),
+    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+                          "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
+    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+                          "tool_choice": "sometimes"}, 400, "tool_choice"),
     ("chat/completions", {**OK_CHAT, "audio": {"voice": "alloy", "format": "wav"}}, 400, "audio"),
-    ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat/completions", {**OK_CHAT, "response_format": {"type": "yaml"}}, 400, "response_format.type"),
+    ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, 400, "response_format.json_schema.schema"),
+    ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_schema"}}, 400,
+     "response_format.json_schema"),
+    ("chat/completions", {**OK_CHAT, "structured_outputs": {"regex": "(unclosed"}}, 400, "structured_outputs.regex"),
+    ("chat/completions", {**OK_CHAT, "structured_outputs": {"choice": []}}, 400, "structured_outputs.choice"),
+    ("chat/completions", {**OK_CHAT, "ignore_eos": True, "response_format": {"type": "json_object"}}, 400,
+     "ignore_eos"),
+    ("completions", {"model": MODEL, "prompt": "x", "n": 9}, 400, "n"),
     ("chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages[0].content[0]"),
     ("chat/completions", {**OK_CHAT, "speculation": {"method": "magic"}}, 400, "speculation.method"),
@@ -281,7 +299,7 @@ def test_sdk_raises_on_errors(client):
     with pytest.raises(openai.NotFoundError):
         chat(client, model="gpt-9")
     with pytest.raises(openai.BadRequestError) as e:
-        chat(client, n=3)
+        chat(client, n=9)
     assert e.value.body["param"] == "n"
 
 

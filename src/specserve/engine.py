@@ -46,15 +46,18 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,
                  prediction: str | list[int] | None = None,
-                 should_cancel: Callable[[], bool] | None = None) -> "Generation":
-        """Start a request; iterate the result for StepEvents, then read `.output`."""
-        return Generation(self, list(prompt_ids), params, spec, prediction, should_cancel)
+                 should_cancel: Callable[[], bool] | None = None, constraint=None) -> "Generation":
+        """Start a request; iterate the result for StepEvents, then read `.output`.
+
+        constraint: an optional grammar (constrain.Constraint) that cuts drafts, masks the
+        verified logits rows and follows the committed tokens."""
+        return Generation(self, list(prompt_ids), params, spec, prediction, should_cancel, constraint)
 
 
 class Generation:
     """One running request: an iterator of StepEvents with the final RequestOutput at the end."""
 
-    def __init__(self, engine: Engine, prompt_ids, params, spec, prediction, should_cancel):
+    def __init__(self, engine: Engine, prompt_ids, params, spec, prediction, should_cancel, constraint=None):
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
         ctx = engine.target.max_context
@@ -63,7 +66,7 @@ class Generation:
                 f"the prompt has {len(prompt_ids)} tokens but the model's context length is {ctx}"
             )
         self.engine, self.prompt_ids, self.params, self.spec = engine, prompt_ids, params, spec
-        self.prediction = prediction
+        self.prediction, self.constraint = prediction, constraint
         self.should_cancel = should_cancel or (lambda: False)
         self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None
                                                        else random.getrandbits(63))
@@ -118,12 +121,17 @@ class Generation:
             budget = min(params.max_tokens - len(builder.token_ids) - 1, target.max_context - len(tokens) - 1)
             draft = choose_draft(chain, tokens, budget, governor)
             draft_ids = draft.token_ids[:budget] if draft else []
+            if self.constraint is not None:  # (a) cut at the first token the grammar rejects
+                draft_ids = self.constraint.cut(draft_ids, sampled=not params.greedy and draft is not None
+                                                and draft.probs is not None)
             t_verify = time.perf_counter()
             stats.draft_time += t_verify - step_start
 
             logits = target.forward([tokens[-1]] + draft_ids)  # [K+1, V]
             if counts is not None:
                 logits = apply_penalties(logits, draft_prefix_counts(counts, draft_ids), params)
+            if self.constraint is not None:  # (b) row i: tokens the grammar allows after draft[:i]
+                logits = self.constraint.mask(logits)  # [K+1, V]
             n_acc, next_tok = _verify(logits, draft_ids, draft, params, generator)
             target.truncate(len(tokens) + n_acc)  # pending + accepted are cached; next_tok is the new pending
             t_done = time.perf_counter()
@@ -140,6 +148,8 @@ class Generation:
             new, new_sources = new[:committed], new_sources[:committed]
             tokens += new
             sources += new_sources
+            if self.constraint is not None:  # (c) follow the committed tokens
+                self.constraint.advance(new)
             if counts is not None:
                 for tok in new:
                     counts[tok] += 1
@@ -194,5 +204,6 @@ def _logprobs(logits: torch.Tensor, new: list[int], top_n: int) -> list[TokenLog
     for i, tok in enumerate(new):
         top = torch.topk(lp[i], top_n) if top_n else None
         pairs = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
+        pairs = [(t, v) for t, v in pairs if v != float("-inf")]  # tokens a grammar masked out
         out.append(TokenLogprob(tok, float(lp[i, tok]), pairs))
     return out

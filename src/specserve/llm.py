@@ -15,10 +15,12 @@ from typing import Callable, Sequence
 from .backends import SequenceRunner
 from .backends.transformers import TransformersBackend
 from .config import LoadOptions, SamplingParams, SpeculationConfig
+from .constrain import CompiledGuide, GrammarSpec, factory_for
 from .engine import Engine, Generation
 from .errors import InvalidRequestError, ModelLoadError
 from .loader import eos_ids, load
 from .stats import RequestOutput
+from .tools import template_messages, template_supports_tools
 
 NO_DRAFT = ("", "none")
 
@@ -100,12 +102,20 @@ class LLM:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        """The target's chat template with the assistant turn opened, as token ids."""
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The target's chat template with the assistant turn opened, as token ids.
+
+        tools: OpenAI tool definitions; given to the template's `tools` argument, or described in
+        a system message when the template has no tools support (see tools.py)."""
         if not messages:
             raise InvalidRequestError("messages must not be empty")
-        if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        template = getattr(self.tokenizer, "chat_template", None)
+        if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            messages = template_messages(messages, tools, template)
+        if template:
+            native = tools if tools and template_supports_tools(template) else None
+            text = self.tokenizer.apply_chat_template(messages, tools=native, add_generation_prompt=True,
+                                                      tokenize=False)
         else:  # base models: plain role-prefixed transcript
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         return self.encode(text)
@@ -127,27 +137,43 @@ class LLM:
         return ids
 
     # -- generation -------------------------------------------------------------------------
+    def _factory(self):
+        eng = self.engine
+        return factory_for(self.tokenizer, eng.target.vocab_size, eng.eos_token_ids)
+
+    def compile_guide(self, spec: GrammarSpec) -> CompiledGuide:
+        """Compile a grammar for this model's vocabulary (raises ConstraintError when it cannot)."""
+        return self._factory().prepare(spec)
+
+    def constraint(self, guide: GrammarSpec | CompiledGuide | None):
+        """A fresh grammar Constraint for one request (None: unconstrained)."""
+        return None if guide is None else self._factory()(guide)
+
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
-               should_cancel: Callable[[], bool] | None = None) -> Generation:
+               should_cancel: Callable[[], bool] | None = None,
+               guide: GrammarSpec | CompiledGuide | None = None) -> Generation:
         """Start one request; iterate it for StepEvents (text as soon as each step is accepted).
 
+        guide: a structured-output grammar (JSON schema, regex, EBNF) the output must follow.
         The caller must exhaust (or drop) the Generation before starting another on this LLM.
         """
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
         return self.engine.generate(self.prompt_ids(prompt), params or SamplingParams(), spec,
-                                    prediction, should_cancel)
+                                    prediction, should_cancel, self.constraint(guide))
 
     def generate(self, prompts, params: SamplingParams | None = None, prediction: str | list[int] | None = None,
-                 speculation: str | SpeculationConfig | None = None) -> RequestOutput | list[RequestOutput]:
+                 speculation: str | SpeculationConfig | None = None,
+                 guide: GrammarSpec | CompiledGuide | None = None) -> RequestOutput | list[RequestOutput]:
         """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list."""
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
-            return [self.generate(p, params, prediction, speculation) for p in prompts]
+            return [self.generate(p, params, prediction, speculation, guide) for p in prompts]
         with self.lock:
-            return self.stream(prompts, params, prediction, speculation).run()
+            return self.stream(prompts, params, prediction, speculation, guide=guide).run()
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
              prediction: str | list[int] | None = None,
-             speculation: str | SpeculationConfig | None = None) -> RequestOutput:
-        """Apply the target's chat template, then generate."""
-        return self.generate(self.apply_chat_template(messages), params, prediction, speculation)
+             speculation: str | SpeculationConfig | None = None, guide: GrammarSpec | CompiledGuide | None = None,
+             tools: list[dict] | None = None) -> RequestOutput:
+        """Apply the target's chat template (with `tools` when given), then generate."""
+        return self.generate(self.apply_chat_template(messages, tools), params, prediction, speculation, guide)

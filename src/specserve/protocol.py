@@ -17,8 +17,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .config import SamplingParams, SpeculationConfig
+from .constrain import CompiledGuide, ConstraintError
 from .errors import ContextLengthError, InvalidRequestError
 from .stats import RequestOutput, TokenLogprob
+from .structured import (GUIDED_FIELDS, ToolSetup, check_guided, check_n, extension_guide, response_format_guide,
+                         tool_guide, tool_setup)
+from .tools import ToolStreamSplitter, check_message_tool_calls, parse_tool_calls
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -50,6 +54,8 @@ def engine_error(exc: Exception) -> APIError:
     """Map an engine exception raised for a request onto an OpenAI error."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ConstraintError):
+        return bad_request(str(exc), exc.param)
     if isinstance(exc, ContextLengthError):
         return bad_request(str(exc), None, "context_length_exceeded")
     if isinstance(exc, (InvalidRequestError, ValueError)):
@@ -158,6 +164,11 @@ class _Common(_Strict):
     logit_bias: dict[str, float] | None = None
     speculation: SpeculationRequest | None = None  # extension (extra_body)
     ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
+    structured_outputs: Any = None  # extension (extra_body), vLLM's: {json | regex | grammar | choice}
+    guided_json: Any = None  # vLLM's older names for the same
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    guided_choice: Any = None
 
 
 class ChatCompletionRequest(_Common):
@@ -173,6 +184,7 @@ class ChatCompletionRequest(_Common):
     audio: Any = None
     modalities: list[str] | None = None
     response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Common):
@@ -195,6 +207,9 @@ class Prepared:
     prediction: str | None
     stream: bool
     include_usage: bool
+    guide: CompiledGuide | None = None  # structured output / forced tool call grammar
+    tools: ToolSetup | None = None  # chat requests with tools: parse <tool_call> blocks
+    n: int = 1  # independent choices
 
 
 def content_text(content: Content | None, param: str) -> str:
@@ -210,8 +225,6 @@ def content_text(content: Content | None, param: str) -> str:
 
 
 def _refuse_common(req: _Common) -> None:
-    if req.n not in (None, 1):
-        raise unsupported("n", f"n={req.n} (only n=1)")
     if req.logit_bias:
         raise unsupported("logit_bias", "logit_bias")
 
@@ -219,16 +232,10 @@ def _refuse_common(req: _Common) -> None:
 def _refuse_chat(req: ChatCompletionRequest) -> None:
     """Refuse the chat features we do not implement, naming the parameter."""
     _refuse_common(req)
-    if req.tools:
-        raise unsupported("tools", "tool calling")
-    if req.tool_choice not in (None, "none"):
-        raise unsupported("tool_choice", "tool calling")
     if req.functions or req.function_call not in (None, "none"):
         raise unsupported("functions" if req.functions else "function_call", "function calling")
     if req.audio is not None or "audio" in (req.modalities or ()):
         raise unsupported("audio" if req.audio is not None else "modalities", "audio output")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise unsupported("response_format", f"response_format type {req.response_format.type!r}")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
@@ -294,19 +301,39 @@ def _prediction_text(pred: Prediction | None, llm) -> str | None:
     return text or None
 
 
+def _chat_message(m: ChatMessage, i: int) -> dict:
+    """One OpenAI message as the chat template wants it, tool calls and tool results included."""
+    if m.role == "function":
+        raise unsupported(f"messages[{i}].role", "legacy 'function' messages (use role 'tool')")
+    out = {"role": "system" if m.role == "developer" else m.role,
+           "content": content_text(m.content, f"messages[{i}].content")}
+    if m.tool_calls:
+        out["tool_calls"] = check_message_tool_calls(m.tool_calls, f"messages[{i}].tool_calls")
+    if m.role == "tool":
+        out["tool_call_id"] = (m.model_extra or {}).get("tool_call_id")
+    return out
+
+
+def _extension_fields(req: _Common) -> dict:
+    return {k: getattr(req, k) for k in ("structured_outputs", *GUIDED_FIELDS)}
+
+
+def _compile(spec, llm, req: _Common) -> CompiledGuide | None:
+    """Compile the request's grammar now, so a bad one is a 400 before the request is queued."""
+    check_guided(spec, req.ignore_eos)
+    return None if spec is None else llm.compile_guide(spec)
+
+
 def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     """Validate a chat request against the model and turn it into a job."""
     _refuse_chat(req)
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages", "empty_array")
-    messages = []
-    for i, m in enumerate(req.messages):
-        if m.role in ("tool", "function") or m.tool_calls:
-            raise unsupported(f"messages[{i}]", "tool messages and tool calls")
-        role = "system" if m.role == "developer" else m.role
-        messages.append({"role": role, "content": content_text(m.content, f"messages[{i}].content")})
+    messages = [_chat_message(m, i) for i, m in enumerate(req.messages)]
+    tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
+    spec = tool_guide(tools) or response_format_guide(req.response_format) or extension_guide(_extension_fields(req))
     try:
-        prompt_ids = llm.apply_chat_template(messages)
+        prompt_ids = llm.apply_chat_template(messages, tools.tools)
     except (InvalidRequestError, ContextLengthError):
         raise
     except Exception as e:  # a chat template that refuses these messages (jinja2 raise_exception)
@@ -317,7 +344,8 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     return Prepared(prompt_ids, sampling_params(req, max_tokens, top_n),
                     speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
                     _prediction_text(req.prediction, llm), bool(req.stream),
-                    bool(req.stream_options and req.stream_options.include_usage))
+                    bool(req.stream_options and req.stream_options.include_usage),
+                    _compile(spec, llm, req), tools if tools.parse_calls else None, check_n(req.n))
 
 
 def _completion_prompt_ids(prompt, llm) -> list[int]:
@@ -341,14 +369,16 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     if req.suffix:
         raise unsupported("suffix", "suffix (fill-in-the-middle)")
     if req.best_of not in (None, 1):
-        raise unsupported("best_of", f"best_of={req.best_of} (only 1)")
+        raise unsupported("best_of", f"best_of={req.best_of} (server-side ranking of extra samples; "
+                          "ask for n choices and rank them yourself)")
     prompt_ids = _completion_prompt_ids(req.prompt, llm)
     max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context,
                              "prompt")
     return Prepared(prompt_ids, sampling_params(req, max_tokens, req.logprobs),
                     speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
                     _prediction_text(req.prediction, llm), bool(req.stream),
-                    bool(req.stream_options and req.stream_options.include_usage))
+                    bool(req.stream_options and req.stream_options.include_usage),
+                    _compile(extension_guide(_extension_fields(req)), llm, req), None, check_n(req.n))
 
 
 # -- engine -> responses --------------------------------------------------------------------------
@@ -394,22 +424,34 @@ class TokenNamer:
         return text, list(text.encode("utf-8"))
 
 
-def usage(output: RequestOutput) -> dict:
-    """OpenAI usage, with Predicted Outputs' accepted / rejected prediction tokens."""
-    s = output.stats
-    pred = s.by_source["prediction"]
+def usage(outputs: RequestOutput | list[RequestOutput]) -> dict:
+    """OpenAI usage, with Predicted Outputs' accepted / rejected prediction tokens.
+
+    n choices: the prompt counts once (as OpenAI bills it), completion tokens are summed."""
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    prompt = outputs[0].stats.prompt_tokens
+    completion = sum(o.stats.output_tokens for o in outputs)
+    preds = [o.stats.by_source["prediction"] for o in outputs]
     return {
-        "prompt_tokens": s.prompt_tokens, "completion_tokens": s.output_tokens,
-        "total_tokens": s.prompt_tokens + s.output_tokens,
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": 0},
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
-                                      "accepted_prediction_tokens": pred.accepted,
-                                      "rejected_prediction_tokens": pred.rejected},
+                                      "accepted_prediction_tokens": sum(p.accepted for p in preds),
+                                      "rejected_prediction_tokens": sum(p.rejected for p in preds)},
     }
 
 
-def finish_reason(output: RequestOutput) -> str:
-    return "length" if output.finish_reason == "length" else "stop"
+def speculation(outputs: RequestOutput | list[RequestOutput]) -> dict | list[dict]:
+    """The speculation stats: one object, or one per choice when n > 1."""
+    if isinstance(outputs, list):
+        return outputs[0].stats.to_dict() if len(outputs) == 1 else [o.stats.to_dict() for o in outputs]
+    return outputs.stats.to_dict()
+
+
+def finish_reason(output: RequestOutput, tool_calls: bool = False) -> str:
+    if output.finish_reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
 
 
 @dataclass
@@ -422,7 +464,13 @@ class ResponseContext:
     include_usage: bool = False
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
-    text_offset: int = 0  # completions logprobs: chars of output already described
+    text_offset: dict = field(default_factory=dict)  # completions logprobs: chars described, per choice
+    tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
+    n: int = 1
+    splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
+
+    def splitter(self, index: int) -> ToolStreamSplitter:
+        return self.splitters.setdefault(index, ToolStreamSplitter())
 
 
 class Dialect:
@@ -437,7 +485,7 @@ class Dialect:
 
     def context(self, model: str, namer: TokenNamer, prepared: Prepared) -> ResponseContext:
         return ResponseContext(f"{self.id_prefix}{uuid.uuid4().hex}", model, namer, prepared.include_usage,
-                               prepared.params.logprobs is not None)
+                               prepared.params.logprobs is not None, tools=prepared.tools, n=prepared.n)
 
     def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
         return []
@@ -450,8 +498,8 @@ class Dialect:
         body.update(extra)
         return body
 
-    def usage_chunk(self, ctx: ResponseContext, output: RequestOutput) -> dict:
-        return self._chunk(ctx, [], usage=usage(output), speculation=output.stats.to_dict())
+    def usage_chunk(self, ctx: ResponseContext, outputs) -> dict:
+        return self._chunk(ctx, [], usage=usage(outputs), speculation=speculation(outputs))
 
 
 class ChatDialect(Dialect):
@@ -479,24 +527,52 @@ class ChatDialect(Dialect):
 
     def opening_chunks(self, ctx):
         delta = {"role": "assistant", "content": ""}
-        return [self._chunk(ctx, [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])]
+        return [self._chunk(ctx, [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+                for i in range(ctx.n)]
 
-    def delta_chunk(self, ctx, text: str, lps) -> dict:
+    def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
+        if ctx.tools is not None:  # hold back what may be a <tool_call> block
+            text = ctx.splitter(index).feed(text)
         delta = {"content": text} if text else {}
-        return self._chunk(ctx, [{"index": 0, "delta": delta, "logprobs": self._logprobs(ctx, lps),
+        return self._chunk(ctx, [{"index": index, "delta": delta, "logprobs": self._logprobs(ctx, lps),
                                   "finish_reason": None}])
 
-    def finish_chunk(self, ctx, output: RequestOutput) -> dict:
-        return self._chunk(ctx, [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(output)}],
-                           speculation=output.stats.to_dict())
+    def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
+        """Held-back content, then one delta per tool call (id + name, then its arguments), then the finish."""
+        chunks, calls = [], []
+        if ctx.tools is not None:
+            rest, calls = ctx.splitter(index).finish()
+            calls = calls if ctx.tools.parallel else calls[:1]
+            if rest:
+                chunks.append(self._delta(ctx, index, {"content": rest}))
+            for j, c in enumerate(calls):
+                head = {"index": j, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                chunks.append(self._delta(ctx, index, {"tool_calls": [head]}))
+                chunks.append(self._delta(ctx, index, {"tool_calls": [{"index": j, "function": {
+                    "arguments": c.arguments}}]}))
+        done = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason(output, bool(calls))}
+        chunks.append(self._chunk(ctx, [done], speculation=output.stats.to_dict()))
+        return chunks
 
-    def response(self, ctx, output: RequestOutput) -> dict:
-        message = {"role": "assistant", "content": output.text, "refusal": None}
+    def _delta(self, ctx, index: int, delta: dict) -> dict:
+        return self._chunk(ctx, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+    def _choice(self, ctx, index: int, output: RequestOutput) -> dict:
+        content, calls = output.text, []
+        if ctx.tools is not None:
+            content, calls = parse_tool_calls(output.text)
+            calls = calls if ctx.tools.parallel else calls[:1]
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        return {"index": index, "message": message, "logprobs": self._logprobs(ctx, output.logprobs),
+                "finish_reason": finish_reason(output, bool(calls))}
+
+    def response(self, ctx, outputs) -> dict:
+        outputs = outputs if isinstance(outputs, list) else [outputs]
         return {"id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
-                "system_fingerprint": None,
-                "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(ctx, output.logprobs),
-                             "finish_reason": finish_reason(output)}],
-                "usage": usage(output), "speculation": output.stats.to_dict()}
+                "system_fingerprint": None, "choices": [self._choice(ctx, i, o) for i, o in enumerate(outputs)],
+                "usage": usage(outputs), "speculation": speculation(outputs)}
 
 
 class CompletionDialect(Dialect):
@@ -508,7 +584,7 @@ class CompletionDialect(Dialect):
     def prepare(self, req, llm) -> Prepared:
         return prepare_completion(req, llm)
 
-    def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None) -> dict | None:
+    def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None, index: int = 0) -> dict | None:
         """OpenAI's legacy shape: parallel lists plus char offsets into the generated text."""
         if not ctx.logprobs or lps is None:
             return None
@@ -518,24 +594,25 @@ class CompletionDialect(Dialect):
             out["tokens"].append(text)
             out["token_logprobs"].append(lp.logprob)
             out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top})
-            out["text_offset"].append(ctx.text_offset)
-            ctx.text_offset += len(text)
+            out["text_offset"].append(ctx.text_offset.get(index, 0))
+            ctx.text_offset[index] = ctx.text_offset.get(index, 0) + len(text)
         return out
 
-    def delta_chunk(self, ctx, text: str, lps) -> dict:
-        return self._chunk(ctx, [{"index": 0, "text": text, "logprobs": self._logprobs(ctx, lps),
+    def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
+        return self._chunk(ctx, [{"index": index, "text": text, "logprobs": self._logprobs(ctx, lps, index),
                                   "finish_reason": None}])
 
-    def finish_chunk(self, ctx, output: RequestOutput) -> dict:
-        return self._chunk(ctx, [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(output)}],
-                           speculation=output.stats.to_dict())
+    def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
+        return [self._chunk(ctx, [{"index": index, "text": "", "logprobs": None,
+                                   "finish_reason": finish_reason(output)}], speculation=output.stats.to_dict())]
 
-    def response(self, ctx, output: RequestOutput) -> dict:
+    def response(self, ctx, outputs) -> dict:
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        choices = [{"index": i, "text": o.text, "logprobs": self._logprobs(ctx, o.logprobs, i),
+                    "finish_reason": finish_reason(o)} for i, o in enumerate(outputs)]
         return {"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
-                "system_fingerprint": None,
-                "choices": [{"index": 0, "text": output.text, "logprobs": self._logprobs(ctx, output.logprobs),
-                             "finish_reason": finish_reason(output)}],
-                "usage": usage(output), "speculation": output.stats.to_dict()}
+                "system_fingerprint": None, "choices": choices, "usage": usage(outputs),
+                "speculation": speculation(outputs)}
 
 
 CHAT, COMPLETIONS = ChatDialect(), CompletionDialect()

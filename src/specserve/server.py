@@ -33,6 +33,7 @@ from . import __version__
 from .metrics import Metrics
 from .protocol import CHAT, COMPLETIONS, APIError, Dialect, Prepared, ResponseContext, TokenNamer, engine_error, \
     parse_body
+from .structured import choice_params
 
 log = logging.getLogger("specserve.server")
 GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
@@ -61,7 +62,8 @@ def timeout_error(seconds: float | None) -> APIError:
 class Job:
     """One request travelling between the event loop and the worker thread.
 
-    The worker posts ("event", StepEvent)*, then ("done", RequestOutput | None) or ("error", exc).
+    The worker posts ("event", (choice index, StepEvent))*, then ("done", [RequestOutput per choice] | None)
+    or ("error", exc). The n choices of a request run one after the other.
     """
 
     def __init__(self, prepared: Prepared, loop: asyncio.AbstractEventLoop, deadline: float | None):
@@ -180,13 +182,18 @@ class Scheduler:
             return
         p = job.prepared
         try:
+            outputs = []
             with self.llm.lock:
-                gen = self.llm.stream(p.prompt_ids, p.params, prediction=p.prediction, speculation=p.speculation,
-                                      should_cancel=job.should_stop)
-                for i, event in enumerate(gen):
-                    if p.stream or i == 0:  # non-streaming needs only the first (time to first token)
-                        job.post("event", event)
-                job.post("done", gen.output)
+                for index, params in enumerate(choice_params(p.params, p.n)):
+                    gen = self.llm.stream(p.prompt_ids, params, prediction=p.prediction, speculation=p.speculation,
+                                          should_cancel=job.should_stop, guide=p.guide)
+                    for i, event in enumerate(gen):
+                        if p.stream or i == 0:  # non-streaming needs only the first (time to first token)
+                            job.post("event", (index, event))
+                    outputs.append(gen.output)
+                    if gen.output.finish_reason == "abort":
+                        break
+            job.post("done", outputs)
         except Exception as e:  # noqa: BLE001 - answered to this client; the server lives on
             if engine_error(e).status >= 500:
                 log.exception("generation failed")
@@ -266,10 +273,10 @@ class Server:
             self.scheduler.cancel(job, "timeout")
             raise timeout_error(self.options.request_timeout) from None
 
-    def _finished(self, job: Job, output):
-        """The RequestOutput of a job that ended; why it has none when it was cancelled."""
-        if output is not None and output.finish_reason != "abort":
-            return output
+    def _finished(self, job: Job, outputs):
+        """The RequestOutputs (one per choice) of a job that ended; why it has none when it was cancelled."""
+        if outputs and all(o is not None and o.finish_reason != "abort" for o in outputs):
+            return outputs
         if job.reason == "timeout":
             raise timeout_error(self.options.request_timeout)
         if job.reason == "shutdown":
@@ -284,9 +291,9 @@ class Server:
                 self.scheduler.cancel(job, "client")
                 return
 
-    def _record(self, dialect: Dialect, status: int, output, ttft: float | None, t0: float) -> None:
+    def _record(self, dialect: Dialect, status: int, outputs, ttft: float | None, t0: float) -> None:
         self.metrics.request(dialect.name, status)
-        if output is not None:
+        for output in outputs or ():
             self.metrics.observe_output(output, ttft, time.monotonic() - t0, dialect.name)
 
     async def _complete(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
@@ -296,7 +303,7 @@ class Server:
             while True:
                 kind, payload = await self._next(job)
                 if kind == "event":
-                    ttft = ttft if ttft is not None or not payload.token_ids else time.monotonic() - t0
+                    ttft = ttft if ttft is not None or not payload[1].token_ids else time.monotonic() - t0
                 elif kind == "error":
                     raise engine_error(payload)
                 else:
@@ -341,14 +348,17 @@ class Server:
             while True:
                 kind, payload = item
                 if kind == "event":
-                    if payload.text or (ctx.logprobs and payload.logprobs):
+                    index, event = payload
+                    if event.text or (ctx.logprobs and event.logprobs):
                         ttft = ttft if ttft is not None else time.monotonic() - t0
-                        yield _sse(dialect.delta_chunk(ctx, payload.text, payload.logprobs))
+                        yield _sse(dialect.delta_chunk(ctx, event.text, event.logprobs, index))
                 elif kind == "error":
                     raise engine_error(payload)
                 else:
                     output = self._finished(job, payload)
-                    yield _sse(dialect.finish_chunk(ctx, output))
+                    for index, choice in enumerate(output):
+                        for chunk in dialect.finish_chunks(ctx, choice, index):
+                            yield _sse(chunk)
                     if ctx.include_usage:
                         yield _sse(dialect.usage_chunk(ctx, output))
                     break

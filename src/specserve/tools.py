@@ -1,0 +1,239 @@
+"""Tool calling: validating OpenAI tool definitions, templating, the forcing grammar, parsing.
+
+The wire format is Qwen2.5's (also Hermes'): the model writes
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+one block per call. Templates that know tools (their Jinja mentions `tools`) get the OpenAI
+tool list through `apply_chat_template(tools=...)` and render assistant `tool_calls` and
+`role: "tool"` messages themselves. For templates without tools support (the *fallback*) we
+describe the tools and this format in a system message, write earlier assistant tool calls as
+`<tool_call>` blocks, and pass tool results as user messages wrapped in `<tool_response>`.
+Either way the output is parsed the same way. `tool_choice` "required" or a named function
+is enforced by a grammar: exactly one `<tool_call>` block whose JSON matches the function's
+parameters schema, then EOS.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+import xgrammar as xgr
+
+from .constrain import TOOL_BANNED, ConstraintError, GrammarSpec, check_schema, literal
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI returns it
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+# -- validation ------------------------------------------------------------------------------
+def check_tools(tools: list) -> list[dict]:
+    """Validate OpenAI tool definitions; returns them normalised (parameters defaulted)."""
+    out = []
+    for i, tool in enumerate(tools):
+        p = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise ConstraintError(f"{p} must be {{'type': 'function', 'function': {{...}}}}", p)
+        fn = tool["function"]
+        if not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
+            raise ConstraintError(f"{p}.function.name must be 1-64 letters, digits, '_' or '-'", f"{p}.function.name")
+        if "description" in fn and not isinstance(fn["description"], str):
+            raise ConstraintError(f"{p}.function.description must be a string", f"{p}.function.description")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ConstraintError(f"{p}.function.parameters must be a JSON schema object", f"{p}.function.parameters")
+        try:
+            check_schema(params, f"{p}.function.parameters")
+        except ConstraintError as e:
+            raise ConstraintError(str(e), f"{p}.function.parameters") from None
+        out.append({"type": "function", "function": {**fn, "parameters": params}})
+    names = [t["function"]["name"] for t in out]
+    if len(set(names)) != len(names):
+        raise ConstraintError("tools: function names must be unique", "tools")
+    return out
+
+
+def check_message_tool_calls(calls: list, param: str) -> list[dict]:
+    """An assistant message's earlier tool_calls: [{id, type, function: {name, arguments}}]."""
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments", ""), (str, dict)):
+            raise ConstraintError(f"{param}[{j}] must be {{'id', 'type': 'function', "
+                                  "'function': {'name', 'arguments'}}", f"{param}[{j}]")
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}})
+    return out
+
+
+def resolve_choice(choice, tools: list[dict]) -> str | None:
+    """tool_choice -> "none" | "auto" | "required" | a function name (forced)."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice in ("none", "auto", "required"):
+        if choice != "none" and not tools:
+            raise ConstraintError(f"tool_choice {choice!r} needs tools", "tool_choice")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise ConstraintError(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
+        return name
+    raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or "
+                          "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+
+
+# -- the forcing grammar -----------------------------------------------------------------------
+def call_schema(tool: dict) -> dict:
+    """The JSON schema of one call object: {"name": <this name>, "arguments": <its parameters>}."""
+    fn = tool["function"]
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
+    """Exactly one `<tool_call>` block for the named function (or any tool when "required")."""
+    chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
+    schema = call_schema(chosen[0]) if len(chosen) == 1 else {"anyOf": [call_schema(t) for t in chosen]}
+    try:
+        body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+    except Exception as e:  # noqa: BLE001
+        raise ConstraintError(f"tools: cannot compile the function schema: {e}", "tools") from None
+    framed = xgr.Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE))
+    return GrammarSpec("grammar", framed, banned=TOOL_BANNED, param="tools")
+
+
+# -- templating --------------------------------------------------------------------------------
+def template_supports_tools(template: str | None) -> bool:
+    return bool(template) and "tools" in template
+
+
+def _arguments_dict(arguments) -> dict | str:
+    """Templates render arguments with `tojson`: give them the object, not the JSON string."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def _block(name: str, arguments) -> str:
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': _arguments_dict(arguments)}, ensure_ascii=False)}\n{CLOSE}"
+
+
+def fallback_system_prompt(tools: list[dict]) -> str:
+    """What the fallback tells a model whose template has no tools support."""
+    sigs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return ("You may call functions. Available functions:\n" + sigs + "\nTo call one, answer with\n"
+            f"{OPEN}\n{{\"name\": <function name>, \"arguments\": <arguments object>}}\n{CLOSE}")
+
+
+def template_messages(messages: list[dict], tools: list[dict] | None, template: str | None) -> list[dict]:
+    """Messages ready for the template: native tools support, or the documented fallback."""
+    native = template_supports_tools(template)
+    out = []
+    for m in messages:
+        m = dict(m)
+        calls = m.pop("tool_calls", None) or []
+        if native:
+            if calls:
+                m["tool_calls"] = [{"type": "function", "id": c.get("id"), "function": {
+                    "name": c["function"]["name"], "arguments": _arguments_dict(c["function"]["arguments"])}}
+                    for c in calls]
+        elif calls:
+            blocks = "\n".join(_block(c["function"]["name"], c["function"]["arguments"]) for c in calls)
+            m["content"] = ((m.get("content") or "") + "\n" + blocks).strip()
+        elif m["role"] == "tool":
+            m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+        if m.get("content") is None:
+            m["content"] = ""
+        out.append(m)
+    if tools and not native:
+        prompt = fallback_system_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + prompt}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+# -- parsing -------------------------------------------------------------------------------------
+def _call_from_json(text: str) -> ToolCall | None:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], args_text)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+    """Split model output into (content, tool calls). A block that does not parse leaves the
+    whole text as content, so nothing the model wrote is lost."""
+    if OPEN not in text:
+        return text, []
+    calls = []
+    for match in _BLOCK.finditer(text):
+        call = _call_from_json(match.group(1))
+        if call is None:
+            return text, []
+        calls.append(call)
+    content = _BLOCK.sub("", text).strip()
+    return (content or None), calls
+
+
+class ToolStreamSplitter:
+    """Streams content deltas while holding back text that may open a `<tool_call>` block.
+
+    feed(text) -> content safe to send now. Once a block opens, everything after it is held
+    for `parse_tool_calls` at the end (arguments are sent whole, in one delta per call)."""
+
+    def __init__(self):
+        self.text = ""  # everything generated
+        self.sent = 0  # chars of content already released
+        self.in_call = False
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        if self.in_call:
+            return ""
+        at = self.text.find(OPEN, self.sent)
+        if at >= 0:
+            self.in_call = True
+            return self._release(at)
+        hold = next((k for k in range(min(len(OPEN) - 1, len(self.text) - self.sent), 0, -1)
+                     if self.text.endswith(OPEN[:k])), 0)
+        return self._release(len(self.text) - hold)
+
+    def _release(self, end: int) -> str:
+        out = self.text[self.sent:end]
+        self.sent = max(self.sent, end)
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(content not yet sent, tool calls) at the end of the output."""
+        _, calls = parse_tool_calls(self.text)
+        if not calls:  # no (parsable) call: the held text was content after all
+            return self.text[self.sent:], []
+        return "", calls

@@ -1,0 +1,144 @@
+"""Structured outputs with speculation: 20 JSON schemas on tiny f32 models.
+
+For every schema the greedy output must (1) parse as JSON and validate against the schema and
+(2) be token-for-token the same with speculation off and with each drafter on. A prediction
+that itself follows the schema (plain decoding's own output) must be accepted in bulk. A
+deliberately broken mask (row 0's mask applied to every verified row) must break exactness,
+which shows the test can fail.
+"""
+
+import json
+
+import jsonschema
+import pytest
+
+import specserve.constrain as constrain
+from specserve import SamplingParams
+from specserve.constrain import ConstraintError, GrammarSpec, check_schema
+from specserve.llm import LLM
+from tiny import tiny_model, tiny_tokenizer
+
+INT = {"type": "integer", "minimum": 0, "maximum": 999}
+STR = {"type": "string", "maxLength": 6}
+SCHEMAS = [
+    {"type": "object", "properties": {"name": STR, "age": INT}, "required": ["name", "age"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": STR, "maxItems": 3}}, "required": ["tags"]},
+    {"type": "object", "properties": {"x": {"type": "number", "minimum": -5, "maximum": 5}}, "required": ["x"]},
+    {"type": "object", "properties": {"kind": {"const": "user"}, "id": INT}, "required": ["kind", "id"]},
+    {"type": "object", "properties": {"v": {"anyOf": [INT, {"type": "null"}]}}, "required": ["v"]},
+    {"type": "object", "properties": {"p": {"type": "object", "properties": {"a": INT, "b": STR},
+                                            "required": ["a", "b"]}}, "required": ["p"]},
+    {"type": "array", "items": INT, "minItems": 1, "maxItems": 4},
+    {"type": "array", "prefixItems": [STR, INT], "items": False},
+    {"type": "string", "pattern": "^[a-c]{2,5}$"},
+    {"type": "string", "enum": ["yes", "no"]},
+    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}},
+     "required": ["code"]},
+    {"type": "object", "properties": {"points": {"type": "array", "maxItems": 2, "items": {
+        "type": "object", "properties": {"x": INT, "y": INT}, "required": ["x", "y"]}}}, "required": ["points"]},
+    {"$defs": {"leaf": {"type": "object", "properties": {"n": INT}, "required": ["n"]}},
+     "type": "object", "properties": {"left": {"$ref": "#/$defs/leaf"}, "right": {"$ref": "#/$defs/leaf"}},
+     "required": ["left", "right"]},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4}}, "required": ["s"]},
+    {"type": "object", "properties": {"flag": {"type": "boolean"}, "count": INT, "label": STR},
+     "required": ["flag", "count", "label"]},
+    {"type": "integer", "minimum": 10, "maximum": 20},
+    {"type": "object", "properties": {"m": {"type": "array", "items": {"type": "array", "items": INT, "maxItems": 2},
+                                            "maxItems": 2}}, "required": ["m"]},
+    {"type": "object", "properties": {"u": {"oneOf": [{"type": "boolean"}, STR]}, "opt": INT}, "required": ["u"]},
+]
+PROMPTS = ("def add(a, b):", "class UserController:\n", "Le café coûte 3 €.")
+MAX_TOKENS = 96
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM.from_models(tiny_model("llama", seed=0), tiny_tokenizer(), tiny_model("llama", seed=1), name="llama")
+
+
+def run(llm, i, method, prediction=None, temperature=0.0):
+    prompt = PROMPTS[i % len(PROMPTS)]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=i)
+    return llm.generate(prompt, params, prediction=prediction, speculation=method,
+                        guide=GrammarSpec("json_schema", SCHEMAS[i]))
+
+
+@pytest.mark.parametrize("i", range(len(SCHEMAS)))
+def test_schema_valid_and_identical_across_methods(llm, i):
+    base = run(llm, i, "none")
+    assert base.finish_reason == "stop", base.text  # the grammar completed and forced EOS
+    jsonschema.validate(json.loads(base.text), SCHEMAS[i])
+    for method in ("ngram", "draft", "prediction"):
+        out = run(llm, i, method, prediction=base.text)
+        assert out.token_ids == base.token_ids, (method, out.text, base.text)
+    pred = out.stats.by_source["prediction"]  # the last run: a prediction that follows the schema
+    assert pred.accepted >= len(base.token_ids) - 2 * out.stats.steps, out.stats.to_dict()
+
+
+@pytest.mark.parametrize("i", [0, 7, 13])
+def test_sampled_output_is_valid(llm, i):
+    for method in ("none", "draft"):
+        out = run(llm, i, method, temperature=1.0)
+        if out.finish_reason == "stop":
+            jsonschema.validate(json.loads(out.text), SCHEMAS[i])
+
+
+def test_json_object_is_valid_json(llm):
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=64), speculation="ngram",
+                       guide=GrammarSpec("json_object"))
+    assert out.text.lstrip().startswith("{")
+    if out.finish_reason == "stop":
+        assert isinstance(json.loads(out.text), dict)
+
+
+def test_regex_constraint(llm):
+    for method in ("none", "draft"):
+        out = llm.generate(PROMPTS[1], SamplingParams(max_tokens=32), speculation=method,
+                           guide=GrammarSpec("regex", r"(cat|dog)-[0-9]{3}"))
+        assert out.finish_reason == "stop"
+        assert out.text[:4] in ("cat-", "dog-") and out.text[4:].isdigit() and len(out.text) == 7
+
+
+def test_bulk_acceptance_of_a_schema_following_prediction(llm):
+    """A long schema-valid prediction is verified in few steps, not one token per step."""
+    base = run(llm, 13, "none")
+    out = run(llm, 13, "prediction", prediction=base.text)  # re-tokenized: some segmentations differ
+    assert out.token_ids == base.token_ids
+    assert out.stats.steps <= max(4, len(base.token_ids) // 4), out.stats.to_dict()
+    exact = run(llm, 13, "prediction", prediction=base.token_ids)  # the same tokens: nothing rejected
+    assert exact.token_ids == base.token_ids and exact.stats.by_source["prediction"].rejected == 0
+    assert exact.stats.steps <= 5, exact.steps  # K = 8, 16, 32, 64
+
+
+def test_broken_row_masks_break_exactness(llm, monkeypatch):
+    """Masking every verified row with row 0's mask (ignoring draft[:i]) must be caught."""
+    real_cut = constrain.Constraint.cut
+
+    def broken_cut(self, draft_ids, sampled=False):
+        kept = real_cut(self, draft_ids, sampled)
+        self._rows = self._rows[:1].expand(len(kept) + 1, -1).clone()  # [K+1, W]: row 0 everywhere
+        return kept
+
+    monkeypatch.setattr(constrain.Constraint, "cut", broken_cut)
+    failures = 0
+    for i in (0, 3, 7):
+        base = run(llm, i, "none")
+        try:
+            out = run(llm, i, "prediction", prediction=base.text)
+            failures += out.token_ids != base.token_ids
+        except RuntimeError:  # the matcher refused a token the broken mask let through
+            failures += 1
+    assert failures > 0
+
+
+@pytest.mark.parametrize("schema,word", [
+    ({"type": "object", "not": {"type": "null"}}, "not"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+    ({"type": "string", "format": "credit-card"}, "credit-card"),
+])
+def test_unsupported_keywords_are_refused(schema, word):
+    with pytest.raises(ConstraintError, match=word):
+        check_schema(schema)

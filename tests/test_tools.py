@@ -1,0 +1,142 @@
+"""tools.py: parsing <tool_call> blocks, streaming hold-back, templating (native and fallback), forcing."""
+
+import json
+
+import jsonschema
+import pytest
+
+from specserve import SamplingParams
+from specserve.constrain import ConstraintError
+from specserve.llm import LLM
+from specserve.structured import choice_params, tool_guide, tool_setup
+from specserve.tools import ToolStreamSplitter, check_tools, parse_tool_calls, template_messages
+from tiny import tiny_model, tiny_tokenizer
+
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"key": {"type": "string", "maxLength": 5}, "n": {"type": "integer",
+                                                                                    "minimum": 0, "maximum": 9}},
+    "required": ["key", "n"], "additionalProperties": False}}}
+CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "ab", "n": 3}}\n</tool_call>'
+
+
+def test_parse_tool_calls():
+    content, calls = parse_tool_calls("Let me check.\n" + CALL + "\n" + CALL.replace("3", "4"))
+    assert content == "Let me check."
+    assert [c.name for c in calls] == ["lookup", "lookup"]
+    assert json.loads(calls[1].arguments) == {"key": "ab", "n": 4} and calls[0].id != calls[1].id
+    assert parse_tool_calls("no calls here") == ("no calls here", [])
+    broken = "<tool_call>\n{not json}\n</tool_call>"
+    assert parse_tool_calls(broken) == (broken, [])  # nothing the model wrote is lost
+    assert parse_tool_calls(CALL[: -len("</tool_call>")])[1][0].name == "lookup"  # EOS before the close tag
+
+
+@pytest.mark.parametrize("step", [1, 3, 7])
+def test_stream_splitter_holds_back_only_the_call(step):
+    text = "Sure <tool maybe> then " + CALL
+    s, sent = ToolStreamSplitter(), ""
+    for i in range(0, len(text), step):
+        sent += s.feed(text[i: i + step])
+    rest, calls = s.finish()
+    assert sent + rest == "Sure <tool maybe> then " and len(calls) == 1
+    s = ToolStreamSplitter()
+    sent = "".join(s.feed(ch) for ch in "plain <tool")
+    assert sent + s.finish()[0] == "plain <tool"
+
+
+def test_refusals_name_the_param():
+    bad = [([{"type": "function", "function": {"name": "a b"}}], "tools[0].function.name"),
+           ([{"type": "function"}], "tools[0]"),
+           ([TOOL, TOOL], "tools"),
+           ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                          "if": {}}}}], "tools[0].function.parameters")]
+    for tools, param in bad:
+        with pytest.raises(ConstraintError) as e:
+            check_tools(tools)
+        assert e.value.param == param
+    for choice in ("always", {"type": "function", "function": {"name": "nope"}}, {"name": "lookup"}):
+        with pytest.raises(ConstraintError) as e:
+            tool_setup([TOOL], choice, None)
+        assert e.value.param == "tool_choice"
+
+
+def test_fallback_template_describes_tools_and_round_trips():
+    """The tiny template has no tools support: tools go in a system message, calls and results as text."""
+    tok = tiny_tokenizer()
+    llm = LLM.from_models(tiny_model(max_positions=2048), tok, name="t")
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "lookup", "arguments": '{"key": "ab", "n": 3}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+    text = tok.decode(llm.apply_chat_template(msgs, [TOOL]))
+    assert text.startswith("<|im_start|>system\nYou may call functions")
+    assert '"name": "lookup"' in text and CALL in text
+    assert "<tool_response>\nfound\n</tool_response>" in text
+    assert template_messages(msgs, None, "{{ tools }}")[1]["tool_calls"][0]["function"]["arguments"] == \
+        {"key": "ab", "n": 3}  # native templates get the arguments object (they render it with tojson)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM.from_models(tiny_model(seed=0, max_positions=2048), tiny_tokenizer(),
+                           tiny_model(seed=1, max_positions=2048), name="t")
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
+def test_forced_call_parses_and_is_identical_across_drafters(llm, choice):
+    setup = tool_setup([TOOL], choice, None)
+    guide = llm.compile_guide(tool_guide(setup))
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    prompt = llm.apply_chat_template(msgs, setup.tools)
+    base = llm.generate(prompt, SamplingParams(max_tokens=96), speculation="none", guide=guide)
+    _, calls = parse_tool_calls(base.text)
+    assert base.finish_reason == "stop" and len(calls) == 1, base.text
+    jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])
+    for method in ("draft", "ngram", "prediction"):
+        out = llm.generate(prompt, SamplingParams(max_tokens=96), prediction=base.text, speculation=method,
+                           guide=guide)
+        assert out.token_ids == base.token_ids, method
+    exact = llm.generate(prompt, SamplingParams(max_tokens=96), prediction=base.token_ids, speculation="prediction",
+                         guide=guide)  # the call itself, as token ids: accepted in bulk (K = 8, 16, 32, 64)
+    assert exact.token_ids == base.token_ids and exact.stats.steps <= 5, exact.steps
+    assert exact.stats.by_source["prediction"].rejected == 0
+
+
+def test_choice_seeds_are_derived_and_distinct():
+    ps = choice_params(SamplingParams(temperature=1.0, seed=5), 3)
+    assert len({p.seed for p in ps}) == 3 and ps == choice_params(SamplingParams(temperature=1.0, seed=5), 3)
+    assert choice_params(SamplingParams(seed=5), 1)[0].seed == 5
+
+
+def test_native_template_gets_tools_and_tool_messages():
+    """A template that uses `tools` renders them itself: no fallback system prompt."""
+    import copy
+
+    from test_server_tools import TOOLS_TEMPLATE
+
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = TOOLS_TEMPLATE
+    llm = LLM.from_models(tiny_model(max_positions=2048), tok, name="t")
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+    text = tok.decode(llm.apply_chat_template(msgs, [TOOL]))
+    assert text.startswith("<|im_start|>system\nYou can call these tools:\n{") and "You may call" not in text
+    assert '"name": "lookup"' in text and '{"name": "lookup", "arguments": {"key": "ab"}}' in text
+    assert "<tool_response>\nfound\n</tool_response>" in text
+
+
+def test_forced_call_never_writes_raw_control_characters(llm):
+    """xgrammar's maxLength string rule admits them; the tool grammar bans them (JSON must escape them)."""
+    from specserve.tools import forced_grammar
+
+    spec = forced_grammar(check_tools([TOOL]), "lookup")
+    assert "\n" not in spec.banned and "\x0c" in spec.banned and "\t" in spec.banned
+    prompt = llm.apply_chat_template([{"role": "user", "content": "Le café coûte 3 €."}], [TOOL])
+    for seed in range(4):
+        out = llm.generate(prompt, SamplingParams(max_tokens=96, temperature=1.0, seed=seed), speculation="draft",
+                           guide=llm.compile_guide(spec))
+        assert out.finish_reason == "stop"
+        _, calls = parse_tool_calls(out.text)
+        jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])
