@@ -9,7 +9,8 @@ import pytest
 from tiny import save_tiny
 
 from specserve import bench
-from specserve.bench import PEERS, MODES, Run, Scenario, build_prompt, load_scenarios, markdown_table
+from specserve.bench import MODES, Run, Scenario, build_prompt, load_scenarios, markdown_table
+from specserve.bench_peers import LLAMACPP_PEERS, TRANSFORMERS_PEERS
 from specserve.cli import main
 
 
@@ -33,13 +34,14 @@ def test_quick_bench_outputs_equal_plain(quick_run):
     assert rc == 0
     data = json.loads((out / "bench.json").read_text())
     runs = data["runs"]
-    assert [r["mode"] for r in runs] == list(MODES) + list(PEERS)
+    assert [r["mode"] for r in runs] == list(MODES) + list(TRANSFORMERS_PEERS)
     assert not [r for r in runs if r["skipped"]]
     for r in runs:
         assert r["equal_to_plain"] is True, (r["mode"], r["first_difference"])
         assert r["output_tokens"] > 0 and r["latency"] > 0
         assert r["speedup"] is not None and r["speedup"] > 0
-    assert data["environment"]["dtype"] == "float32"
+    env = data["environment"]
+    assert env["dtype"] == "float32" and env["backend"] == "transformers" and env["cpu"] and env["cores"] >= 1
     ours = [r for r in runs if r["engine"] == "specserve"]
     assert all(r["stats"]["output_tokens"] == r["output_tokens"] for r in ours)
     assert next(r for r in ours if r["mode"] == "plain")["tokens_per_step"] == 1.0
@@ -53,6 +55,29 @@ def test_quick_bench_files_written(quick_run):
     assert "| py-rename | prediction | specserve |" in md and "hf-assisted" in md
     html = (out / "report.html").read_text()
     assert html.startswith("<!doctype html>") and "py-rename / prediction" in html
+
+
+def test_quick_bench_on_llamacpp_with_its_peers(tmp_path):
+    """The llama.cpp backend in the benchmark: our runs equal plain bit for bit (batch-invariant
+    kernels), llama-cpp-python's plain and prompt-lookup peers run on the same GGUF."""
+    from tiny_gguf import save_tiny_gguf
+
+    target, draft = save_tiny_gguf(tmp_path / "t"), save_tiny_gguf(tmp_path / "d", seed=1)
+    rc = main(["bench", "--quick", "--model", target, "--draft-model", draft, "--max-tokens", "24",
+               "--out", str(tmp_path / "out")])
+    assert rc == 0
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["environment"]["backend"] == "llama.cpp" and data["environment"]["batch_invariant"] is True
+    runs = data["runs"]
+    assert [r["mode"] for r in runs] == list(MODES) + list(LLAMACPP_PEERS)
+    for r in runs:
+        assert not r["skipped"] and r["output_tokens"] > 0
+        if r["engine"] == "specserve":
+            assert r["equal_to_plain"] is True, (r["mode"], r["first_difference"])
+            assert r["of_prefill"] is not None and r["of_prefill"] > 0
+        else:
+            assert r["engine"] == "llama-cpp-python"
+    assert "llama-cpp-python" in (tmp_path / "out" / "bench.md").read_text()
 
 
 def test_scenarios_bundled():

@@ -111,11 +111,11 @@ def test_unsupported_architecture_is_named(tmp_path):
 
 
 def test_draft_gguf_with_another_vocabulary_is_refused(tmp_path, smol_gguf):
-    from tiny_gguf import write_tiny_gguf
+    from tiny_gguf import save_tiny_gguf
 
-    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
-    with pytest.raises(ModelLoadError, match="vocabulary"):
-        LLM(model=str(smol_gguf), draft_model=str(tiny))
+    tiny = save_tiny_gguf(tmp_path / "tiny")
+    with pytest.raises(ModelLoadError, match=r"model.gguf cannot draft for smollm2.*vocabulary"):
+        LLM(model=str(smol_gguf), draft_model=tiny)
 
 
 def test_backend_and_dtype_mismatches_are_clear(tmp_path, smol_gguf):

@@ -22,7 +22,7 @@ import torch
 from .config import SamplingParams, SpeculationConfig
 from .detokenize import OutputBuilder
 from .errors import ContextLengthError, InvalidRequestError, ModelLoadError
-from .governor import PLAIN, Governor
+from .governor import CostModel, Governor
 from .proposer import Draft, ProposerContext, build_chain, choose_draft
 from .sampling import apply_penalties, draft_prefix_counts, probs_from_logits
 from .stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
@@ -37,12 +37,18 @@ class Engine:
         self.draft = draft
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids or ())
-        self.governor = Governor()  # learns across requests what pays on this machine (auto only)
+        self._prices: CostModel | None = None  # calibrated on the first `auto` request
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise ModelLoadError(
                 f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
                 f"({target.vocab_size}); pick a draft model of the same family"
             )
+
+    def prices(self) -> CostModel:
+        """What a step costs on this machine, measured once (a few forwards; see governor.py)."""
+        if self._prices is None:
+            self._prices = CostModel.calibrate(self.target, self.draft)
+        return self._prices
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,
                  prediction: str | list[int] | None = None,
@@ -92,10 +98,10 @@ class Generation:
     def _run(self) -> Iterator[StepEvent]:
         eng, params = self.engine, self.params
         target = eng.target
+        generator, chain = self.generator, self.chain
+        governor = Governor(eng.prices()) if self.spec.method == "auto" and chain else None
         stats = SpecStats(prompt_tokens=len(self.prompt_ids))
         t0 = time.perf_counter()
-        generator, chain = self.generator, self.chain
-        governor = eng.governor if self.spec.method == "auto" else None
         builder = OutputBuilder(eng.tokenizer, self.prompt_ids, params, eng.eos_token_ids)
         counts = torch.zeros(target.vocab_size) if params.has_penalties else None  # [V]
         tokens = list(self.prompt_ids)
@@ -138,7 +144,7 @@ class Generation:
             stats.verify_time += t_done - t_verify
 
             new = draft_ids[:n_acc] + [next_tok]
-            src = draft.source if draft else PLAIN
+            src = draft.source if draft else "none"
             new_sources = [src] * n_acc + ["target"]
             committed = 0
             for tok in new:
@@ -160,7 +166,7 @@ class Generation:
             # count them as not accepted, so accepted prediction tokens <= completion tokens.
             stats.record_step(src, len(draft_ids), min(n_acc, committed), committed)
             if governor is not None:
-                governor.record(src, t_done - step_start, len(draft_ids[:n_acc]) + 1)
+                governor.record(src, 1 + len(draft_ids), len(draft_ids) if src == "draft" else 0, n_acc + 1)
             for p in chain:
                 p.observe(tokens, Draft(draft_ids, src, None) if draft else None, n_acc)
             if stats.time_to_first_token is None:

@@ -102,8 +102,8 @@ def build_chain(ctx: ProposerContext) -> list[Proposer]:
 
 def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int, governor=None) -> Draft | None:
     """Ask each proposer in order; the first non-empty draft wins. A `governor.Governor` (auto
-    only) may make the step plain or skip sources that do not pay for themselves."""
-    if max_k <= 0 or (governor is not None and governor.wants_plain_step()):
+    only) skips sources that do not pay for themselves on this machine."""
+    if max_k <= 0:
         return None
     for proposer in chain:
         if governor is not None and not governor.allows(proposer.name):

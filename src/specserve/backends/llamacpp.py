@@ -83,11 +83,12 @@ _TELLING = ("error", "failed", "unknown", "invalid", "does not", "unable", "not 
 
 
 def _load_error(path: Path) -> str:
-    """The most telling llama.cpp log line about why a load failed."""
-    for line in reversed(_log_tail):
-        low = line.lower()
-        if any(word in low for word in _TELLING):
-            return line.split(": ", 1)[-1] if ": " in line else line
+    """The most telling llama.cpp log line about why a load failed: the first one that says
+    "error", else the first with another telling word (file paths are left out of the search)."""
+    for word in _TELLING:
+        for line in _log_tail:
+            if word in line.replace(str(path), "").lower():
+                return line.split(": ", 1)[-1] if ": " in line else line
     return "not a GGUF model llama.cpp can load (truncated file or unsupported architecture?)"
 
 
