@@ -34,6 +34,8 @@ def add_parser(subparsers) -> None:
                    help="requests allowed to wait while one runs; beyond that 429 (default 16)")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per-request deadline from arrival, queue wait included; 0 = none (default 600)")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=None, metavar="BYTES",
+                   help="refuse request bodies larger than this with 413 (default: 2 x 64 B x context + 1 MiB)")
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
@@ -46,6 +48,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the LLM and serve until interrupted."""
     from .config import SpeculationConfig
@@ -54,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     options = ServerOptions(api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
-                            max_queue=args.max_queue, request_timeout=args.request_timeout or None)
+                            max_queue=args.max_queue, request_timeout=args.request_timeout or None,
+                            max_body_bytes=args.max_body_bytes)
     llm = LLM(model=args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
               speculation=speculation)
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
