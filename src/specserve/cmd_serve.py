@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from . import serve_ray
 from .config import METHODS
 
 
@@ -38,6 +39,7 @@ def add_parser(subparsers) -> None:
                    help="refuse request bodies larger than this with 413 (default: 2 x 64 B x context + 1 MiB)")
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve_ray.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -56,7 +58,9 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the LLM and serve until interrupted."""
+    """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
+    if args.ray:
+        return serve_ray.run(args)
     from .config import SpeculationConfig
     from .llm import LLM
     from .server import ServerOptions, serve
