@@ -10,8 +10,6 @@ The pure helpers (metrics merging, rendezvous order) are tested without Ray.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -149,48 +147,82 @@ def test_metrics_have_a_replica_label(ray_server):
 RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, httpx.TransportError)
 
 
-def _stream_one(client, i: int, started: threading.Event, results: dict) -> None:
-    """One streaming client: 'done' with its text, or the exception that ended it."""
+class Load:
+    """16 streaming clients; remembers which replica serves each and which are mid-stream."""
+
+    def __init__(self, client):
+        self.client, self.results, self.replica_of, self.streaming = client, {}, {}, set()
+        self.lock = threading.Lock()
+
+    def stream_one(self, i: int) -> None:
+        """One streaming client: ('done', finish, text) or ('error', exception, None)."""
+        try:
+            raw = self.client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % 4]}], temperature=0,
+                max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
+            self.replica_of[i] = raw.headers.get("x-specserve-replica")
+            text, finish = "", None
+            for chunk in raw.parse():
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+                    with self.lock:
+                        self.streaming.add(i)
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            self.results[i] = ("done", finish, text)
+        except Exception as e:  # noqa: BLE001 - judged by the test
+            self.results[i] = ("error", e, None)
+        finally:
+            with self.lock:
+                self.streaming.discard(i)
+
+    def busy_replica(self, timeout: float) -> tuple[str, int]:
+        """A replica with a stream in progress, and that stream."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                for i in self.streaming:
+                    if self.replica_of.get(i):
+                        return self.replica_of[i], i
+            time.sleep(0.01)
+        raise AssertionError("no stream in progress")
+
+
+def _kill_replica(replica: str) -> None:
+    """Kill a replica's actor as a crash would (no graceful shutdown); Ray Serve must replace it."""
+    import ray
+
+    ray.init(address="auto", namespace="specserve-test", log_to_driver=False)
     try:
-        stream = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % 4]}], temperature=0,
-            max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
-        text, finish = "", None
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                text += chunk.choices[0].delta.content
-                started.set()
-            if chunk.choices and chunk.choices[0].finish_reason:
-                finish = chunk.choices[0].finish_reason
-        results[i] = ("done", finish, text)
-    except Exception as e:  # noqa: BLE001 - judged by the test
-        results[i] = ("error", e, None)
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::specserve#SpecServe#{replica}", namespace="serve"),
+                 no_restart=True)
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.ray
 def test_replica_killed_mid_load(ray_server):
     before = _wait_replicas(ray_server, 2, timeout=60)
-    client, results, started = _client(ray_server), {}, threading.Event()
-    threads = [threading.Thread(target=_stream_one, args=(client, i, started, results), daemon=True)
-               for i in range(CLIENTS)]
+    load = Load(_client(ray_server))
+    threads = [threading.Thread(target=load.stream_one, args=(i,), daemon=True) for i in range(CLIENTS)]
     for t in threads:
         t.start()
-    assert started.wait(60), "no stream started"
-    victim = _replica_pids()[0]
-    os.kill(victim, signal.SIGKILL)  # a replica crashes (OOM, segfault) mid-load
+    victim, cut = load.busy_replica(timeout=60)
+    _kill_replica(victim)
     for t in threads:
         t.join(180)
     assert not [t for t in threads if t.is_alive()], "a client hung"
-    done = [r for r in results.values() if r[0] == "done"]
-    errors = [r[1] for r in results.values() if r[0] == "error"]
-    assert len(results) == CLIENTS
+    assert len(load.results) == CLIENTS
+    done = [r for r in load.results.values() if r[0] == "done"]
+    errors = [r[1] for r in load.results.values() if r[0] == "error"]
     assert all(finish == "length" and text for _, finish, text in done), done
+    assert load.results[cut][0] == "error"  # the stream the crash cut short says so
     assert all(isinstance(e, RETRYABLE) for e in errors), [repr(e) for e in errors]
     after = _wait_replicas(ray_server, 2, timeout=120, changed_from=before)
-    assert len(after - before) >= 1  # a new replica replaced the dead one
+    assert victim not in after and len(after - before) == 1  # a new replica replaced the dead one
     retry = _client(ray_server, retries=2)
     for _ in errors:  # what failed succeeds when the client retries, as the SDK would
         assert retry.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                              max_tokens=4).choices[0].message.content is not None
-    print(f"\nkilled replica pid {victim}: {len(done)} streams completed, {len(errors)} retryable errors "
+    print(f"\nkilled replica {victim}: {len(done)} streams completed, {len(errors)} retryable errors "
           f"({sorted({type(e).__name__ for e in errors})}); replicas {sorted(before)} -> {sorted(after)}")
