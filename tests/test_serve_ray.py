@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from server_proc import ServerProcess, metric_value
-from specserve.serve_ray import _rendezvous_order, merge_metrics
+from specserve.serve_ray import ReplicaConfig, ScaleConfig, _rendezvous_order, merge_metrics
 from tiny import save_tiny
 
 MODEL = "tiny"
@@ -48,6 +48,18 @@ def test_rendezvous_order_is_stable_and_moves_only_lost_sessions():
     assert len(set(first.values())) == 3  # sessions spread over all replicas
     after = {s: _rendezvous_order(s, ["r1", "r3"])[0] for s in sessions}
     assert all(after[s] == first[s] for s in sessions if first[s] != "r2")
+
+
+def test_scale_flags_become_ray_deployment_options():
+    pytest.importorskip("ray.serve")
+    fixed = ScaleConfig(replicas=3).deployment_options(ReplicaConfig(max_queue=4))
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["max_ongoing_requests"] == 2 and fixed["max_queued_requests"] == 12
+    assert fixed["request_router_config"].request_router_class == "specserve.serve_ray.AffinityRouter"
+    auto = ScaleConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=3).deployment_options(ReplicaConfig())
+    assert "num_replicas" not in auto and auto["max_queued_requests"] == 16 * 4
+    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
+                                          "target_ongoing_requests": 3}
 
 
 # -- a local Ray cluster ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import random
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 log = logging.getLogger("specserve.ray")
@@ -74,12 +74,18 @@ class ScaleConfig:
     # dying replica while another is idle.
     max_ongoing_requests: int = 2
 
+    def upper(self) -> int:
+        """The most replicas this configuration may run."""
+        return max(self.replicas, self.min_replicas or 0, self.max_replicas or 0)
+
     def deployment_options(self, replica: ReplicaConfig) -> dict:
-        """Ray Serve `.options(...)` for the deployment: fixed or autoscaled replicas, the router."""
+        """Ray Serve `.options(...)` for the deployment: fixed or autoscaled replicas, the router, and
+        a bound on requests waiting in the proxy (--max-queue per replica; beyond it Ray answers 503)."""
         from ray.serve.config import RequestRouterConfig
 
         opts: dict[str, Any] = {
             "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": max(1, replica.max_queue * self.upper()),
             "ray_actor_options": {"num_cpus": self.replica_cpus},
             "request_router_config": RequestRouterConfig(request_router_class=f"{__name__}.AffinityRouter"),
             "health_check_period_s": 2.0,
@@ -357,10 +363,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replica_summary(scale: ScaleConfig) -> str:
-    opts = asdict(scale)
     if scale.min_replicas is None and scale.max_replicas is None:
-        return f"{opts['replicas']} replicas"
-    return f"autoscaling {scale.min_replicas or 1}..{scale.max_replicas} replicas"
+        return f"{scale.replicas} replicas"
+    return f"autoscaling {scale.min_replicas or 1}..{scale.upper()} replicas"
 
 
 def shutdown(local: bool, app_name: str = APP_NAME) -> None:
