@@ -49,6 +49,10 @@ def _completion_schema(obj: str, choice_required: list[str]) -> dict:
                            "speculation": {"type": "object"}}}
 
 
+# OpenAPI 3.1 (what FastAPI writes): the `schema` of an event stream describes one event. Ours are
+# `data:` lines only: a JSON chunk, an error object, or the final "[DONE]".
+SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"],
+                    "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 MODEL_SCHEMA = {"type": "object", "required": ["id", "object"],
                 "properties": {"id": {"type": "string"}, "object": {"const": "model"}}}
 EXTRA_SCHEMAS = {
@@ -73,7 +77,7 @@ def _generation(model: type[BaseModel], answer: str) -> dict:
     """requestBody and responses of a generation route (JSON answer, or SSE when stream is true)."""
     ok = {"description": f"a {answer}, or server-sent events of chunks when stream is true", "content": {
         "application/json": {"schema": {"$ref": REF.format(model=answer)}},
-        "text/event-stream": {"schema": {"type": "string"}}}}
+        "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
     return {"requestBody": {"required": True,
                             "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}},
             "responses": {"200": ok, **_errors("400", "401", "404", "413", "429", "503", "504")}}
