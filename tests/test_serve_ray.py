@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from server_proc import ServerProcess, metric_value
-from specserve.serve_ray import ReplicaConfig, ScaleConfig, _rendezvous_order, merge_metrics
+from specserve.serve_ray import ReplicaConfig, ScaleConfig, _rendezvous_order, config_from_args, merge_metrics
 from tiny import save_tiny
 
 MODEL = "tiny"
@@ -60,6 +60,14 @@ def test_scale_flags_become_ray_deployment_options():
     assert "num_replicas" not in auto and auto["max_queued_requests"] == 16 * 4
     assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
                                           "target_ongoing_requests": 3}
+
+
+def test_builder_args_convert_numbers_only_where_the_field_is_a_number():
+    replica = config_from_args(ReplicaConfig, {"model": "m", "api_key": "12345", "max_queue": "4",
+                                               "request_timeout": "30", "dtype": "float32"})
+    assert replica == ReplicaConfig(model="m", api_key="12345", max_queue=4, request_timeout=30.0, dtype="float32")
+    scale = config_from_args(ScaleConfig, {"replicas": "3", "target_ongoing_requests": "1.5", "unknown": "x"})
+    assert scale == ScaleConfig(replicas=3, target_ongoing_requests=1.5)
 
 
 # -- a local Ray cluster ------------------------------------------------------------------------

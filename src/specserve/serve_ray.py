@@ -285,29 +285,24 @@ def build_app(args: dict) -> Any:
 
     Every ReplicaConfig and ScaleConfig field can be given as `key=value` (strings are converted).
     """
-    def pick(cls) -> dict:
-        out = {}
-        for f in fields(cls):
-            if f.name in args and args[f.name] not in (None, ""):
-                out[f.name] = _convert(args[f.name], f.default)
-        return out
-
-    return deployment(ReplicaConfig(**pick(ReplicaConfig)), ScaleConfig(**pick(ScaleConfig)),
+    return deployment(config_from_args(ReplicaConfig, args), config_from_args(ScaleConfig, args),
                       args.get("app_name", APP_NAME))
 
 
-def _convert(value: Any, default: Any) -> Any:
-    """'2' -> 2 and '0.5' -> 0.5 where the field's default is a number; other values as given."""
-    if not isinstance(value, str):
-        return value
-    if isinstance(default, bool):
-        return value.lower() in ("1", "true", "yes")
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
+def config_from_args(cls, args: dict):
+    """A ReplicaConfig / ScaleConfig from builder args: '2' becomes 2 only where the field is a number
+    (an API key of digits stays a string)."""
+    values = {}
+    for f in fields(cls):
+        value = args.get(f.name)
+        if value in (None, ""):
+            continue
+        if isinstance(value, str) and "float" in str(f.type):
+            value = float(value)
+        elif isinstance(value, str) and "int" in str(f.type):
+            value = int(value)
+        values[f.name] = value
+    return cls(**values)
 
 
 # -- `specserve serve --ray` ---------------------------------------------------------------------
