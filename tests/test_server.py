@@ -214,6 +214,7 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {**OK_CHAT, "presence_penalty": 3}, 400, "presence_penalty"),
     ("chat/completions", {**OK_CHAT, "stream": "yes"}, 400, "stream"),
     ("chat/completions", {**OK_CHAT, "stop": 5}, 400, "stop"),
+    ("chat/completions", {**OK_CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),  # OpenAI: up to 4
     ("chat/completions", {**OK_CHAT, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs"),
     ("chat/completions", {**OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("chat/completions", {**OK_CHAT, "max_tokens": 100_000}, 400, "max_tokens"),

@@ -8,6 +8,8 @@ own high-level `Llama` with its default settings): plain decoding, and its promp
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 
 TRANSFORMERS_PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
@@ -43,6 +45,13 @@ def run_peer(llm, prompt_ids: list[int], max_tokens: int, peer: str, clock) -> l
 
 # -- llama-cpp-python ---------------------------------------------------------------------------
 _LLAMAS: dict[tuple[str, bool], object] = {}
+
+
+@atexit.register
+def _close_llamas() -> None:
+    """Free the peers before interpreter shutdown tears down what their destructors call."""
+    while _LLAMAS:
+        _LLAMAS.popitem()[1].close()
 
 
 def _llama(llm, lookup: bool):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from . import serve_ray
 from .config import METHODS
 
 
@@ -34,8 +35,11 @@ def add_parser(subparsers) -> None:
                    help="requests allowed to wait while one runs; beyond that 429 (default 16)")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per-request deadline from arrival, queue wait included; 0 = none (default 600)")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=None, metavar="BYTES",
+                   help="refuse request bodies larger than this with 413 (default: 2 x 64 B x context + 1 MiB)")
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve_ray.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -46,15 +50,25 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
-    """Load the LLM and serve until interrupted."""
+    """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
+    if args.ray:
+        return serve_ray.run(args)
     from .config import SpeculationConfig
     from .llm import LLM
     from .server import ServerOptions, serve
 
     speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     options = ServerOptions(api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
-                            max_queue=args.max_queue, request_timeout=args.request_timeout or None)
+                            max_queue=args.max_queue, request_timeout=args.request_timeout or None,
+                            max_body_bytes=args.max_body_bytes)
     llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation)
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
     return 0

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .config import SamplingParams, SpeculationConfig
 from .constrain import CompiledGuide, ConstraintError
@@ -25,6 +25,12 @@ from .structured import (GUIDED_FIELDS, ToolSetup, check_guided, check_n, extens
 from .tools import ToolStreamSplitter, check_message_tool_calls, parse_tool_calls
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
+# "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
+# values at most 512; safety_identifier at most 64 characters; top_logprobs 0..20.
+MAX_STOP = 4
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+MAX_SAFETY_IDENTIFIER = 64
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -75,7 +81,12 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-a
 
 
 def _param_path(loc: tuple) -> str | None:
-    """('messages', 0, 'content', 'str') -> 'messages[0].content' (union member tags dropped)."""
+    """('messages', 0, 'content', 'str') -> 'messages[0].content' (union member tags dropped).
+
+    A dict key that failed ('metadata', 'k...', '[key]') names the dict, not the key.
+    """
+    if "[key]" in loc:
+        loc = loc[: loc.index("[key]") - 1]
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -85,8 +96,15 @@ def _param_path(loc: tuple) -> str | None:
     return out or None
 
 
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long",
+                 "string_too_short", "string_too_long", "literal_error"}
+
+
 def _validation_error(e: ValidationError) -> APIError:
-    err = e.errors(include_url=False)[0]
+    """The most telling error: a value out of range beats the type mismatch of another union member
+    (five stop strings are "at most 4 items", not "should be a valid string")."""
+    errors = e.errors(include_url=False)
+    err = next((x for x in errors if x["type"] in _RANGE_ERRORS), errors[0])
     if err["type"] == "json_invalid":
         return bad_request(f"the request body is not valid JSON ({err['msg']})", None, "invalid_json")
     param = _param_path(err["loc"])
@@ -94,12 +112,19 @@ def _validation_error(e: ValidationError) -> APIError:
         return bad_request("the request body must be a JSON object", None, "invalid_type")
     if err["type"] == "missing":
         return bad_request(f"missing required parameter {param!r}", param, "missing_required_parameter")
-    is_range = err["type"] in {"greater_than", "greater_than_equal", "less_than", "less_than_equal",
-                               "too_short", "too_long", "literal_error"}
-    return bad_request(f"{param}: {err['msg']}", param, "invalid_value" if is_range else "invalid_type")
+    code = "invalid_value" if err["type"] in _RANGE_ERRORS else "invalid_type"
+    return bad_request(f"{param}: {err['msg']}", param, code)
 
 
 # -- request models -------------------------------------------------------------------------------
+def _integral(value: Any) -> Any:
+    """2.0 -> 2: JSON Schema's "integer" admits numbers with a zero fraction, so we do too."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]  # a strict int that also takes 2.0 (never true or "2")
+
+
 class _Strict(BaseModel):
     """Wrong JSON types are errors (no "1" -> 1 coercion); unknown fields are ignored."""
 
@@ -138,7 +163,7 @@ class SpeculationRequest(_Strict):
     """Non-standard: `{"method": "auto|none|prediction|ngram|draft", "num_speculative_tokens": K}`."""
 
     method: str | None = None
-    num_speculative_tokens: int | None = Field(None, ge=1, le=256)
+    num_speculative_tokens: Int | None = Field(None, ge=1, le=256)
 
 
 class ResponseFormat(_Open):
@@ -149,19 +174,23 @@ class _Common(_Strict):
     """Fields shared by chat and completions requests."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: Int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)  # extension (extra_body); -1 or 0 = off
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    top_k: Int | None = Field(None, ge=-1)  # extension (extra_body); -1 or 0 = off
+    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI: a 64-bit integer
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    n: int | None = Field(None, ge=1)
+    n: Int | None = Field(None, ge=1)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    metadata: Annotated[dict[Annotated[str, Field(max_length=MAX_METADATA_KEY)],
+                             Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
+                        Field(max_length=MAX_METADATA_PAIRS)] | None = None  # accepted and ignored
+    safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)  # accepted and ignored
     speculation: SpeculationRequest | None = None  # extension (extra_body)
     ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
     structured_outputs: Any = None  # extension (extra_body), vLLM's: {json | regex | grammar | choice}
@@ -173,9 +202,9 @@ class _Common(_Strict):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
     prediction: Prediction | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -188,11 +217,11 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=20)
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
+    best_of: Int | None = Field(None, ge=1)
     prediction: Prediction | None = None  # extension: Predicted Outputs on completions too
 
 

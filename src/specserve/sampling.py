@@ -10,6 +10,10 @@ import torch
 
 from .config import SamplingParams
 
+# Below this, logits / temperature overflows float32 (a temperature of 5e-324 is 0 in float32) and
+# softmax returns NaN; such a distribution is the argmax's already, to float32 precision.
+MIN_TEMPERATURE = 1e-4
+
 
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """OpenAI presence/frequency penalties.
@@ -39,7 +43,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     Must not be called for greedy requests: greedy has its own exact argmax path.
     """
     assert params.temperature > 0, "greedy requests take the argmax path"
-    x = logits.float() / params.temperature  # [T, V]
+    x = logits.float() / max(params.temperature, MIN_TEMPERATURE)  # [T, V]
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [T, 1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -48,6 +52,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         sorted_p = torch.softmax(sorted_x, dim=-1)
         mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # probability mass ranked above each token
         drop_sorted = mass_before >= params.top_p  # keep the smallest prefix whose mass reaches top_p
+        drop_sorted[..., 0] = False  # a top_p below float32's resolution (5e-324) must still keep the top token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)

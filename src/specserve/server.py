@@ -30,7 +30,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
+from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .metrics import Metrics
+from .openapi import install_openapi
 from .protocol import CHAT, COMPLETIONS, APIError, Dialect, Prepared, ResponseContext, TokenNamer, engine_error, \
     parse_body
 from .structured import choice_params
@@ -42,11 +44,14 @@ GRACE_S = 1.0  # how long past its deadline a request waits for the worker befor
 @dataclass(frozen=True)
 class ServerOptions:
     """api_key: required Bearer token (None: open). max_queue: requests allowed to wait while one
-    runs (beyond that: 429). request_timeout: seconds from arrival to the last token (None: none)."""
+    runs (beyond that: 429). request_timeout: seconds from arrival to the last token (None: none).
+    max_body_bytes: bodies over it get a 413 before parsing (None: sized from the context length,
+    see body_limit.default_max_body_bytes)."""
 
     api_key: str | None = None
     max_queue: int = 16
     request_timeout: float | None = 600.0
+    max_body_bytes: int | None = None
 
 
 class ClientGone(Exception):
@@ -211,6 +216,7 @@ class Server:
         self.prep = ThreadPoolExecutor(1, thread_name_prefix="specserve-prep")
         self.namer = TokenNamer(llm.tokenizer)
         self.started = time.time()
+        self.max_body_bytes = options.max_body_bytes or default_max_body_bytes(llm.max_context)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -442,6 +448,8 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     app = FastAPI(title="specserve", version=__version__, lifespan=lifespan)
     app.state.server = server
     _add_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
+    install_openapi(app)
     auth = Depends(server.authorize)
 
     @app.post("/v1/chat/completions", dependencies=[auth])

@@ -1,0 +1,380 @@
+"""Ray Serve: N replicas of the engine behind one OpenAI-compatible endpoint.
+
+    client ─► Ray Serve HTTP proxy (one port, any node) ─► router ─► replica 1: create_app(LLM) ─► its worker
+                                                                 └► replica N: create_app(LLM) ─► its worker
+
+Each replica is the same FastAPI app `specserve serve` runs (server.create_app: auth, body cap,
+validation, queue, streaming, metrics) over its own `LLM`; Ray Serve adds the proxy, routing,
+autoscaling and replacement of dead replicas. Nothing here parses a request.
+
+- Routing (`AffinityRouter`): without a session header, power of two choices (two random
+  replicas, the one with fewer requests in flight), as Ray Serve's default router does; with an
+  `X-Session-Id` header (Ray's session header; rename it with RAY_SERVE_SESSION_ID_HEADER_KEY),
+  rendezvous hashing sends a session to the same replica while it has room, else to the next one.
+- Autoscaling: `--min-replicas` / `--max-replicas` / `--target-ongoing-requests`; a fixed
+  `--replicas N` otherwise. Ray Serve's controller restarts a replica that dies.
+- Metrics: every replica pushes its Prometheus text to a small `MetricsHub` actor every few
+  seconds; `/metrics` on the ingress answers all replicas' series with a `replica` label,
+  `/metrics/replica` the answering replica's own.
+
+`specserve serve --ray` starts a local Ray cluster (or joins `--ray-address`) and runs the app;
+`serve run specserve.serve_ray:build_app model=...` runs the same app from Ray's own CLI or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+log = logging.getLogger("specserve.ray")
+APP_NAME = "specserve"
+DEPLOYMENT = "SpecServe"
+HUB_NAMESPACE = "specserve"
+PUSH_INTERVAL_S = 2.0
+STALE_AFTER_S = 15.0  # a replica that stopped pushing (dead) drops out of /metrics
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """What every replica loads and how its app behaves (the `specserve serve` flags)."""
+
+    model: str | None = None
+    draft_model: str | None = None
+    backend: str = "auto"
+    dtype: str | None = None  # transformers only; None: bfloat16 there, the GGUF as is on llama.cpp
+    device: str | None = None
+    speculation: str = "auto"
+    num_speculative_tokens: int | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_queue: int = 16
+    request_timeout: float | None = 600.0
+    max_body_bytes: int | None = None
+    threads: int = 1  # torch / llama.cpp threads per replica (= its CPUs)
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """How many replicas, and how much each may hold (Ray Serve deployment options)."""
+
+    replicas: int = 2
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing_requests: float = 2.0
+    replica_cpus: float = 1.0
+    # Requests a replica holds at once (one runs, the next waits ready); the rest wait in Ray's
+    # proxy and go to whichever replica frees up first, so a queue never builds behind a slow or
+    # dying replica while another is idle.
+    max_ongoing_requests: int = 2
+
+    def upper(self) -> int:
+        """The most replicas this configuration may run."""
+        return max(self.replicas, self.min_replicas or 0, self.max_replicas or 0)
+
+    def deployment_options(self, replica: ReplicaConfig) -> dict:
+        """Ray Serve `.options(...)` for the deployment: fixed or autoscaled replicas, the router, and
+        a bound on requests waiting in the proxy (--max-queue per replica; beyond it Ray answers 503)."""
+        from ray.serve.config import RequestRouterConfig
+
+        opts: dict[str, Any] = {
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": max(1, replica.max_queue * self.upper()),
+            "ray_actor_options": {"num_cpus": self.replica_cpus},
+            "request_router_config": RequestRouterConfig(request_router_class=f"{__name__}.AffinityRouter"),
+            "health_check_period_s": 2.0,
+            "graceful_shutdown_timeout_s": 5.0,
+        }
+        if self.min_replicas is None and self.max_replicas is None:
+            opts["num_replicas"] = self.replicas
+        else:
+            low = self.min_replicas if self.min_replicas is not None else 1
+            opts["autoscaling_config"] = {"min_replicas": low, "max_replicas": max(low, self.max_replicas or low),
+                                          "initial_replicas": max(low, min(self.replicas, self.max_replicas or low)),
+                                          "target_ongoing_requests": self.target_ongoing_requests}
+        return opts
+
+
+# -- routing ------------------------------------------------------------------------------------
+def _rendezvous_order(session: str, replica_ids: list[str]) -> list[str]:
+    """Replicas ordered by rendezvous (highest-random-weight) hashing of the session id: stable
+    while the replica set is, and a lost replica moves only its own sessions."""
+    def weight(rid: str) -> bytes:
+        return hashlib.blake2b(f"{session}\x00{rid}".encode(), digest_size=8).digest()
+    return sorted(replica_ids, key=weight, reverse=True)
+
+
+def _router_class():
+    """The request router, built lazily so importing this module does not need Ray."""
+    from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
+
+    class AffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+        """Least loaded of two random replicas; a session header pins a session to one replica."""
+
+        async def choose_replicas(self, candidate_replicas, pending_request=None):
+            """Ranks of candidates: Ray takes the first rank with a replica that accepts, and among
+            a rank the one with the shortest queue."""
+            if not candidate_replicas:
+                return []
+            session = getattr(getattr(pending_request, "metadata", None), "session_id", "") or ""
+            if session:
+                by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+                return [[by_id[rid]] for rid in _rendezvous_order(session, list(by_id))]
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+
+    AffinityRouter.__module__ = __name__
+    AffinityRouter.__qualname__ = "AffinityRouter"
+    return AffinityRouter
+
+
+def __getattr__(name: str):
+    """`specserve.serve_ray.AffinityRouter` resolves on first use (Ray imports it by path)."""
+    if name == "AffinityRouter":
+        cls = _router_class()
+        globals()["AffinityRouter"] = cls
+        return cls
+    raise AttributeError(name)
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def merge_metrics(texts: dict[str, str]) -> str:
+    """Several replicas' Prometheus texts as one, each sample labelled with its `replica`."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    for replica, text in sorted(texts.items()):
+        for fam in text_string_to_metric_families(text):
+            merged = families.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type, fam.unit))
+            for s in fam.samples:
+                merged.add_sample(s.name, {**s.labels, "replica": replica}, s.value, s.timestamp, s.exemplar)
+
+    class _Merged:
+        def collect(self):
+            return list(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged())
+    return generate_latest(registry).decode()
+
+
+class MetricsHub:
+    """A Ray actor holding the latest metrics text of every live replica."""
+
+    def __init__(self):
+        self.latest: dict[str, tuple[float, str]] = {}
+
+    def push(self, replica: str, text: str) -> None:
+        self.latest[replica] = (time.time(), text)
+
+    def collect(self) -> dict[str, str]:
+        """Texts of replicas heard from in the last STALE_AFTER_S seconds."""
+        now = time.time()
+        self.latest = {r: (t, x) for r, (t, x) in self.latest.items() if now - t < STALE_AFTER_S}
+        return {r: x for r, (_, x) in self.latest.items()}
+
+
+def metrics_hub(app_name: str = APP_NAME):
+    """The app's hub actor, created by whoever asks first (detached: it outlives any replica)."""
+    import ray
+
+    hub = ray.remote(num_cpus=0)(MetricsHub)
+    return hub.options(name=f"{app_name}-metrics", namespace=HUB_NAMESPACE, lifetime="detached",
+                       get_if_exists=True).remote()
+
+
+def _push_forever(server, replica: str, app_name: str) -> None:
+    """Replica thread: push this replica's metrics to the hub; find the hub again if it went away."""
+    hub = None
+    while True:
+        try:
+            hub = hub or metrics_hub(app_name)
+            hub.push.remote(replica, server.metrics.render()[0].decode())
+        except Exception:  # noqa: BLE001 - metrics must never take a replica down
+            hub = None
+        time.sleep(PUSH_INTERVAL_S)
+
+
+def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
+    """Replace the app's /metrics with all replicas' series; keep the own one at /metrics/replica."""
+    from fastapi.responses import Response
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/metrics"]
+
+    @app.get("/metrics")
+    async def cluster_metrics():
+        texts = await metrics_hub(app_name).collect.remote()
+        texts[replica] = server.metrics.render()[0].decode()  # this one, fresh
+        return Response(merge_metrics(texts), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/metrics/replica")
+    async def replica_metrics():
+        content, content_type = server.metrics.render()
+        return Response(content, media_type=content_type)
+
+
+class ReplicaHeader:
+    """Pure ASGI middleware: name the answering replica in an `X-Specserve-Replica` header, so a
+    client (or a test) can see where its request ran and check session affinity."""
+
+    def __init__(self, app, replica: str):
+        self.app, self.header = app, (b"x-specserve-replica", replica.encode())
+
+    async def __call__(self, scope, receive, send):
+        async def send_named(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named if scope["type"] == "http" else send)
+
+
+# -- the deployment -----------------------------------------------------------------------------
+class SpecServeReplica:
+    """One replica: its own LLM and the ordinary specserve FastAPI app over it."""
+
+    def __init__(self, config: ReplicaConfig, app_name: str = APP_NAME):
+        import torch
+        from ray import serve
+
+        from .config import LoadOptions, SpeculationConfig
+        from .llm import LLM
+
+        torch.set_num_threads(max(1, config.threads))
+        self.config, self.app_name = config, app_name
+        self.replica = serve.get_replica_context().replica_tag
+        speculation = SpeculationConfig(method=config.speculation,
+                                        num_speculative_tokens=config.num_speculative_tokens)
+        options = LoadOptions(backend=config.backend, dtype=config.dtype, device=config.device,
+                              threads=config.threads)
+        self.llm = LLM(model=config.model, draft_model=config.draft_model, speculation=speculation, options=options)
+
+    def __serve_build_asgi_app__(self):
+        """Ray Serve calls this after __init__: the app every HTTP request of this replica goes to."""
+        from .server import ServerOptions, create_app
+
+        c = self.config
+        options = ServerOptions(api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout,
+                                max_body_bytes=c.max_body_bytes)
+        app = create_app(self.llm, c.served_model_name, options)
+        server = app.state.server
+        _serve_cluster_metrics(app, server, self.replica, self.app_name)
+        app.add_middleware(ReplicaHeader, replica=self.replica)
+        threading.Thread(target=_push_forever, args=(server, self.replica, self.app_name),
+                         name="specserve-metrics-push", daemon=True).start()
+        return app
+
+
+def deployment(config: ReplicaConfig, scale: ScaleConfig, app_name: str = APP_NAME):
+    """The bound Ray Serve application: `serve.run(deployment(...))`."""
+    from ray import serve
+
+    cls = serve.deployment(name=DEPLOYMENT)(serve.ingress()(SpecServeReplica))
+    return cls.options(**scale.deployment_options(config)).bind(config, app_name)
+
+
+def build_app(args: dict) -> Any:
+    """Ray Serve application builder: `serve run specserve.serve_ray:build_app model=... replicas=2`.
+
+    Every ReplicaConfig and ScaleConfig field can be given as `key=value` (strings are converted).
+    """
+    return deployment(config_from_args(ReplicaConfig, args), config_from_args(ScaleConfig, args),
+                      args.get("app_name", APP_NAME))
+
+
+def config_from_args(cls, args: dict):
+    """A ReplicaConfig / ScaleConfig from builder args: '2' becomes 2 only where the field is a number
+    (an API key of digits stays a string)."""
+    values = {}
+    for f in fields(cls):
+        value = args.get(f.name)
+        if value in (None, ""):
+            continue
+        if isinstance(value, str) and "float" in str(f.type):
+            value = float(value)
+        elif isinstance(value, str) and "int" in str(f.type):
+            value = int(value)
+        values[f.name] = value
+    return cls(**values)
+
+
+# -- `specserve serve --ray` ---------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The Ray flags of `specserve serve` (used only with --ray)."""
+    g = p.add_argument_group("Ray Serve (with --ray; needs pip install 'specserve[ray]')")
+    g.add_argument("--ray", action="store_true", help="serve N replicas behind one endpoint with Ray Serve")
+    g.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster ('auto' or ray://host:10001); default: start a local one")
+    g.add_argument("--replicas", type=int, default=2, help="number of replicas (fixed; default 2)")
+    g.add_argument("--min-replicas", type=int, default=None, help="autoscale: at least this many replicas")
+    g.add_argument("--max-replicas", type=int, default=None, help="autoscale: at most this many replicas")
+    g.add_argument("--target-ongoing-requests", type=float, default=2.0,
+                   help="autoscale: requests in flight per replica to aim for (default 2)")
+    g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[ReplicaConfig, ScaleConfig]:
+    """The `specserve serve` flags as the replica and scale configurations."""
+    replica = ReplicaConfig(
+        model=args.model, draft_model=args.draft_model, backend=args.backend, dtype=args.dtype, device=args.device,
+        speculation=args.speculation, num_speculative_tokens=args.num_speculative_tokens,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None, max_queue=args.max_queue,
+        request_timeout=args.request_timeout or None, max_body_bytes=args.max_body_bytes,
+        threads=args.threads or max(1, int(args.replica_cpus)))
+    scale = ScaleConfig(replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                        target_ongoing_requests=args.target_ongoing_requests, replica_cpus=args.replica_cpus)
+    return replica, scale
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start (or join) a Ray cluster, run the app on --host:--port, block until interrupted."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
+    replica, scale = configs_from_args(args)
+    ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
+    print(f"specserve on Ray Serve: http://{args.host}:{args.port}/v1 ({_replica_summary(scale)})", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        shutdown(local=args.ray_address is None)
+    return 0
+
+
+def _replica_summary(scale: ScaleConfig) -> str:
+    if scale.min_replicas is None and scale.max_replicas is None:
+        return f"{scale.replicas} replicas"
+    return f"autoscaling {scale.min_replicas or 1}..{scale.upper()} replicas"
+
+
+def shutdown(local: bool, app_name: str = APP_NAME) -> None:
+    """Remove the app and its metrics hub; stop Serve and Ray too when we started the cluster."""
+    import ray
+    from ray import serve
+
+    try:
+        serve.delete(app_name)
+        ray.kill(ray.get_actor(f"{app_name}-metrics", namespace=HUB_NAMESPACE))
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+    if local:
+        serve.shutdown()
+        ray.shutdown()

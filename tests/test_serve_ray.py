@@ -1,0 +1,248 @@
+"""Ray Serve: `specserve serve --ray` with 2 replicas of the tiny model behind one endpoint.
+
+The cluster tests (marker `ray`, excluded by default; run `pytest -m ray`, needs
+`pip install 'specserve[ray]'`) start the real command in a child process, which starts a local
+Ray cluster. They check that outputs equal a single server's, session affinity, per-replica
+metrics, and that 16 concurrent streams survive a replica killed mid-load (each completes or
+fails with an error a client retries), after which the service is back to 2 replicas.
+The pure helpers (metrics merging, rendezvous order) are tested without Ray.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from server_proc import ServerProcess, metric_value
+from specserve.serve_ray import ReplicaConfig, ScaleConfig, _rendezvous_order, config_from_args, merge_metrics
+from tiny import save_tiny
+
+MODEL = "tiny"
+CLIENTS, MAX_TOKENS = 16, 300
+PROMPTS = ["def add(a, b):", "class UserController:", "import os\nimport", "function getUser(req, res) {"]
+REPLICA_PROC = "ServeReplica:specserve:SpecServe"  # the replica processes' title
+
+
+# -- without Ray --------------------------------------------------------------------------------
+def test_merge_metrics_labels_every_sample_with_its_replica():
+    text = ('# HELP specserve_queue_depth q\n# TYPE specserve_queue_depth gauge\nspecserve_queue_depth 2.0\n'
+            '# HELP specserve_requests_total r\n# TYPE specserve_requests_total counter\n'
+            'specserve_requests_total{endpoint="chat",status="200"} 3.0\n')
+    merged = merge_metrics({"a": text, "b": text.replace("3.0", "5.0")})
+    assert metric_value(merged, "specserve_queue_depth", replica="a") == 2.0
+    assert metric_value(merged, "specserve_requests_total", replica="b", status="200") == 5.0
+    assert metric_value(merged, "specserve_requests_total") == 8.0
+    assert merged.count("# TYPE specserve_requests_total counter") == 1  # one family, both replicas
+
+
+def test_rendezvous_order_is_stable_and_moves_only_lost_sessions():
+    replicas = ["r1", "r2", "r3"]
+    sessions = [f"user-{i}" for i in range(200)]
+    first = {s: _rendezvous_order(s, replicas)[0] for s in sessions}
+    assert first == {s: _rendezvous_order(s, list(reversed(replicas)))[0] for s in sessions}
+    assert len(set(first.values())) == 3  # sessions spread over all replicas
+    after = {s: _rendezvous_order(s, ["r1", "r3"])[0] for s in sessions}
+    assert all(after[s] == first[s] for s in sessions if first[s] != "r2")
+
+
+def test_scale_flags_become_ray_deployment_options():
+    pytest.importorskip("ray.serve")
+    fixed = ScaleConfig(replicas=3).deployment_options(ReplicaConfig(max_queue=4))
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["max_ongoing_requests"] == 2 and fixed["max_queued_requests"] == 12
+    assert fixed["request_router_config"].request_router_class == "specserve.serve_ray.AffinityRouter"
+    auto = ScaleConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=3).deployment_options(ReplicaConfig())
+    assert "num_replicas" not in auto and auto["max_queued_requests"] == 16 * 4
+    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
+                                          "target_ongoing_requests": 3}
+
+
+def test_builder_args_convert_numbers_only_where_the_field_is_a_number():
+    replica = config_from_args(ReplicaConfig, {"model": "m", "api_key": "12345", "max_queue": "4",
+                                               "request_timeout": "30", "dtype": "float32"})
+    assert replica == ReplicaConfig(model="m", api_key="12345", max_queue=4, request_timeout=30.0, dtype="float32")
+    scale = config_from_args(ScaleConfig, {"replicas": "3", "target_ongoing_requests": "1.5", "unknown": "x"})
+    assert scale == ScaleConfig(replicas=3, target_ongoing_requests=1.5)
+
+
+# -- a local Ray cluster ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("ray") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def ray_server(models):
+    pytest.importorskip("ray.serve")
+    with ServerProcess(models, "--ray", "--replicas", "2", "--replica-cpus", "1", "--served-model-name", MODEL,
+                       "--max-queue", "16", "--request-timeout", "120") as srv:
+        _wait_replicas(srv, 2, timeout=120)
+        yield srv
+
+
+def _replica_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", REPLICA_PROC], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _replicas_in_metrics(srv) -> set[str]:
+    """Replica labels on the always-present queue gauge of the aggregated /metrics."""
+    text = srv.metrics()
+    return {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+            if line.startswith("specserve_queue_depth{")}
+
+
+def _wait_replicas(srv, n: int, timeout: float, changed_from: set[str] | None = None) -> set[str]:
+    """Wait until /metrics shows exactly n live replicas (a set other than `changed_from`, when
+    given) and n replica processes run; returns their ids."""
+    deadline = time.monotonic() + timeout
+    seen: set[str] = set()
+    while time.monotonic() < deadline:
+        try:
+            seen = _replicas_in_metrics(srv)
+        except (httpx.HTTPError, ValueError):
+            seen = set()
+        if len(seen) == n and seen != changed_from and len(_replica_pids()) == n:
+            return seen
+        time.sleep(1.0)
+    raise AssertionError(f"wanted {n} live replicas, /metrics shows {seen}, processes {_replica_pids()}")
+
+
+def _client(srv, retries: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=retries, timeout=120)
+
+
+def _outputs(client) -> dict:
+    """Greedy chat (plain and streamed) and completions outputs, to compare across servers."""
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "def get_user(self, user_id):"}],
+          "temperature": 0, "max_tokens": 48}
+    chat = client.chat.completions.create(**kw).choices[0].message.content
+    stream = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                     if c.choices)
+    comp = client.completions.create(model=MODEL, prompt="import os\nimport", temperature=0, max_tokens=40)
+    pred = client.chat.completions.create(**kw, prediction={"type": "content", "content": chat})
+    return {"chat": chat, "stream": stream, "completion": comp.choices[0].text,
+            "prediction": pred.choices[0].message.content}
+
+
+@pytest.mark.ray
+def test_outputs_equal_a_single_server(ray_server, models):
+    through_ray = _outputs(_client(ray_server))
+    with ServerProcess(models, "--served-model-name", MODEL) as single:
+        alone = _outputs(_client(single))
+    assert through_ray == alone and through_ray["chat"]
+    assert through_ray["stream"] == through_ray["chat"] == through_ray["prediction"]
+
+
+@pytest.mark.ray
+def test_session_affinity_and_least_loaded_spread(ray_server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    url = f"{ray_server.base_url}/chat/completions"
+    for session in ("alice", "bob"):
+        seen = {httpx.post(url, json=body, headers={"X-Session-Id": session}, timeout=60)
+                .headers["x-specserve-replica"] for _ in range(6)}
+        assert len(seen) == 1, (session, seen)
+    free = {httpx.post(url, json=body, timeout=60).headers["x-specserve-replica"] for _ in range(16)}
+    assert len(free) == 2
+
+
+@pytest.mark.ray
+def test_metrics_have_a_replica_label(ray_server):
+    client = _client(ray_server)
+    for _ in range(6):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    time.sleep(3)  # one push interval
+    text = ray_server.metrics()
+    assert len(_replicas_in_metrics(ray_server)) == 2
+    assert metric_value(text, "specserve_requests_total", endpoint="completions", status="200") >= 6
+    own = httpx.get(f"{ray_server.url}/metrics/replica", timeout=10).text
+    assert "replica=" not in own and "specserve_queue_depth" in own
+
+
+RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, httpx.TransportError)
+
+
+class Load:
+    """16 streaming clients; remembers which replica serves each and which are mid-stream."""
+
+    def __init__(self, client):
+        self.client, self.results, self.replica_of, self.streaming = client, {}, {}, set()
+        self.lock = threading.Lock()
+
+    def stream_one(self, i: int) -> None:
+        """One streaming client: ('done', finish, text) or ('error', exception, None)."""
+        try:
+            raw = self.client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % 4]}], temperature=0,
+                max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
+            self.replica_of[i] = raw.headers.get("x-specserve-replica")
+            text, finish = "", None
+            for chunk in raw.parse():
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+                    with self.lock:
+                        self.streaming.add(i)
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            self.results[i] = ("done", finish, text)
+        except Exception as e:  # noqa: BLE001 - judged by the test
+            self.results[i] = ("error", e, None)
+        finally:
+            with self.lock:
+                self.streaming.discard(i)
+
+    def busy_replica(self, timeout: float) -> tuple[str, int]:
+        """A replica with a stream in progress, and that stream."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                for i in self.streaming:
+                    if self.replica_of.get(i):
+                        return self.replica_of[i], i
+            time.sleep(0.01)
+        raise AssertionError("no stream in progress")
+
+
+def _kill_replica(replica: str) -> None:
+    """Kill a replica's actor as a crash would (no graceful shutdown); Ray Serve must replace it."""
+    import ray
+
+    ray.init(address="auto", namespace="specserve-test", log_to_driver=False)
+    try:
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::specserve#SpecServe#{replica}", namespace="serve"),
+                 no_restart=True)
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_replica_killed_mid_load(ray_server):
+    before = _wait_replicas(ray_server, 2, timeout=60)
+    load = Load(_client(ray_server))
+    threads = [threading.Thread(target=load.stream_one, args=(i,), daemon=True) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    victim, cut = load.busy_replica(timeout=60)
+    _kill_replica(victim)
+    for t in threads:
+        t.join(180)
+    assert not [t for t in threads if t.is_alive()], "a client hung"
+    assert len(load.results) == CLIENTS
+    done = [r for r in load.results.values() if r[0] == "done"]
+    errors = [r[1] for r in load.results.values() if r[0] == "error"]
+    assert all(finish == "length" and text for _, finish, text in done), done
+    assert load.results[cut][0] == "error"  # the stream the crash cut short says so
+    assert all(isinstance(e, RETRYABLE) for e in errors), [repr(e) for e in errors]
+    after = _wait_replicas(ray_server, 2, timeout=120, changed_from=before)
+    assert victim not in after and len(after - before) == 1  # a new replica replaced the dead one
+    retry = _client(ray_server, retries=2)
+    for _ in errors:  # what failed succeeds when the client retries, as the SDK would
+        assert retry.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=4).choices[0].message.content is not None
+    print(f"\nkilled replica {victim}: {len(done)} streams completed, {len(errors)} retryable errors "
+          f"({sorted({type(e).__name__ for e in errors})}); replicas {sorted(before)} -> {sorted(after)}")
