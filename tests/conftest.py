@@ -5,5 +5,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/tiny.py, tests/synthetic.py, ...
 torch.set_num_threads(1)  # tiny models: extra threads only add contention on a 2-core machine
+# llama.cpp reads this once per process; off from the start, exact (batch-invariant) models can
+# be loaded in any order next to fast ones (specserve refuses an exact one after a fast one).
+os.environ["GGML_CPU_TILED_MM"] = "0"
 
 pytest_plugins = ["fixtures_packs"]  # the session fixture that pulls the SmolLM2 pack

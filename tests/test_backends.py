@@ -23,7 +23,8 @@ TEXT = "def add(a, b):\n    return a + b\nclass UserController:\n    def get_use
 @pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
 def backend(request, tmp_path_factory):
     if request.param == "llama.cpp":
-        return LlamaCppBackend(write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf"), max_sequences=4)
+        return LlamaCppBackend(write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf"), max_sequences=4,
+                               batch_invariant=True)
     return TransformersBackend(tiny_model("qwen2", hidden=HIDDEN), max_sequences=4)
 
 
@@ -155,8 +156,29 @@ def test_backends_agree_on_the_same_weights(tmp_path, ids):
     """The GGUF writer and the llama.cpp path compute the same model as transformers (the q8_0
     KV cache of the batch-invariant setting rounds keys and values, hence the tolerance)."""
     hf = TransformersBackend(tiny_model("qwen2", hidden=HIDDEN))
-    cpp = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf"))
+    cpp = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf"), batch_invariant=True)
     a = hf.forward([SeqInput(hf.new_sequence(), ids)])[0]
     b = cpp.forward([SeqInput(cpp.new_sequence(), ids)])[0]
     assert torch.equal(a.argmax(-1), b.argmax(-1))
     assert (a - b).abs().max() < 0.1 < a.abs().max()
+
+
+def test_exact_mode_is_needed_and_sufficient_on_a_quantized_pack(smol_gguf):
+    """SmolLM2 Q4_1 with a 700-token cache: llama.cpp's default kernels round a 64-token chunk
+    differently from 64 one-token steps (this is what `exact` is for); the batch-invariant
+    ones do not, alone or sharing the pass with another sequence."""
+    torch.manual_seed(0)
+    prompt = torch.randint(100, 10_000, (764,)).tolist()
+    differs = {}
+    for exact in (False, True):
+        b = LlamaCppBackend(smol_gguf, max_context=1024, max_sequences=2, batch_invariant=exact)
+        s, other = b.new_sequence(), b.new_sequence()
+        b.forward([SeqInput(s, prompt[:700], "none"), SeqInput(other, prompt[:40], "none")])
+        chunk = b.forward([SeqInput(s, prompt[700:])])[0]  # [64, V]
+        b.truncate(s, 700)
+        steps = torch.cat([b.forward([SeqInput(s, [t])])[0] for t in prompt[700:]])
+        b.truncate(s, 700)
+        shared = b.forward([SeqInput(other, [7]), SeqInput(s, prompt[700:])])[1]
+        differs[exact] = not (torch.equal(chunk, steps) and torch.equal(shared, steps))
+        b.close()
+    assert differs == {False: True, True: False}

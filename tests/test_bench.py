@@ -63,7 +63,7 @@ def test_quick_bench_on_llamacpp_with_its_peers(tmp_path):
     from tiny_gguf import save_tiny_gguf
 
     target, draft = save_tiny_gguf(tmp_path / "t"), save_tiny_gguf(tmp_path / "d", seed=1)
-    rc = main(["bench", "--quick", "--model", target, "--draft-model", draft, "--max-tokens", "24",
+    rc = main(["bench", "--quick", "--model", target, "--draft-model", draft, "--max-tokens", "24", "--exact",
                "--out", str(tmp_path / "out")])
     assert rc == 0
     data = json.loads((tmp_path / "out" / "bench.json").read_text())

@@ -27,7 +27,7 @@ def format_price(value):
 @pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
 def llm(request, smol_hf_dir, smol_gguf):
     if request.param == "llama.cpp":
-        llm = LLM(model=str(smol_gguf))
+        llm = LLM(model=str(smol_gguf), exact=True)
         assert llm.backend_name == "llama.cpp"
         return llm
     return LLM(model=str(smol_hf_dir), dtype="float32")

@@ -30,7 +30,8 @@ def server(request, tmp_path_factory):
         target, draft, dtype = save_tiny_gguf(root / "target"), save_tiny_gguf(root / "draft", seed=1), None
     else:
         target, draft, dtype = save_tiny(root / "target"), save_tiny(root / "draft", seed=1), "float32"
-    with ServerProcess(target, "--draft-model", draft, "--served-model-name", MODEL, "--max-queue", "4",
+    exact = ("--exact",) if request.param == "llama.cpp" else ()
+    with ServerProcess(target, "--draft-model", draft, "--served-model-name", MODEL, "--max-queue", "4", *exact,
                        api_key=API_KEY, dtype=dtype) as srv:
         yield srv
 

@@ -98,5 +98,7 @@ def llamacpp_llms(folder: Path):
 
     target, other = write_tiny_gguf(folder / "seed0.gguf", 0), write_tiny_gguf(folder / "seed1.gguf", 1)
     tok = tiny_tokenizer()
-    return (LLM.from_backends(LlamaCppBackend(target), tok, LlamaCppBackend(other), name="llama.cpp"),
-            LLM.from_backends(LlamaCppBackend(target), tok, LlamaCppBackend(target), name="llama.cpp"))
+    def exact(path):  # batch-invariant kernels: greedy speculation must equal plain bit for bit
+        return LlamaCppBackend(path, batch_invariant=True)
+    return (LLM.from_backends(exact(target), tok, exact(other), name="llama.cpp"),
+            LLM.from_backends(exact(target), tok, exact(target), name="llama.cpp"))

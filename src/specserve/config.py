@@ -118,6 +118,9 @@ class LoadOptions:
     dtype: torch dtype name, transformers only (None: bfloat16 there; llama.cpp runs the GGUF's
     own weights). default_dtype: the torch dtype when `dtype` is None (it does not steer the
     backend choice). threads: llama.cpp CPU threads (None: every core this process may use).
+    exact: llama.cpp's batch-invariant kernels, so that greedy speculation reproduces plain
+    decoding bit for bit on quantized weights too, at about half the verification throughput
+    on a CPU (docs/design.md, "Exactness on llama.cpp"). transformers in float32 is exact anyway.
     """
 
     backend: str = "auto"
@@ -126,6 +129,7 @@ class LoadOptions:
     device: str | None = None  # None: cuda when available, else cpu (transformers)
     max_context: int | None = None
     threads: int | None = None
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -35,15 +35,17 @@ class LLM:
     for; HF folders and hub ids on transformers), "llama.cpp" or "transformers".
     dtype: torch dtype for the transformers backend (None = bfloat16).
     threads: llama.cpp CPU threads (None = every core this process may use).
+    exact: llama.cpp's batch-invariant kernels: greedy speculation equals plain decoding bit for
+    bit on quantized GGUFs too, at about half the verification throughput on a CPU.
     One request runs at a time per LLM (one cache sequence per model); a lock enforces it.
     """
 
     def __init__(self, model: str | None = None, draft_model: str | None = None, dtype: str | None = None,
                  device: str | None = None, speculation: str | SpeculationConfig = "auto",
                  max_context: int | None = None, backend: str = "auto", threads: int | None = None,
-                 options: LoadOptions | None = None):
+                 exact: bool = False, options: LoadOptions | None = None):
         options = options or LoadOptions(backend=backend, dtype=dtype, device=device, max_context=max_context,
-                                         threads=threads)
+                                         threads=threads, exact=exact)
         target = load(model, "target", options)
         draft = None
         default_draft = model is None and draft_model is None

@@ -69,7 +69,8 @@ def load(spec: str | None, role: str, options: LoadOptions | None = None) -> Loa
         loaded = _load_llamacpp(source, options)
     else:
         loaded = _load_transformers(source, options)
-    what = "GGUF as is" if backend_name == "llama.cpp" else (options.dtype or options.default_dtype)
+    what = ("GGUF as is" + (", exact" if options.exact else "")) if backend_name == "llama.cpp" \
+        else (options.dtype or options.default_dtype)
     print(f"loaded {source.display_name} on {backend_name} ({what}) in {time.perf_counter() - t0:.1f}s",
           file=sys.stderr)
     return loaded
@@ -98,7 +99,8 @@ def _load_llamacpp(source, options: LoadOptions) -> LoadedModel:
     from .backends.llamacpp import LlamaCppBackend
 
     path = Path(source.path) / source.gguf_file
-    backend = LlamaCppBackend(path, max_context=options.max_context, threads=options.threads)
+    backend = LlamaCppBackend(path, max_context=options.max_context, threads=options.threads,
+                              batch_invariant=options.exact)
     tokenizer = load_tokenizer(source)
     eos = backend.eog_token_ids()
     if tokenizer.eos_token_id is not None:

@@ -59,6 +59,7 @@ class ReplicaConfig:
     request_timeout: float | None = 600.0
     max_body_bytes: int | None = None
     threads: int = 1  # torch / llama.cpp threads per replica (= its CPUs)
+    exact: bool = False  # llama.cpp batch-invariant kernels
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ class SpecServeReplica:
         speculation = SpeculationConfig(method=config.speculation,
                                         num_speculative_tokens=config.num_speculative_tokens)
         options = LoadOptions(backend=config.backend, dtype=config.dtype, device=config.device,
-                              threads=config.threads)
+                              threads=config.threads, exact=config.exact)
         self.llm = LLM(model=config.model, draft_model=config.draft_model, speculation=speculation, options=options)
 
     def __serve_build_asgi_app__(self):
@@ -330,7 +331,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ReplicaConfig, ScaleCon
         served_model_name=args.served_model_name,
         api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None, max_queue=args.max_queue,
         request_timeout=args.request_timeout or None, max_body_bytes=args.max_body_bytes,
-        threads=args.threads or max(1, int(args.replica_cpus)))
+        threads=args.threads or max(1, int(args.replica_cpus)), exact=args.exact)
     scale = ScaleConfig(replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                         target_ongoing_requests=args.target_ongoing_requests, replica_cpus=args.replica_cpus)
     return replica, scale

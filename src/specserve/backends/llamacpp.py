@@ -15,8 +15,13 @@ than a near-tie. Three choices, each measured on the Qwen Q4_K_M and SmolLM2 Q4_
 - K-quant matmuls take a tiled GEMM for >= 8 rows (`GGML_CPU_TILED_MM=0` turns it off; the
   switch is read once per process);
 - repacked weights (`use_extra_bufts`) use GEMM for groups of 4 rows and GEMV for the rest.
-`batch_invariant=True` (the default) sets all three, and then a chunk, token-by-token passes,
-and a chunk sharing its batch with other sequences give bit-identical logits.
+`batch_invariant=True` sets all three (and scripts/install_llama_cpp.sh builds llama.cpp
+without llamafile's sgemm, the fourth cause), and then a chunk, token-by-token passes, and a
+chunk sharing its batch with other sequences give bit-identical logits. It costs throughput on
+a CPU (Qwen 1.5B Q4_K_M, 2 AVX-512 cores: prefill 42 instead of 101 tok/s, a 128-token
+verification 27 instead of 73 tok/s, decoding 21 instead of 26 tok/s), so it is opt-in
+(`--exact`); the default runs llama.cpp's fastest kernels and the benchmark reports every
+divergence from plain decoding with its logit gap.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .base import SeqInput
 
 _init_lock = threading.Lock()
 _initialised = False
+_tiled_mm_off = False  # GGML_CPU_TILED_MM is read once per process: what the first model decided
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
 
@@ -51,12 +57,17 @@ def _lib():
 
 def _init_backend(batch_invariant: bool) -> None:
     """Initialise llama.cpp once per process and route its log into a short buffer."""
-    global _initialised, _log_callback
+    global _initialised, _log_callback, _tiled_mm_off
     with _init_lock:
         if _initialised:
+            if batch_invariant and not _tiled_mm_off:
+                raise ModelLoadError("batch-invariant (exact) llama.cpp models must be loaded before any other "
+                                     "llama.cpp model in a process (GGML_CPU_TILED_MM is read once); start a "
+                                     "fresh process")
             return
         if batch_invariant:  # read by ggml-cpu on its first matmul; a user's own setting wins
             os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+        _tiled_mm_off = os.environ.get("GGML_CPU_TILED_MM") == "0"
         ll = _lib()
 
         @ll.llama_log_callback
@@ -98,13 +109,13 @@ class LlamaCppBackend:
     threads: CPU threads for decoding and batches (default: every core this process may use).
     max_context: tokens one sequence may hold (default: the model's training context, capped
     at 16384 to bound the cache's memory); the context holds max_context * max_sequences.
-    batch_invariant: disable weight repacking so chunked and token-by-token passes round alike.
+    batch_invariant: kernels that round a chunk exactly as token-by-token passes (see above).
     """
 
     name = "llama.cpp"
 
     def __init__(self, gguf_path: str | Path, max_context: int | None = None, max_sequences: int = 1,
-                 threads: int | None = None, batch_invariant: bool = True, n_batch: int = 512,
+                 threads: int | None = None, batch_invariant: bool = False, n_batch: int = 512,
                  gpu_layers: int | None = None):
         _init_backend(batch_invariant)
         ll = self._ll = _lib()
@@ -151,6 +162,7 @@ class LlamaCppBackend:
         if self.batch_invariant:  # see the module docstring
             p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
             p.type_k = p.type_v = ll.GGML_TYPE_Q8_0
+
         p.no_perf = True
         ctx = ll.llama_init_from_model(self._model, p)
         if not ctx:
