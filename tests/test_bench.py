@@ -54,6 +54,7 @@ def test_quick_bench_files_written(quick_run):
     md = (out / "bench.md").read_text()
     assert "| py-rename | prediction | specserve |" in md and "hf-assisted" in md
     html = (out / "report.html").read_text()
+    assert "equal to plain decoding" in html and "yes, token for token" in html
     assert html.startswith("<!doctype html>") and "py-rename / prediction" in html
 
 
@@ -118,6 +119,8 @@ def test_markdown_marks_near_tie_and_bug():
     skipped = Run("s", "hf-assisted", "transformers", skipped="no draft model loaded")
     md = markdown_table([tie, bug, skipped], env)
     assert "near-tie @3 (gap 0.06)" in md and "DIFFERS @5 (gap 4.0)" in md and "skipped: no draft model" in md
+    assert "top-2 logit gap there is 0.06, a near-tie" in bench.divergence_row(tie)["equal to plain decoding"]
+    assert "NOT a near-tie" in bench.divergence_row(bug)["equal to plain decoding"]
 
 
 def test_first_difference_reports_gap(tiny_pair):

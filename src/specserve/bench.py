@@ -296,7 +296,7 @@ def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: d
                 run, out = _ours_run(llm, s, mode, prompt_ids, prediction, trimmed, opts, bar)
                 ids = out.token_ids
                 if _wants_html(opts, s, mode, html_sink):
-                    html_sink.update(output=out, title=f"{s.name} / {mode}")
+                    html_sink.update(output=out, title=f"{s.name} / {mode}", run=run)
         if plain_run is None:
             plain_run, plain_ids = run, ids
         compare(llm, run, plain_run, plain_ids, ids, prompt_ids)
@@ -347,6 +347,19 @@ def environment(llm, opts: BenchOptions) -> dict:
 
 def _f(v, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if v is None else f"{v:{spec}}{suffix}"
+
+
+def divergence_row(r: Run) -> dict:
+    """The HTML report's line on how a run compares with plain decoding."""
+    if r.equal_to_plain is None:
+        return {}
+    if r.equal_to_plain:
+        return {"equal to plain decoding": "yes, token for token"}
+    d = r.first_difference or {}
+    kind = "a near-tie" if d.get("near_tie") else "NOT a near-tie"
+    return {"equal to plain decoding": f"no: first difference at output token {d.get('position')} "
+                                       f"(plain {d.get('plain_text')!r}, this run {d.get('run_text')!r}); the "
+                                       f"target's top-2 logit gap there is {d.get('top2_gap')}, {kind}"}
 
 
 def _equal_cell(r: Run) -> str:

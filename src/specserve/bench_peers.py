@@ -54,23 +54,29 @@ def _close_llamas() -> None:
         _LLAMAS.popitem()[1].close()
 
 
-def _llama(llm, lookup: bool):
-    """llama-cpp-python's own Llama over the target's GGUF (one per mode, kept for the process)."""
+def _llama(llm, lookup: bool, n_ctx: int):
+    """llama-cpp-python's own Llama over the target's GGUF (one per mode and context size).
+
+    Its prompt lookup verifies drafts through `logits_all=True`, which keeps an [n_ctx, V] score
+    array: the context is sized to the run (prompt + max_tokens), not to the model."""
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     backend = llm.target_backend
+    n_ctx = min(backend.max_context, -(-n_ctx // 512) * 512)
     key = (str(backend.path), lookup)
+    if key in _LLAMAS and _LLAMAS[key].n_ctx() < n_ctx:
+        _LLAMAS.pop(key).close()
     if key not in _LLAMAS:
         draft = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS) if lookup else None
-        _LLAMAS[key] = Llama(model_path=str(backend.path), n_ctx=backend.max_context, n_batch=512,
+        _LLAMAS[key] = Llama(model_path=str(backend.path), n_ctx=n_ctx, n_batch=512, logits_all=lookup,
                              n_threads=backend.threads, n_threads_batch=backend.threads, draft_model=draft,
                              verbose=False)
     return _LLAMAS[key]
 
 
 def _run_llamacpp(llm, prompt_ids, max_tokens: int, lookup: bool, clock) -> list[int]:
-    peer = _llama(llm, lookup)
+    peer = _llama(llm, lookup, len(prompt_ids) + max_tokens + 1)
     peer.reset()  # no prefix reuse from the previous run: every run pays its prefill
     eos = llm.engine.eos_token_ids
     out: list[int] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .bench import MODES, PEERS, BenchOptions, environment, run_bench, write_results
+from .bench import MODES, PEERS, BenchOptions, divergence_row, environment, run_bench, write_results
 from .cmd_generate import add_model_args, load_options
 
 QUICK_MODEL = "smollm2-135m-instruct"
@@ -109,7 +109,8 @@ def run(args) -> int:
         if "output" not in html:
             print("no speculative run to render as HTML (check --html-run)", file=sys.stderr)
         else:
-            paths["html"] = write_html(args.html, llm.tokenizer, html["output"], f"specserve bench: {html['title']}")
+            paths["html"] = write_html(args.html, llm.tokenizer, html["output"], f"specserve bench: {html['title']}",
+                                       divergence_row(html["run"]))
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)

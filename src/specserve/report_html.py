@@ -158,9 +158,11 @@ def summarize(output: RequestOutput) -> dict:
     return d
 
 
-def render_html(tokenizer, output: RequestOutput, title: str) -> str:
-    """The report page for one engine request (token sources and step timeline from the engine)."""
-    return page(title, split_lines(token_segments(tokenizer, output)), summarize(output), output.steps)
+def render_html(tokenizer, output: RequestOutput, title: str, extra: dict | None = None) -> str:
+    """The report page for one engine request (token sources and step timeline from the engine);
+    `extra` rows join the summary (the benchmark's comparison with plain decoding)."""
+    summary = summarize(output) | (extra or {})
+    return page(title, split_lines(token_segments(tokenizer, output)), summary, output.steps)
 
 
 def diff_lines(prediction: str, text: str) -> list[list[Segment]]:
@@ -178,9 +180,9 @@ def render_diff_html(prediction: str, text: str, title: str, summary: dict) -> s
     return page(title, diff_lines(prediction, text), summary, None)
 
 
-def write_html(path: str | Path, tokenizer, output: RequestOutput, title: str) -> Path:
+def write_html(path: str | Path, tokenizer, output: RequestOutput, title: str, extra: dict | None = None) -> Path:
     """Render and write the report; returns the path written (used by generate, bench)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(tokenizer, output, title), encoding="utf-8")
+    path.write_text(render_html(tokenizer, output, title, extra), encoding="utf-8")
     return path
