@@ -375,7 +375,9 @@ def _equal_cell(r: Run) -> str:
 def markdown_table(runs: list[Run], env: dict) -> str:
     flags = " ".join(env.get("cpu_flags") or []) or "no AVX2/AVX-512/AMX"
     head = (f"# specserve bench\n\ntarget `{env['model']}`, draft `{env['draft_model']}` on the "
-            f"**{env.get('backend', 'transformers')}** backend ({env['dtype']}, {env['device']}, {env['threads']} "
+            f"**{env.get('backend', 'transformers')}** backend ({env['dtype']}"
+            + (", exact: batch-invariant kernels" if env.get("batch_invariant") else "")
+            + f", {env['device']}, {env['threads']} "
             f"threads); CPU {env.get('cpu', '?')} ({flags}); max_tokens {env['max_tokens']}; torch {env['torch']}, "
             f"transformers {env['transformers']}"
             + (f", llama-cpp-python {env['llama_cpp_python']}" if env.get("llama_cpp_python") else "")

@@ -9,9 +9,11 @@ draft model), and every step is then priced in units of one plain step:
     cost(step) = target(1 + K) / target(1) + K * draft(1) / target(1)   (draft model)
     cost(step) = target(1 + K) / target(1)                               (n-gram, prediction)
 
-A plain step commits 1 token for 1 unit. Per request, the governor keeps moving averages of
-each source's committed tokens and cost per step; a source whose tokens per unit fall below 1
-sits out (the next source in the chain drafts, or the step is plain), except for one probe
+A plain step commits 1 token for 1 unit. A source that could not reach 1 token per unit even
+if every draft were accepted (a draft model whose passes cost too much next to the target's,
+on a CPU where every verified token costs nearly a step) sits out from the start. Otherwise,
+per request, the governor keeps moving averages of each source's committed tokens and cost per
+step; a source whose tokens per unit fall below 1 sits out (the next source in the chain drafts, or the step is plain), except for one probe
 step every `probe_every` steps so that it comes back when the text turns predictable again.
 
 Decisions depend only on the request's own history and the calibrated prices, never on the
@@ -74,56 +76,54 @@ def _time_passes(runner, repeats: int) -> tuple[float, float]:
 
 
 @dataclass
-class _Average:
-    """Moving averages of a source's committed tokens and cost per step, from `n` steps."""
-
-    committed: float = 0.0
-    cost: float = 1.0
-    n: int = 0
-
-    def add(self, committed: int, cost: float, alpha: float) -> None:
-        if self.n == 0:
-            self.committed, self.cost = float(committed), cost
-        else:
-            self.committed = (1 - alpha) * self.committed + alpha * committed
-            self.cost = (1 - alpha) * self.cost + alpha * cost
-        self.n += 1
-
-    @property
-    def tokens_per_unit(self) -> float:
-        return self.committed / self.cost
-
-
-@dataclass
 class Governor:
-    """One request's view: margin (tokens per unit a source must keep), probe_every (steps
-    between probes of a benched source), warmup (steps before a source's average is trusted)."""
+    """One request's view. From the acceptance rate a source has shown in this request (a prior
+    of 1 accepted in 2 before it has drafted), it picks the K that maximises the expected tokens
+    per unit, (1 - a^(K+1)) / (1 - a) / cost(K); K = 0 (the source sits out) when no K beats a
+    plain step by `margin`. A benched source still drafts a small probe every `probe_every`
+    steps, so that it comes back when the text turns predictable."""
 
     prices: CostModel
     margin: float = 1.0
     probe_every: int = 16
-    warmup: int = 3
-    alpha: float = 0.3
-    averages: dict[str, _Average] = field(default_factory=dict)
+    probe_k: int = 2
+    prior: tuple[float, float] = (1.0, 2.0)  # (accepted, proposed) before any draft
+    counts: dict[str, list[float]] = field(default_factory=dict)
     _steps: int = 0
     _benched_at: dict[str, int] = field(default_factory=dict)
 
-    def allows(self, source: str) -> bool:
-        """Whether `source` may draft in this step."""
-        avg = self.averages.get(source)
-        if source not in GOVERNED or avg is None or avg.n < self.warmup:
-            return True
-        if avg.tokens_per_unit >= self.margin:
+    def acceptance(self, source: str) -> float:
+        accepted, proposed = self.counts.get(source, self.prior)
+        return min(accepted / proposed, 0.99)
+
+    def k_cap(self, source: str, k_max: int) -> int:
+        """How many tokens `source` may draft in this step (0: none)."""
+        if source not in GOVERNED or k_max <= 0:
+            return k_max
+        a = self.acceptance(source)
+        passes = (lambda k: k) if source == "draft" else (lambda k: 0)
+        best_k, best = 0, self.margin
+        for k in range(1, k_max + 1):
+            value = (1 - a ** (k + 1)) / (1 - a) / self.prices.step(k + 1, passes(k))
+            if value > best:
+                best_k, best = k, value
+        if best_k:
             self._benched_at.pop(source, None)
-            return True
+            return best_k
         since = self._benched_at.setdefault(source, self._steps)
-        return (self._steps - since) % self.probe_every == self.probe_every - 1  # a probe
+        probe = (self._steps - since) % self.probe_every == self.probe_every - 1
+        return min(self.probe_k, k_max) if probe else 0
+
+    def allows(self, source: str) -> bool:
+        """Whether `source` may draft at all in this step."""
+        return self.k_cap(source, 16) > 0
 
     def record(self, source: str, fed: int, draft_passes: int, committed: int) -> None:
         """One finished step: its source, tokens fed to the target, draft passes, tokens committed."""
         self._steps += 1
-        cost = self.prices.step(fed, draft_passes)
-        self.averages.setdefault(source, _Average()).add(committed, cost, self.alpha)
+        if source in GOVERNED and fed > 1:
+            accepted, proposed = self.counts.get(source, list(self.prior))
+            self.counts[source] = [accepted + committed - 1, proposed + fed - 1]
 
     def summary(self) -> dict:
-        return {s: {"tokens_per_unit": round(a.tokens_per_unit, 3), "steps": a.n} for s, a in self.averages.items()}
+        return {s: {"acceptance": round(self.acceptance(s), 3)} for s in self.counts}

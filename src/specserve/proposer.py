@@ -102,13 +102,14 @@ def build_chain(ctx: ProposerContext) -> list[Proposer]:
 
 def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int, governor=None) -> Draft | None:
     """Ask each proposer in order; the first non-empty draft wins. A `governor.Governor` (auto
-    only) skips sources that do not pay for themselves on this machine."""
+    only) caps each source's K to what pays on this machine, or skips it."""
     if max_k <= 0:
         return None
     for proposer in chain:
-        if governor is not None and not governor.allows(proposer.name):
+        k = max_k if governor is None else governor.k_cap(proposer.name, max_k)
+        if k <= 0:
             continue
-        draft = proposer.propose(tokens, max_k)
+        draft = proposer.propose(tokens, k)
         if draft is not None and draft.token_ids:
             return draft
     return None
