@@ -198,11 +198,6 @@ class LlamaCppBackend:
         is_eog = self._ll.llama_vocab_is_eog
         return {t for t in range(self.vocab_size) if is_eog(self._vocab, t)}
 
-    def metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
     # -- sequences --------------------------------------------------------------------------
     def new_sequence(self) -> int:
         if not self._free_ids:
