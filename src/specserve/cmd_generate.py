@@ -47,7 +47,7 @@ def add_model_args(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
     p.add_argument("--exact", action="store_true",
                    help="llama.cpp: batch-invariant kernels, so speculative output equals plain decoding bit for "
                         "bit on quantized GGUFs (about half the verification throughput on a CPU)")
-    p.add_argument("--max-context", type=int, help="tokens per sequence (default: the model's, at most 16384 "
+    p.add_argument("--max-context", type=int, help="tokens per sequence (default: the model's, at most 8192 "
                                                    "on llama.cpp)")
 
 
