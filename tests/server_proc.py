@@ -112,9 +112,10 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 
 def save_slow_tiny(path) -> str:
-    """A deeper tiny model (~10x slower per step) for queue-full and timeout tests."""
+    """A deeper tiny model (~20x slower per step) for queue-full and timeout tests: 400 plain
+    steps take well over their 1.5 s timeout."""
     from tiny import tiny_model, tiny_tokenizer
 
-    tiny_model(layers=12, hidden=128).save_pretrained(path)
+    tiny_model(layers=24, hidden=128).save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return str(path)

@@ -162,7 +162,7 @@ def test_queue_full_and_timeouts(slow_server):
 def test_timeout_answers_instead_of_hanging(slow_server):
     client = openai.OpenAI(base_url=slow_server.base_url, api_key="x", max_retries=0, timeout=30)
     long = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
-            "extra_body": {"ignore_eos": True}}
+            "extra_body": {"ignore_eos": True, "speculation": {"method": "none"}}}  # 400 slow steps for sure
     t0 = time.monotonic()
     with pytest.raises(openai.InternalServerError) as e:  # 504
         client.chat.completions.create(**long)
