@@ -114,16 +114,9 @@ class Governor:
         probe = (self._steps - since) % self.probe_every == self.probe_every - 1
         return min(self.probe_k, k_max) if probe else 0
 
-    def allows(self, source: str) -> bool:
-        """Whether `source` may draft at all in this step."""
-        return self.k_cap(source, 16) > 0
-
     def record(self, source: str, fed: int, draft_passes: int, committed: int) -> None:
         """One finished step: its source, tokens fed to the target, draft passes, tokens committed."""
         self._steps += 1
         if source in GOVERNED and fed > 1:
             accepted, proposed = self.counts.get(source, list(self.prior))
             self.counts[source] = [accepted + committed - 1, proposed + fed - 1]
-
-    def summary(self) -> dict:
-        return {s: {"acceptance": round(self.acceptance(s), 3)} for s in self.counts}

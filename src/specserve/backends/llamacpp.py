@@ -231,17 +231,27 @@ class LlamaCppBackend:
                 raise ValueError(f"cache would exceed the context length {self.max_context}")
         flat = [(i, x.seq, tok, self._wants(x, j))
                 for i, x in enumerate(inputs) for j, tok in enumerate(x.token_ids)]
-        rows: list[list[np.ndarray]] = [[] for _ in inputs]
+        out = [self._output(x) for x in inputs]  # [T_i, V], [1, V] or None, filled row by row
+        filled = [0] * len(inputs)
         for start in range(0, len(flat), self.n_batch):
-            self._decode(flat[start:start + self.n_batch], rows)
-        return [self._stack(x, r) for x, r in zip(inputs, rows)]
+            self._decode(flat[start:start + self.n_batch], out, filled)
+        return [None if o is None else torch.from_numpy(o) for o in out]
 
     @staticmethod
     def _wants(x: SeqInput, j: int) -> bool:
         return x.logits == "all" or (x.logits == "last" and j == len(x.token_ids) - 1)
 
-    def _decode(self, chunk: list[tuple[int, int, int, bool]], rows: list[list[np.ndarray]]) -> None:
-        """One llama_decode over `chunk` = [(input index, seq, token, wants logits)]."""
+    def _output(self, x: SeqInput) -> np.ndarray | None:
+        """The float32 array one input's logits rows are copied into (None for "none")."""
+        if x.logits == "none":
+            return None
+        n = len(x.token_ids) if x.logits == "all" else min(1, len(x.token_ids))
+        return np.empty((n, self.vocab_size), dtype=np.float32)
+
+    def _decode(self, chunk: list[tuple[int, int, int, bool]], out: list[np.ndarray | None],
+                filled: list[int]) -> None:
+        """One llama_decode over `chunk` = [(input index, seq, token, wants logits)]; the wanted
+        rows are copied from llama.cpp's buffer (overwritten by the next decode) into `out`."""
         b = self._batch
         for k, (_, seq, tok, want) in enumerate(chunk):
             b.token[k] = tok
@@ -261,11 +271,5 @@ class LlamaCppBackend:
         for k, (i, _, _, want) in enumerate(chunk):
             if want:
                 ptr = self._ll.llama_get_logits_ith(self._ctx, k)
-                rows[i].append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())  # [V]
-
-    def _stack(self, x: SeqInput, rows: list[np.ndarray]) -> torch.Tensor | None:
-        if x.logits == "none":
-            return None
-        if not rows:
-            return torch.empty(0, self.vocab_size)
-        return torch.from_numpy(np.stack(rows))  # [T, V] float32
+                out[i][filled[i]] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))  # [V]
+                filled[i] += 1
