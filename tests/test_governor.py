@@ -11,7 +11,7 @@ from specserve.llm import LLM
 from tiny import tiny_model, tiny_tokenizer
 
 # A CPU where each extra verified token costs 0.3 of a plain step and a draft pass 0.4.
-PRICES = CostModel(per_token=0.3, draft=0.4)
+PRICES = CostModel.linear(0.3, 0.4)
 
 
 def drive(gov: Governor, rate: float, steps: int, source: str = "draft", k_max: int = 16) -> list[int]:
@@ -56,7 +56,7 @@ def test_the_prediction_source_is_never_governed():
 
 
 def test_a_source_that_cannot_pay_even_when_always_right_sits_out_from_the_start():
-    cpu = CostModel(per_token=0.7, draft=0.4)  # llama.cpp on 2 cores: 8 verified tokens ~ 6 steps
+    cpu = CostModel.linear(0.7, 0.4)  # llama.cpp on 2 cores: 8 verified tokens ~ 6 steps
     ks = drive(Governor(cpu, probe_every=16), rate=1.0, steps=64)
     assert ks[:15] == [0] * 15 and sum(k > 0 for k in ks) == 4  # probes only
     # n-gram drafts cost no passes: after a probe shows it right, it drafts again
@@ -64,7 +64,7 @@ def test_a_source_that_cannot_pay_even_when_always_right_sits_out_from_the_start
 
 
 def test_short_drafts_where_verified_tokens_are_dear():
-    cheap, dear = CostModel(per_token=0.05), CostModel(per_token=0.5)
+    cheap, dear = CostModel.linear(0.05), CostModel.linear(0.5)
     gov_cheap, gov_dear = Governor(cheap), Governor(dear)
     for g in (gov_cheap, gov_dear):
         g.counts["ngram"] = [8.0, 10.0]  # 80% accepted so far
@@ -74,7 +74,7 @@ def test_short_drafts_where_verified_tokens_are_dear():
 def test_auto_benches_a_costly_draft_model_and_output_stays_exact():
     tok = tiny_tokenizer()
     llm = LLM.from_models(tiny_model(), tok, tiny_model(seed=1))  # a draft that is rarely right
-    llm.engine._prices = CostModel(per_token=0.2, draft=1.5)  # and costs more than the target
+    llm.engine.core._prices = CostModel.linear(0.2, 1.5)  # and costs more than the target
     prompt = "Le café coûte 3 €. Über"
     base = llm.generate(prompt, SamplingParams(max_tokens=120), speculation="none")
     out = llm.generate(prompt, SamplingParams(max_tokens=120), speculation="auto")
@@ -93,5 +93,18 @@ def test_calibration_on_a_real_runner():
     prices = llm.engine.prices()
     assert prices is llm.engine.prices()  # measured once
     assert prices.per_token >= 0 and prices.draft > 0
-    assert llm.engine.target.length == 0  # the runners are left empty
+    costs = [c for _, c in prices.curve]
+    assert costs[0] == 1.0 and costs == sorted(costs)  # one plain pass is the unit; longer never cheaper
+    core = llm.engine.core  # the spare sequences it measured on are free again
+    assert core.target._lengths == {} and core.draft._lengths == {}
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    prices = CostModel(((1, 1.0), (8, 6.0), (128, 45.0)))
+    assert prices.target(1) == 1.0 and prices.target(8) == 6.0
+    assert abs(prices.target(68) - 25.5) < 1e-9  # halfway between 8 and 128
+    assert abs(prices.target(248) - 84.0) < 1e-9  # the last segment's slope continues
+    assert prices.batch([1, 1, 1]) == prices.target(3)
+    per_seq = CostModel(((1, 1.0), (8, 6.0), (128, 45.0)), batched=False)
+    assert per_seq.batch([1, 1, 1]) == 3.0
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import T5Config, T5Model
 
+from specserve.backends import SequenceRunner
 from specserve import SamplingParams, SpeculationConfig
 from specserve.errors import ModelLoadError
 from specserve.llm import LLM
@@ -54,7 +55,7 @@ def test_gguf_file_loads_on_the_chosen_backend(smol_gguf, backend, dtype, expect
 def test_auto_order_prediction_then_ngram_then_draft():
     llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
     ctx = ProposerContext(SpeculationConfig("auto"), SamplingParams(), 3, llm.tokenizer, "def add(a, b):",
-                          llm.engine.draft, torch.Generator())
+                          SequenceRunner(llm.draft_backend), torch.Generator())
     chain = build_chain(ctx)
     assert [p.name for p in chain] == ["prediction", "ngram", "draft"]
     for p in chain:

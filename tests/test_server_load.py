@@ -33,7 +33,8 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory):
     path = save_slow_tiny(tmp_path_factory.mktemp("slow") / "slow")
-    with ServerProcess(path, "--served-model-name", MODEL, "--max-queue", "1", "--request-timeout", "1.5") as srv:
+    with ServerProcess(path, "--served-model-name", MODEL, "--max-queue", "1", "--max-num-seqs", "1",
+                       "--request-timeout", "1.5") as srv:
         yield srv
 
 

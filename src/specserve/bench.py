@@ -176,12 +176,11 @@ def run_ours(llm, prompt_ids, max_tokens: int, mode: str, prediction: str | None
     """One specserve request, streamed so the bar moves. Returns (RequestOutput, _Clock)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     pred = prediction if mode in ("prediction", "auto") else None
-    with llm.lock:
-        clock = _Clock(bar)
-        gen = llm.stream(prompt_ids, params, prediction=pred, speculation=METHOD[mode])
-        for event in gen:
-            clock.emitted(len(event.token_ids))
-        clock.stop()
+    clock = _Clock(bar)
+    gen = llm.stream(prompt_ids, params, prediction=pred, speculation=METHOD[mode])
+    for event in gen:
+        clock.emitted(len(event.token_ids))
+    clock.stop()
     return gen.output, clock
 
 
@@ -191,9 +190,7 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
     n = next((i for i, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
     if n == len(plain) == len(other):
         return None
-    with llm.lock:
-        target = llm.engine.target
-        target.reset()
+    with llm.engine.scratch() as target:
         logits = target.forward(prompt_ids + plain[:n], last_only=True)[-1]  # [V]
     top = torch.topk(logits, 2)
     gap = float(top.values[0] - top.values[1])

@@ -34,12 +34,11 @@ def peer_skip_reason(llm, peer: str) -> str | None:
 
 def run_peer(llm, prompt_ids: list[int], max_tokens: int, peer: str, clock) -> list[int]:
     """Greedy decoding by `peer`; feeds `clock` as tokens come. Returns the new token ids."""
-    with llm.lock:
-        if peer in LLAMACPP_PEERS:
-            ids = _run_llamacpp(llm, prompt_ids, max_tokens, peer == "llama.cpp-lookup", clock)
-        else:
-            ids = _run_transformers(llm, prompt_ids, max_tokens, peer, clock)
-        clock.stop()
+    if peer in LLAMACPP_PEERS:
+        ids = _run_llamacpp(llm, prompt_ids, max_tokens, peer == "llama.cpp-lookup", clock)
+    else:
+        ids = _run_transformers(llm, prompt_ids, max_tokens, peer, clock)
+    clock.stop()
     return ids
 
 

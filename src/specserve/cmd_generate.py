@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .config import BACKENDS, METHODS, LoadOptions, SamplingParams, SpeculationConfig
+from .config import BACKENDS, METHODS, EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
 from .errors import InvalidRequestError
 from .hardware import cpu_info, describe
 
@@ -49,6 +49,26 @@ def add_model_args(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
                         "bit on quantized GGUFs (about half the verification throughput on a CPU)")
     p.add_argument("--max-context", type=int, help="tokens per sequence (default: the model's, at most 8192 "
                                                    "on llama.cpp)")
+
+
+def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 8) -> None:
+    """Batching flags shared by serve and bench (config.EngineLimits)."""
+    p.add_argument("--max-num-seqs", type=int, default=max_num_seqs, metavar="N",
+                   help=f"requests decoding together; more wait in the queue (default {max_num_seqs})")
+    p.add_argument("--kv-cache-tokens", type=int, default=None, metavar="TOKENS",
+                   help="KV cache cells shared by running requests; a request joins only when its prompt + "
+                        "max_tokens fits (default: max-num-seqs full contexts)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="TOKENS",
+                   help="tokens one engine step may feed the model: pending + drafts + prefill (default 2048)")
+
+
+def engine_limits(args) -> EngineLimits:
+    """The EngineLimits that the flags of add_engine_args describe (one-line errors for bad values)."""
+    try:
+        return EngineLimits(max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens,
+                            max_num_batched_tokens=args.max_num_batched_tokens)
+    except ValueError as e:
+        raise InvalidRequestError(str(e)) from None
 
 
 def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:

@@ -15,7 +15,7 @@ from . import serve_ray
 from .config import METHODS
 
 
-from .cmd_generate import add_model_args, load_options
+from .cmd_generate import add_engine_args, add_model_args, engine_limits, load_options
 
 
 def add_parser(subparsers) -> None:
@@ -31,8 +31,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--speculation", default="auto", choices=METHODS, help="default speculation method (default auto)")
     p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                    help="starting number of draft tokens per step (each source adapts it)")
+    add_engine_args(p)
     p.add_argument("--max-queue", type=_non_negative_int, default=16,
-                   help="requests allowed to wait while one runs; beyond that 429 (default 16)")
+                   help="requests allowed to wait for a place in the running batch; beyond that 429 (default 16)")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per-request deadline from arrival, queue wait included; 0 = none (default 600)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=None, metavar="BYTES",
@@ -69,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
                             max_queue=args.max_queue, request_timeout=args.request_timeout or None,
                             max_body_bytes=args.max_body_bytes)
-    llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation)
+    llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation, engine_limits(args))
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
     return 0

@@ -106,6 +106,42 @@ class SpeculationConfig:
         return replace(self, num_speculative_tokens=k)
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """How much the engine runs at once (continuous batching; docs/design.md, "Batching").
+
+    max_num_seqs: requests decoding together; more wait in the queue.
+    kv_cache_tokens: cache cells shared by all running requests (None: max_num_seqs full
+    contexts). A request is admitted only when its prompt + max_tokens fits in what is left,
+    so a running request can never run out of cache.
+    max_num_batched_tokens: tokens one step may feed the target (pending + drafts + prefill).
+    prefill_slowdown: while other requests decode, a prompt is prefilled in chunks small enough
+    that a step costs at most this many times a step without the chunk (measured prices).
+    min_prefill_chunk: the smallest such chunk, so a long prompt still makes progress.
+    """
+
+    max_num_seqs: int = 8
+    kv_cache_tokens: int | None = None
+    max_num_batched_tokens: int = 2048
+    prefill_slowdown: float = 2.0
+    min_prefill_chunk: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 16:
+            raise ValueError(f"kv_cache_tokens must be at least 16, got {self.kv_cache_tokens}")
+        if self.max_num_batched_tokens < self.max_num_seqs + 1:
+            raise ValueError("max_num_batched_tokens must exceed max_num_seqs (one pending token each, plus "
+                             "room for prefill)")
+        if self.prefill_slowdown < 1.0:
+            raise ValueError(f"prefill_slowdown must be at least 1, got {self.prefill_slowdown}")
+
+    def cache_tokens(self, max_context: int) -> int:
+        """The cache cells to allocate for a model with this per-sequence context."""
+        return self.kv_cache_tokens or self.max_num_seqs * max_context
+
+
 BACKENDS = ("auto", "llama.cpp", "transformers")
 
 

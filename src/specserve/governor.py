@@ -9,6 +9,8 @@ draft model), and every step is then priced in units of one plain step:
     cost(step) = target(1 + K) / target(1) + K * draft(1) / target(1)   (draft model)
     cost(step) = target(1 + K) / target(1)                               (n-gram, prediction)
 
+where target(n) is a measured curve (a pass of n tokens, for n = 1 ... 128), not a line.
+
 A plain step commits 1 token for 1 unit. A source that could not reach 1 token per unit even
 if every draft were accepted (a draft model whose passes cost too much next to the target's,
 on a CPU where every verified token costs nearly a step) sits out from the start. Otherwise,
@@ -31,48 +33,86 @@ from dataclasses import dataclass, field
 
 GOVERNED = ("ngram", "draft")
 CALIBRATION_CONTEXT = 32  # tokens cached before timing, so attention is not free
-CALIBRATION_CHUNK = 32  # the many-token pass timed to price verification
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per timed pass
+SMALL_REPEATS = 3  # passes of <= 8 tokens are short and noisy: take the median of a few
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """Prices in units of one plain (1-token) target step.
+    """Prices in units of one plain (1-token) target pass.
 
-    per_token: the extra cost of each further token in a target pass; draft: one 1-token pass
-    of the draft model."""
+    curve: (tokens in one pass, cost) points, (1, 1.0) first, non-decreasing; the cost of a
+    pass between two points is interpolated, and past the last one extrapolated with its slope.
+    On a CPU the curve is far from a line: llama.cpp's kernels change with the row count, so
+    8 tokens may cost 6 passes and 128 tokens 45. draft: one 1-token pass of the draft model.
+    batched: whether the backend runs many sequences in one pass (llama.cpp) or one pass per
+    sequence (transformers), which decides what a step of a batch costs."""
 
-    per_token: float = 0.0
+    curve: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 1.0))
     draft: float = 0.0
+    batched: bool = True
+
+    @classmethod
+    def linear(cls, per_token: float, draft: float = 0.0, batched: bool = True) -> "CostModel":
+        """Every token past the first costs `per_token` (tests and back-of-envelope figures)."""
+        return cls(((1, 1.0), (2, 1.0 + per_token)), draft, batched)
+
+    def target(self, tokens: int) -> float:
+        """Cost of one target pass over `tokens` tokens (0 tokens: no pass)."""
+        if tokens <= 0:
+            return 0.0
+        pts = self.curve
+        for (n0, c0), (n1, c1) in zip(pts, pts[1:]):
+            if tokens <= n1:
+                return c0 + (c1 - c0) * (tokens - n0) / (n1 - n0)
+        (n0, c0), (n1, c1) = pts[-2], pts[-1]
+        return c1 + (c1 - c0) / (n1 - n0) * (tokens - n1)
 
     def step(self, fed: int, draft_passes: int) -> float:
         """Cost of a step feeding `fed` tokens to the target after `draft_passes` draft passes."""
-        return 1.0 + max(fed - 1, 0) * self.per_token + draft_passes * self.draft
+        return self.target(fed) + draft_passes * self.draft
+
+    def batch(self, sizes: list[int]) -> float:
+        """Cost of one engine step whose sequences feed `sizes` tokens each."""
+        if self.batched:
+            return self.target(sum(sizes))
+        return sum(self.target(n) for n in sizes)
+
+    @property
+    def per_token(self) -> float:
+        """The extra cost of each token of a 32-token pass (a one-number summary for reports)."""
+        return (self.target(32) - 1.0) / 31
 
     @classmethod
-    def calibrate(cls, target, draft=None, repeats: int = 3) -> "CostModel":
-        """Time a few forwards of the target (and draft) runners; they are reset afterwards."""
-        t1, tk = _time_passes(target, repeats)
-        per_token = max(tk - t1, 0.0) / (CALIBRATION_CHUNK - 1) / t1
-        d1 = _time_passes(draft, repeats)[0] / t1 if draft is not None else 0.0
-        return cls(per_token=per_token, draft=d1)
+    def calibrate(cls, target, draft=None, batched: bool = True) -> "CostModel":
+        """Time passes of CALIBRATION_SIZES tokens on the target runner (and a 1-token pass on
+        the draft's); both runners are reset afterwards."""
+        times = _time_passes(target, CALIBRATION_SIZES)
+        t1 = times[0]
+        curve, last = [], 1.0
+        for n, t in zip(CALIBRATION_SIZES, times):
+            last = max(last, t / t1)  # timing noise must not make a longer pass cheaper
+            curve.append((n, last))
+        d1 = _time_passes(draft, (1,))[0] / t1 if draft is not None else 0.0
+        return cls(tuple(curve), d1, batched)
 
 
-def _time_passes(runner, repeats: int) -> tuple[float, float]:
-    """(median seconds of a 1-token pass, seconds of a CALIBRATION_CHUNK-token pass) after a
-    short context; the runner is reset afterwards."""
+def _time_passes(runner, sizes: tuple[int, ...]) -> list[float]:
+    """Seconds of one pass of each size after CALIBRATION_CONTEXT cached tokens (the median of
+    SMALL_REPEATS for small sizes); the runner is reset afterwards."""
     runner.reset()
     runner.forward([1] * CALIBRATION_CONTEXT, last_only=True)
-    ones = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        runner.forward([1])
-        ones.append(time.perf_counter() - t)
-        runner.truncate(CALIBRATION_CONTEXT)
-    t = time.perf_counter()
-    runner.forward([1] * CALIBRATION_CHUNK)
-    chunk = time.perf_counter() - t
+    out = []
+    for n in sizes:
+        runs = []
+        for _ in range(SMALL_REPEATS if n <= 8 else 1):
+            t = time.perf_counter()
+            runner.forward([1] * n)
+            runs.append(time.perf_counter() - t)
+            runner.truncate(CALIBRATION_CONTEXT)
+        out.append(statistics.median(runs))
     runner.reset()
-    return statistics.median(ones), chunk
+    return out
 
 
 @dataclass

@@ -9,12 +9,10 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Sequence
 
-from .backends import SequenceRunner
 from .backends.transformers import TransformersBackend
-from .config import LoadOptions, SamplingParams, SpeculationConfig
+from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
 from .constrain import CompiledGuide, GrammarSpec, factory_for
 from .engine import Engine, Generation
 from .errors import InvalidRequestError, ModelLoadError
@@ -37,32 +35,35 @@ class LLM:
     threads: llama.cpp CPU threads (None = every core this process may use).
     exact: llama.cpp's batch-invariant kernels: greedy speculation equals plain decoding bit for
     bit on quantized GGUFs too, at about half the verification throughput on a CPU.
-    One request runs at a time per LLM (one cache sequence per model); a lock enforces it.
+    max_num_seqs / kv_cache_tokens: how many requests decode together, and the cache cells
+    they share (see config.EngineLimits); `generate([...])` and the server batch up to that.
     """
 
     def __init__(self, model: str | None = None, draft_model: str | None = None, dtype: str | None = None,
                  device: str | None = None, speculation: str | SpeculationConfig = "auto",
                  max_context: int | None = None, backend: str = "auto", threads: int | None = None,
-                 exact: bool = False, options: LoadOptions | None = None):
+                 exact: bool = False, max_num_seqs: int = 8, kv_cache_tokens: int | None = None,
+                 options: LoadOptions | None = None, limits: EngineLimits | None = None):
         options = options or LoadOptions(backend=backend, dtype=dtype, device=device, max_context=max_context,
                                          threads=threads, exact=exact)
-        target = load(model, "target", options)
+        limits = limits or EngineLimits(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens)
+        target = load(model, "target", options, limits)
         draft = None
         default_draft = model is None and draft_model is None
         if default_draft or draft_model not in (None, *NO_DRAFT):
-            draft = load(None if default_draft else draft_model, "draft", options)
+            draft = load(None if default_draft else draft_model, "draft", options, limits)
         try:
             self._init(target.backend, target.tokenizer, draft.backend if draft else None, target.name,
-                       SpeculationConfig.coerce(speculation), target.eos_token_ids)
+                       SpeculationConfig.coerce(speculation), target.eos_token_ids, limits)
         except ModelLoadError as e:  # name both files: the engine only knows the two backends
             raise ModelLoadError(f"{draft.name} cannot draft for {target.name}: {e}") from None
         self.draft_model_name = draft.name if draft else None
 
     @classmethod
     def from_options(cls, model: str | None, draft_model: str | None, options: LoadOptions,
-                     speculation: str | SpeculationConfig = "auto") -> "LLM":
+                     speculation: str | SpeculationConfig = "auto", limits: EngineLimits | None = None) -> "LLM":
         """LLM(...) with the model flags shared by the CLI commands."""
-        return cls(model, draft_model, speculation=speculation, options=options)
+        return cls(model, draft_model, speculation=speculation, options=options, limits=limits)
 
     @classmethod
     def from_models(cls, model, tokenizer, draft_model=None, name: str = "model",
@@ -74,22 +75,23 @@ class LLM:
 
     @classmethod
     def from_backends(cls, target, tokenizer, draft=None, name: str = "model",
-                      speculation: str | SpeculationConfig = "auto", eos_token_ids: set[int] | None = None) -> "LLM":
+                      speculation: str | SpeculationConfig = "auto", eos_token_ids: set[int] | None = None,
+                      limits: EngineLimits | None = None) -> "LLM":
         """Wrap already-built backends (tests, notebooks); EOS defaults to the tokenizer's."""
         self = cls.__new__(cls)
         eos = eos_token_ids if eos_token_ids is not None else {tokenizer.eos_token_id} - {None}
-        self._init(target, tokenizer, draft, name, SpeculationConfig.coerce(speculation), eos)
+        self._init(target, tokenizer, draft, name, SpeculationConfig.coerce(speculation), eos, limits)
         self.draft_model_name = "draft" if draft is not None else None
         return self
 
-    def _init(self, target, tokenizer, draft, name: str, speculation: SpeculationConfig, eos: set[int]) -> None:
+    def _init(self, target, tokenizer, draft, name: str, speculation: SpeculationConfig, eos: set[int],
+              limits: EngineLimits | None) -> None:
         self.model_name = name
         self.tokenizer = tokenizer
         self.speculation = speculation
         self.target_backend, self.draft_backend = target, draft
-        self.engine = Engine(SequenceRunner(target), tokenizer, SequenceRunner(draft) if draft else None, eos)
+        self.engine = Engine(target, tokenizer, draft, eos, limits)
         self.max_context = target.max_context
-        self.lock = threading.Lock()
 
     @property
     def backend_name(self) -> str:
@@ -98,7 +100,7 @@ class LLM:
 
     @property
     def has_draft_model(self) -> bool:
-        return self.engine.draft is not None
+        return self.draft_backend is not None
 
     # -- prompts ----------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -124,7 +126,7 @@ class LLM:
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.target.vocab_size
+        return self.engine.vocab_size
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """Text (tokenized with the tokenizer's special tokens) or token ids, validated."""
@@ -140,8 +142,7 @@ class LLM:
 
     # -- generation -------------------------------------------------------------------------
     def _factory(self):
-        eng = self.engine
-        return factory_for(self.tokenizer, eng.target.vocab_size, eng.eos_token_ids)
+        return factory_for(self.tokenizer, self.vocab_size, self.engine.eos_token_ids)
 
     def compile_guide(self, spec: GrammarSpec) -> CompiledGuide:
         """Compile a grammar for this model's vocabulary (raises ConstraintError when it cannot)."""
@@ -151,6 +152,15 @@ class LLM:
         """A fresh grammar Constraint for one request (None: unconstrained)."""
         return None if guide is None else self._factory()(guide)
 
+    def request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
+                should_cancel: Callable[[], bool] | None = None, guide: GrammarSpec | CompiledGuide | None = None,
+                on_event=None):
+        """A validated engine Request (not yet queued): what `stream`, `generate` and the server run."""
+        spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
+        return self.engine.request(self.prompt_ids(prompt), params or SamplingParams(), spec, prediction,
+                                   should_cancel, self.constraint(guide), on_event)
+
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
                should_cancel: Callable[[], bool] | None = None,
@@ -158,20 +168,26 @@ class LLM:
         """Start one request; iterate it for StepEvents (text as soon as each step is accepted).
 
         guide: a structured-output grammar (JSON schema, regex, EBNF) the output must follow.
-        The caller must exhaust (or drop) the Generation before starting another on this LLM.
+        Iterating drives the engine: requests started from other threads advance with it.
         """
-        spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
-        return self.engine.generate(self.prompt_ids(prompt), params or SamplingParams(), spec,
-                                    prediction, should_cancel, self.constraint(guide))
+        req = self.request(prompt, params, prediction, speculation, should_cancel, guide)
+        return Generation(self.engine.core, req)
 
     def generate(self, prompts, params: SamplingParams | None = None, prediction: str | list[int] | None = None,
                  speculation: str | SpeculationConfig | None = None,
                  guide: GrammarSpec | CompiledGuide | None = None) -> RequestOutput | list[RequestOutput]:
-        """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list."""
+        """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list, run
+        together (continuous batching, up to max_num_seqs at once; the rest join as others end).
+
+        params / prediction may also be lists, one per prompt."""
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
-            return [self.generate(p, params, prediction, speculation, guide) for p in prompts]
-        with self.lock:
-            return self.stream(prompts, params, prediction, speculation, guide=guide).run()
+            n = len(prompts)
+            each = lambda x: x if isinstance(x, list) and len(x) == n and not isinstance(x[0], int) \
+                else [x] * n  # noqa: E731
+            reqs = [self.request(p, sp, pr, speculation, guide=guide)
+                    for p, sp, pr in zip(prompts, each(params), each(prediction))]
+            return self.engine.run(reqs)
+        return self.engine.run([self.request(prompts, params, prediction, speculation, guide=guide)])[0]
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
              prediction: str | list[int] | None = None,

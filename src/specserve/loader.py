@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .config import LoadOptions
+from .config import EngineLimits, LoadOptions
 from .errors import ModelLoadError
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
@@ -57,8 +57,9 @@ def choose_backend(source, options: LoadOptions) -> str:
     return options.backend
 
 
-def load(spec: str | None, role: str, options: LoadOptions | None = None) -> LoadedModel:
-    """Resolve and load one model on the chosen backend."""
+def load(spec: str | None, role: str, options: LoadOptions | None = None,
+         limits: EngineLimits | None = None) -> LoadedModel:
+    """Resolve and load one model on the chosen backend, with cache room for `limits`."""
     from .packs import resolve_model
 
     options = options or LoadOptions()
@@ -66,7 +67,7 @@ def load(spec: str | None, role: str, options: LoadOptions | None = None) -> Loa
     backend_name = choose_backend(source, options)
     t0 = time.perf_counter()
     if backend_name == "llama.cpp":
-        loaded = _load_llamacpp(source, options)
+        loaded = _load_llamacpp(source, options, limits or EngineLimits())
     else:
         loaded = _load_transformers(source, options)
     what = ("GGUF as is" + (", exact" if options.exact else "")) if backend_name == "llama.cpp" \
@@ -93,14 +94,17 @@ def load_tokenizer(source):
         raise ModelLoadError(f"cannot load the tokenizer of {source.display_name!r}: {_first_line(e)}") from e
 
 
-def _load_llamacpp(source, options: LoadOptions) -> LoadedModel:
+def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> LoadedModel:
     from pathlib import Path
 
     from .backends.llamacpp import LlamaCppBackend
+    from .engine.core import SPARE_CELLS
 
     path = Path(source.path) / source.gguf_file
-    backend = LlamaCppBackend(path, max_context=options.max_context, threads=options.threads,
-                              batch_invariant=options.exact)
+    # One sequence more than the engine runs, and a few more cells: prices are measured on it.
+    cache = limits.kv_cache_tokens + SPARE_CELLS if limits.kv_cache_tokens else None
+    backend = LlamaCppBackend(path, max_context=options.max_context, max_sequences=limits.max_num_seqs + 1,
+                              cache_tokens=cache, threads=options.threads, batch_invariant=options.exact)
     tokenizer = load_tokenizer(source)
     eos = backend.eog_token_ids()
     if tokenizer.eos_token_id is not None:

@@ -13,6 +13,8 @@ from .stats import SOURCES, RequestOutput
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class Metrics:
@@ -30,8 +32,20 @@ class Metrics:
                              ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("specserve_prompt_tokens", "Prompt tokens processed", registry=r)
         self.completion_tokens = Counter("specserve_completion_tokens", "Output tokens generated", registry=r)
-        self.queue_depth = Gauge("specserve_queue_depth", "Requests waiting for the worker", registry=r)
-        self.active = Gauge("specserve_active_requests", "Requests running on the worker (0 or 1)", registry=r)
+        self.queue_depth = Gauge("specserve_queue_depth", "Requests waiting for a place in the running batch",
+                                 registry=r)
+        self.active = Gauge("specserve_active_requests", "Requests in the running batch (prefilling or "
+                            "decoding)", registry=r)
+        self.batch_size = Histogram("specserve_batch_size", "Requests decoding in one engine step",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.step_tokens = Histogram("specserve_scheduled_tokens", "Tokens one engine step fed the target "
+                                     "(pending + draft + prefill)", buckets=TOKEN_BUCKETS, registry=r)
+        self.step_draft_tokens = Counter("specserve_step_draft_tokens", "Draft tokens verified, summed over "
+                                         "steps", registry=r)
+        self.step_seconds = Histogram("specserve_step_seconds", "Wall time of one engine step's target pass",
+                                      buckets=TPOT_BUCKETS + (5.0, 10.0), registry=r)
+        self.kv_usage = Gauge("specserve_kv_cache_usage", "Share of the KV cache reserved by running requests",
+                              registry=r)
         self.proposed = Counter("specserve_spec_proposed_tokens", "Draft tokens sent to the target",
                                 ["source"], registry=r)
         self.accepted = Counter("specserve_spec_accepted_tokens", "Draft tokens the target accepted",
@@ -41,6 +55,16 @@ class Metrics:
         for s in SOURCES:  # export zeros from the start so rates are defined
             for c in (self.proposed, self.accepted, self.steps):
                 c.labels(source=s)
+
+    def observe_step(self, info) -> None:
+        """One engine step (engine.core.StepInfo); called on the engine's worker thread."""
+        self.batch_size.observe(info.decoding)
+        self.step_tokens.observe(info.tokens)
+        self.step_draft_tokens.inc(info.draft_tokens)
+        self.step_seconds.observe(info.seconds)
+        self.kv_usage.set(info.cache_used)
+        self.queue_depth.set(info.waiting)
+        self.active.set(info.decoding + info.prefilling)
 
     def request(self, endpoint: str, status: int | str) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()

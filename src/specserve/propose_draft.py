@@ -25,7 +25,6 @@ class DraftModelProposer:
         self.k = AdaptiveK(k_init, 1, k_max)
         self.fed: list[int] = []  # tokens in the draft model's cache, in order
         self.committed = 0  # len(tokens) at the last proposal: fed[:committed] are known-good
-        runner.reset()
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
         """Roll the cache back to what matches `tokens`, feed the rest; logits of the last token [V]."""
@@ -40,10 +39,12 @@ class DraftModelProposer:
         return logits[-1]
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        """Prefill the draft model with the prompt now, so its cost counts as prefill, not drafting."""
-        if len(prompt_ids) > 1:
-            self.runner.forward(prompt_ids[:-1], last_only=True)
-            self.fed = list(prompt_ids[:-1])
+        """The target has cached prompt_ids[:-1]: feed the draft model what it has not seen of
+        that, chunk by chunk with the target, so its cost counts as prefill, not drafting."""
+        new = prompt_ids[len(self.fed) : len(prompt_ids) - 1]
+        if new:
+            self.runner.forward(new, last_only=True)
+            self.fed += new
             self.committed = len(self.fed)  # the prompt is committed: no need to compare it again
 
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:

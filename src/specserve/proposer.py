@@ -28,7 +28,8 @@ class Proposer(Protocol):
     name: str
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        """Called once with the prompt while the target prefills (warm caches, build indexes)."""
+        """The target has cached prompt_ids[:-1] (called after each prefill chunk, with a longer
+        prefix each time, ending with the whole prompt): warm caches, build indexes."""
 
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         """Up to max_k draft tokens to follow `tokens`, or None when it has nothing."""

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one `LLM`.
 
-    request ─► auth ─► parse + validate (400) ─► tokenize on the prep thread ─► bounded queue (429)
-            ─► the one worker thread runs generations one at a time (single-sequence KV cache)
+    request ─► auth ─► parse + validate (400) ─► tokenize on the prep thread ─► engine queue (429)
+            ─► the engine's worker thread steps every running request together (continuous batching)
             ─► each StepEvent is handed to the event loop (call_soon_threadsafe) ─► SSE chunk / JSON
 
 The event loop never touches the model. A client that disconnects cancels its request (removed
@@ -18,7 +18,6 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
+from .engine.client import EngineClient, EngineWorker, QueueFull, ShuttingDown
 from .metrics import Metrics
 from .openapi import install_openapi
 from .protocol import CHAT, COMPLETIONS, APIError, Dialect, Prepared, ResponseContext, TokenNamer, engine_error, \
@@ -63,19 +63,29 @@ def timeout_error(seconds: float | None) -> APIError:
                     "timeout_error", code="request_timeout")
 
 
-# -- the worker side ----------------------------------------------------------------------------
+# -- between the event loop and the engine ------------------------------------------------------
 class Job:
-    """One request travelling between the event loop and the worker thread.
+    """One HTTP request: its n choices run as n engine requests, batched with everyone else's.
 
-    The worker posts ("event", (choice index, StepEvent))*, then ("done", [RequestOutput per choice] | None)
-    or ("error", exc). The n choices of a request run one after the other.
+    The engine's worker thread posts ("event", (choice index, StepEvent))*, then ("done",
+    [RequestOutput per choice]) or ("error", exc) once, through the event loop's queue.
     """
 
     def __init__(self, prepared: Prepared, loop: asyncio.AbstractEventLoop, deadline: float | None):
         self.prepared, self.loop, self.deadline = prepared, loop, deadline
         self.items: asyncio.Queue = asyncio.Queue()
         self.reason: str | None = None  # why it was cancelled: "client" | "timeout" | "shutdown"
+        self.requests: list = []
         self._cancelled = threading.Event()
+        self._seen: set[int] = set()  # choices whose first event was posted
+        self._closed = False  # "done" or "error" was posted
+
+    def build(self, llm) -> None:
+        """The engine requests of every choice (on the prep thread: predictions get tokenized here)."""
+        p = self.prepared
+        self.requests = [llm.request(p.prompt_ids, params, p.prediction, p.speculation, should_cancel=self.should_stop,
+                                     guide=p.guide, on_event=self._on_event)
+                         for params in choice_params(p.params, p.n)]
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an item to the event loop; safe from any thread."""
@@ -83,6 +93,25 @@ class Job:
             self.loop.call_soon_threadsafe(self.items.put_nowait, (kind, payload))
         except RuntimeError:  # the loop is closed: the server is shutting down
             pass
+
+    def _on_event(self, req, event) -> None:
+        """Called by the engine's worker for every step of one of this job's requests."""
+        if self._closed:
+            return
+        if req.error is not None:
+            self._closed = True
+            self.cancel("error")  # the other choices stop too
+            if engine_error(req.error).status >= 500:
+                log.error("generation failed", exc_info=req.error)
+            self.post("error", req.error)
+            return
+        index = self.requests.index(req)
+        if self.prepared.stream or index not in self._seen:  # non-streaming: the first only (time to first token)
+            self._seen.add(index)
+            self.post("event", (index, event))
+        if all(r.finished for r in self.requests):
+            self._closed = True
+            self.post("done", [r.output for r in self.requests])
 
     def cancel(self, reason: str) -> None:
         if self.reason is None:
@@ -96,115 +125,6 @@ class Job:
         return self._cancelled.is_set()
 
 
-class Scheduler:
-    """A bounded FIFO of jobs and the one worker thread that runs them, one at a time."""
-
-    def __init__(self, llm, max_queue: int, metrics: Metrics):
-        self.llm, self.max_queue, self.metrics = llm, max_queue, metrics
-        self.active: Job | None = None
-        self.mean_run_s = 1.0  # moving average of run time, for Retry-After
-        self._waiting: deque[Job] = deque()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    @property
-    def queued(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="specserve-worker", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel everything and let the worker finish its current step, then exit."""
-        with self._cond:
-            self._stopping = True
-            jobs = list(self._waiting) + ([self.active] if self.active else [])
-            self._waiting.clear()
-            self._cond.notify_all()
-        for job in jobs:
-            job.cancel("shutdown")
-            job.post("done", None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def submit(self, job: Job) -> None:
-        """Queue a job, or refuse with 429 (Retry-After) when max_queue jobs already wait."""
-        with self._cond:
-            if self._stopping:
-                raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
-            if len(self._waiting) >= self.max_queue:
-                retry = str(max(1, math.ceil(self.mean_run_s)))
-                raise APIError(429, f"the server is busy ({len(self._waiting)} requests waiting); retry later",
-                               "rate_limit_error", code="queue_full", headers={"Retry-After": retry})
-            self._waiting.append(job)
-            self._gauges()
-            self._cond.notify()
-
-    def cancel(self, job: Job, reason: str) -> None:
-        """Cancel a job: drop it from the queue if it waits, else the worker stops it within a step."""
-        job.cancel(reason)
-        with self._cond:
-            if job in self._waiting:
-                self._waiting.remove(job)
-                self._gauges()
-                job.post("done", None)
-
-    def _gauges(self) -> None:
-        self.metrics.queue_depth.set(len(self._waiting))
-        self.metrics.active.set(1 if self.active else 0)
-
-    def _take(self) -> Job | None:
-        with self._cond:
-            while not self._waiting and not self._stopping:
-                self._cond.wait()
-            if self._stopping:
-                return None
-            self.active = self._waiting.popleft()
-            self._gauges()
-            return self.active
-
-    def _loop(self) -> None:
-        while (job := self._take()) is not None:
-            start = time.monotonic()
-            try:
-                self._run(job)
-            finally:
-                with self._cond:
-                    self.active = None
-                    self._gauges()
-                self.mean_run_s = 0.8 * self.mean_run_s + 0.2 * (time.monotonic() - start)
-
-    def _run(self, job: Job) -> None:
-        """Run one generation to its end, posting every step; never raises."""
-        if job.should_stop():
-            job.post("done", None)
-            return
-        p = job.prepared
-        try:
-            outputs = []
-            with self.llm.lock:
-                for index, params in enumerate(choice_params(p.params, p.n)):
-                    gen = self.llm.stream(p.prompt_ids, params, prediction=p.prediction, speculation=p.speculation,
-                                          should_cancel=job.should_stop, guide=p.guide)
-                    for i, event in enumerate(gen):
-                        if p.stream or i == 0:  # non-streaming needs only the first (time to first token)
-                            job.post("event", (index, event))
-                    outputs.append(gen.output)
-                    if gen.output.finish_reason == "abort":
-                        break
-            job.post("done", outputs)
-        except Exception as e:  # noqa: BLE001 - answered to this client; the server lives on
-            if engine_error(e).status >= 500:
-                log.exception("generation failed")
-            job.post("error", e)
-
-
 # -- the HTTP side ------------------------------------------------------------------------------
 class Server:
     """Request handling shared by the routes: validation, queueing, streaming, metrics."""
@@ -212,18 +132,41 @@ class Server:
     def __init__(self, llm, model_name: str, options: ServerOptions):
         self.llm, self.model_name, self.options = llm, model_name, options
         self.metrics = Metrics()
-        self.scheduler = Scheduler(llm, options.max_queue, self.metrics)
+        self.engine: EngineClient = EngineWorker(llm.engine.core, options.max_queue)
+        llm.engine.core.on_step = self.metrics.observe_step
+        self.mean_request_s = 1.0  # moving average of request time, for Retry-After
+        self.jobs: set[Job] = set()  # submitted and not yet answered (told "shutdown" on stop)
         self.prep = ThreadPoolExecutor(1, thread_name_prefix="specserve-prep")
         self.namer = TokenNamer(llm.tokenizer)
         self.started = time.time()
         self.max_body_bytes = options.max_body_bytes or default_max_body_bytes(llm.max_context)
 
     def start(self) -> None:
-        self.scheduler.start()
+        self.engine.start()
 
     def stop(self) -> None:
-        self.scheduler.stop()
+        for job in list(self.jobs):
+            job.cancel("shutdown")
+        self.engine.stop()
         self.prep.shutdown(wait=False, cancel_futures=True)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job's requests, or refuse with 429 (Retry-After) / 503."""
+        try:
+            self.engine.submit(job.requests)
+        except QueueFull as e:
+            retry = str(max(1, math.ceil(self.mean_request_s)))
+            raise APIError(429, f"the server is busy ({e.waiting} requests waiting); retry later",
+                           "rate_limit_error", code="queue_full", headers={"Retry-After": retry}) from None
+        except ShuttingDown:
+            raise APIError(503, "the server is shutting down", "server_error", code="unavailable") from None
+        self.jobs.add(job)
+        self.metrics.queue_depth.set(self.engine.waiting)
+
+    def cancel(self, job: Job, reason: str) -> None:
+        """The engine drops the job's requests at its next step (queued or running)."""
+        job.cancel(reason)
+        self.engine.wake()
 
     # -- checks ---------------------------------------------------------------------------------
     async def authorize(self, request: Request) -> None:
@@ -253,7 +196,8 @@ class Server:
             loop = asyncio.get_running_loop()
             timeout = self.options.request_timeout
             job = Job(prepared, loop, t0 + timeout if timeout else None)
-            self.scheduler.submit(job)
+            await self._build(job)
+            self.submit(job)
         except APIError as e:
             self.metrics.request(dialect.name, e.status)
             raise
@@ -270,13 +214,19 @@ class Server:
         except Exception as e:  # noqa: BLE001
             raise engine_error(e) from None
 
+    async def _build(self, job: Job) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.prep, job.build, self.llm)
+        except Exception as e:  # noqa: BLE001
+            raise engine_error(e) from None
+
     async def _next(self, job: Job) -> tuple[str, Any]:
         """The worker's next item; a 504 when the deadline passes and the worker has not answered."""
         wait = None if job.deadline is None else max(0.0, job.deadline - time.monotonic()) + GRACE_S
         try:
             return await asyncio.wait_for(job.items.get(), wait)
         except asyncio.TimeoutError:
-            self.scheduler.cancel(job, "timeout")
+            self.cancel(job, "timeout")
             raise timeout_error(self.options.request_timeout) from None
 
     def _finished(self, job: Job, outputs):
@@ -294,11 +244,14 @@ class Server:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                self.scheduler.cancel(job, "client")
+                self.cancel(job, "client")
                 return
 
-    def _record(self, dialect: Dialect, status: int, outputs, ttft: float | None, t0: float) -> None:
+    def _record(self, dialect: Dialect, job: Job | None, status: int, outputs, ttft: float | None,
+                t0: float) -> None:
         self.metrics.request(dialect.name, status)
+        self.jobs.discard(job)
+        self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
         for output in outputs or ():
             self.metrics.observe_output(output, ttft, time.monotonic() - t0, dialect.name)
 
@@ -323,7 +276,7 @@ class Server:
             return Response(status_code=499)
         finally:
             watcher.cancel()
-            self._record(dialect, status, output, ttft, t0)
+            self._record(dialect, job, status, output, ttft, t0)
 
     async def _start_stream(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
         """Streaming: wait for the first step so early errors still get a proper HTTP status."""
@@ -336,7 +289,7 @@ class Server:
         except (APIError, ClientGone) as e:
             watcher.cancel()
             status = e.status if isinstance(e, APIError) else 499
-            self._record(dialect, status, None, None, t0)
+            self._record(dialect, job, status, None, None, t0)
             if isinstance(e, ClientGone):
                 return Response(status_code=499)
             raise
@@ -380,8 +333,8 @@ class Server:
         finally:
             watcher.cancel()
             if status == 499:
-                self.scheduler.cancel(job, "client")
-            self._record(dialect, status, output, ttft, t0)
+                self.cancel(job, "client")
+            self._record(dialect, job, status, output, ttft, t0)
 
     # -- small endpoints ------------------------------------------------------------------------
     def models(self) -> dict:
@@ -391,9 +344,9 @@ class Server:
         return {"object": "list", "data": [card]}
 
     def health(self) -> tuple[dict, int]:
-        s = self.scheduler
+        s = self.engine
         body = {"status": "ok" if s.alive else "unavailable", "model": self.model_name,
-                "queued": s.queued, "active": 1 if s.active else 0, "max_queue": s.max_queue,
+                "queued": s.waiting, "active": s.running, "max_queue": s.max_queue,
                 "worker_alive": s.alive, "threads": threading.active_count(),
                 "thread_names": sorted(t.name for t in threading.enumerate())}
         return body, 200 if s.alive else 503

@@ -5,6 +5,6 @@
 """
 
 from ..config import BACKENDS
-from .base import Backend, Runner, SeqInput, SequenceRunner
+from .base import Backend, Runner, RunnerBackend, SeqInput, SequenceRunner, as_backend
 
-__all__ = ["BACKENDS", "Backend", "Runner", "SeqInput", "SequenceRunner"]
+__all__ = ["BACKENDS", "Backend", "Runner", "RunnerBackend", "SeqInput", "SequenceRunner", "as_backend"]

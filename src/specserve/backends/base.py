@@ -6,9 +6,10 @@ logits only for the rows asked for; `truncate` rolls one sequence's cache back, 
 rejected draft tokens are forgotten. Everything above this file (proposers, verification,
 sampling, stops, stats) is backend-agnostic.
 
-`SequenceRunner` is the single-sequence view the engine and the draft proposer drive today:
+`SequenceRunner` is the single-sequence view the draft proposer and the cost calibration drive:
 `forward(tokens) -> logits [T, V]`, `truncate(length)`, `reset()`. Tests and the replay oracle
-plug in their own objects with the same members (the `Runner` protocol).
+plug in their own objects with the same members (the `Runner` protocol); `RunnerBackend` turns
+one of those into a one-sequence Backend, so the engine core runs them unchanged.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Backend(Protocol):
     vocab_size: int  # rows of the output layer (logits width V)
     max_context: int  # longest sequence one cache holds
     max_sequences: int  # sequences that may exist at once
+    batches_sequences: bool  # one pass for all sequences (llama.cpp), or one pass each (transformers)
 
     def new_sequence(self) -> int:
         """Allocate an empty sequence; returns its id."""
@@ -72,23 +74,29 @@ class Runner(Protocol):
 
 
 class SequenceRunner:
-    """A `Runner` over one sequence of a `Backend` (allocated on creation)."""
+    """A `Runner` over one sequence of a `Backend`, allocated on first use and released by
+    `close()` (a proposer built with the request allocates nothing until the request runs)."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self.seq = backend.new_sequence()
+        self.seq: int | None = None
         self.vocab_size = backend.vocab_size
         self.max_context = backend.max_context
 
+    def _seq(self) -> int:
+        if self.seq is None:
+            self.seq = self.backend.new_sequence()
+        return self.seq
+
     @property
     def length(self) -> int:
-        return self.backend.length(self.seq)
+        return 0 if self.seq is None else self.backend.length(self.seq)
 
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Feed token_ids after the cached ones. Returns float32 logits [T, V] ([1, V] if last_only)."""
         if self.length + len(token_ids) > self.max_context:
             raise ValueError(f"cache would exceed the context length {self.max_context}")
-        (logits,) = self.backend.forward([SeqInput(self.seq, token_ids, "last" if last_only else "all")])
+        (logits,) = self.backend.forward([SeqInput(self._seq(), token_ids, "last" if last_only else "all")])
         return logits
 
     def truncate(self, length: int) -> None:
@@ -96,7 +104,53 @@ class SequenceRunner:
             self.backend.truncate(self.seq, length)
 
     def reset(self) -> None:
-        self.backend.truncate(self.seq, 0)
+        self.truncate(0)
 
     def close(self) -> None:
-        self.backend.free_sequence(self.seq)
+        if self.seq is not None:
+            self.backend.free_sequence(self.seq)
+            self.seq = None
+
+
+class RunnerBackend:
+    """A one-sequence Backend over a `Runner` (synthetic test models, the replay oracle)."""
+
+    name = "runner"
+    max_sequences = 1
+    batches_sequences = False
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.vocab_size, self.max_context = runner.vocab_size, runner.max_context
+        self._taken = False
+
+    def new_sequence(self) -> int:
+        if self._taken:
+            raise RuntimeError("all 1 sequences are in use")
+        self._taken = True
+        self.runner.reset()
+        return 0
+
+    def free_sequence(self, seq: int) -> None:
+        self._taken = False
+
+    def length(self, seq: int) -> int:
+        return self.runner.length
+
+    def forward(self, inputs: Sequence[SeqInput]) -> list[torch.Tensor | None]:
+        out = []
+        for x in inputs:
+            if not x.token_ids:
+                out.append(None)
+                continue
+            logits = self.runner.forward(list(x.token_ids), last_only=x.logits != "all")
+            out.append(None if x.logits == "none" else logits)
+        return out
+
+    def truncate(self, seq: int, length: int) -> None:
+        self.runner.truncate(length)
+
+
+def as_backend(model) -> Backend:
+    """A Backend as it is, or a Runner wrapped as a one-sequence Backend."""
+    return model if hasattr(model, "new_sequence") else RunnerBackend(model)

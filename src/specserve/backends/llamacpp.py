@@ -109,16 +109,19 @@ class LlamaCppBackend:
 
     threads: CPU threads for decoding and batches (default: every core this process may use).
     max_context: tokens one sequence may hold (default: the model's training context, capped
-    at DEFAULT_MAX_CONTEXT); the context holds max_context * max_sequences. Keep it near what
+    at DEFAULT_MAX_CONTEXT). cache_tokens: cells of the cache all sequences share (default
+    max_context * max_sequences); the engine admits requests only while their prompt + answer
+    fits. Keep both near what
     requests need: on the CPU a decoding step's attention cost follows the allocated context
     (Qwen 1.5B with 3.8k tokens cached: 17.3 tok/s at 16384, 18.5 at 8192, 19.5 at 4608).
     batch_invariant: kernels that round a chunk exactly as token-by-token passes (see above).
     """
 
     name = "llama.cpp"
+    batches_sequences = True
 
     def __init__(self, gguf_path: str | Path, max_context: int | None = None, max_sequences: int = 1,
-                 threads: int | None = None, batch_invariant: bool = False, n_batch: int = 512,
+                 cache_tokens: int | None = None, threads: int | None = None, batch_invariant: bool = False, n_batch: int = 512,
                  gpu_layers: int | None = None):
         _init_backend(batch_invariant)
         ll = self._ll = _lib()
@@ -134,6 +137,7 @@ class LlamaCppBackend:
         train_ctx = ll.llama_model_n_ctx_train(self._model) or 2048
         self.max_context: int = min(max_context or min(train_ctx, DEFAULT_MAX_CONTEXT), train_ctx)
         self.max_sequences = max_sequences
+        self.cache_tokens = cache_tokens or self.max_context * max_sequences
         self.n_batch = n_batch
         self._ctx = self._new_context()
         self._mem = ll.llama_get_memory(self._ctx)
@@ -157,7 +161,7 @@ class LlamaCppBackend:
     def _new_context(self):
         ll = self._ll
         p = ll.llama_context_default_params()
-        p.n_ctx = self.max_context * self.max_sequences
+        p.n_ctx = self.cache_tokens
         p.n_batch = p.n_ubatch = self.n_batch
         p.n_seq_max = self.max_sequences
         p.n_threads = p.n_threads_batch = self.threads
@@ -170,7 +174,7 @@ class LlamaCppBackend:
         ctx = ll.llama_init_from_model(self._model, p)
         if not ctx:
             raise ModelLoadError(f"cannot create a llama.cpp context for {self.path.name} "
-                                 f"({self.max_context} tokens x {self.max_sequences} sequences): "
+                                 f"({self.cache_tokens} cache cells, {self.max_sequences} sequences): "
                                  f"{_load_error(self.path)}")
         return ctx
 

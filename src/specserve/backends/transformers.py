@@ -19,6 +19,7 @@ class TransformersBackend:
     """Owns one Hugging Face causal LM and the KV caches of its sequences."""
 
     name = "transformers"
+    batches_sequences = False  # each sequence runs its own pass: exactly its numerics alone
 
     def __init__(self, model: PreTrainedModel, max_context: int | None = None, max_sequences: int = 64):
         self.model = model.eval()

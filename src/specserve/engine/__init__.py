@@ -1,0 +1,126 @@
+"""The engine: requests in, one batched step at a time, tokens out.
+
+    core.py       EngineCore.step(): retire -> admit -> draft -> schedule -> run -> commit
+    request.py    one request's state: prefill progress, draft, verification, stop handling
+    scheduler.py  admission by cache capacity, prefill chunks, drafts trimmed to what pays
+    client.py     the worker thread and the small interface the HTTP server talks to
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from ..backends import SequenceRunner, as_backend
+from ..config import EngineLimits, SamplingParams, SpeculationConfig
+from ..stats import RequestOutput, StepEvent
+from .core import EngineCore, StepInfo
+from .request import Request
+
+
+class Engine:
+    """A target backend (and optional draft backend) with a tokenizer, ready to generate.
+
+    target/draft: a `Backend`, or a single-sequence `Runner` (tests, the replay oracle), which
+    then runs one request at a time."""
+
+    def __init__(self, target, tokenizer, draft=None, eos_token_ids: set[int] | None = None,
+                 limits: EngineLimits | None = None):
+        target = as_backend(target)
+        draft = as_backend(draft) if draft is not None else None
+        self.core = EngineCore(target, tokenizer, draft, eos_token_ids, limits)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.core.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: set[int]) -> None:
+        self.core.eos_token_ids = set(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.target.vocab_size
+
+    def prices(self):
+        return self.core.prices()
+
+    @contextmanager
+    def scratch(self) -> Iterator[SequenceRunner]:
+        """A runner on a spare target sequence, for scoring outside any request (benchmarks);
+        the engine does not step meanwhile, and the sequence is freed afterwards."""
+        with self.core.lock:
+            runner = SequenceRunner(self.core.target)
+            try:
+                yield runner
+            finally:
+                runner.close()
+
+    def request(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,
+                prediction: str | list[int] | None = None, should_cancel: Callable[[], bool] | None = None,
+                constraint=None, on_event=None) -> Request:
+        """A validated request, not yet queued (see `EngineCore.make_request`)."""
+        return self.core.make_request(prompt_ids, params, spec, prediction, constraint, should_cancel, on_event)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,
+                 prediction: str | list[int] | None = None,
+                 should_cancel: Callable[[], bool] | None = None, constraint=None) -> "Generation":
+        """Start a request; iterate the result for StepEvents, then read `.output`.
+
+        constraint: an optional grammar (constrain.Constraint) that cuts drafts, masks the
+        verified logits rows and follows the committed tokens."""
+        return Generation(self.core, self.request(prompt_ids, params, spec, prediction, should_cancel, constraint))
+
+    def run(self, requests: list[Request]) -> list[RequestOutput]:
+        """Run requests together (continuous batching) until all have finished."""
+        for r in requests:
+            self.core.add(r)
+        while not all(r.finished for r in requests):
+            self.core.step()
+        for r in requests:
+            if r.error is not None:
+                raise r.error
+        return [r.output for r in requests]
+
+
+class Generation:
+    """One request as an iterator of StepEvents; `.output` holds its RequestOutput at the end.
+
+    Iterating drives the engine (every request in flight advances, not only this one); the
+    request joins the engine on the first `next()`."""
+
+    def __init__(self, core: EngineCore, request: Request):
+        self.core, self.request = core, request
+        self._events = self._run()
+
+    @property
+    def output(self) -> RequestOutput | None:
+        return self.request.output
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        return self._events
+
+    def __next__(self) -> StepEvent:
+        return next(self._events)
+
+    def run(self) -> RequestOutput:
+        """Drive the request to the end and return its output."""
+        for _ in self._events:
+            pass
+        return self.output
+
+    def _run(self) -> Iterator[StepEvent]:
+        req = self.request
+        self.core.add(req)
+        while True:
+            while req.events:
+                event = req.events.popleft()
+                if req.error is not None:
+                    raise req.error
+                yield event
+                if event.finish_reason is not None:
+                    return
+            self.core.step()
+
+
+__all__ = ["Engine", "EngineCore", "EngineLimits", "Generation", "Request", "StepInfo"]

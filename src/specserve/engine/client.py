@@ -1,0 +1,123 @@
+"""The engine as a service: one worker thread steps it, any thread submits and cancels.
+
+The HTTP server (and anything else that serves many callers) talks to the engine only through
+`EngineClient`: submit requests, cancel them, read the queue. Each request reports back through
+its own `on_event` callback, called on the worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Protocol, Sequence
+
+from .core import EngineCore
+from .request import Request
+
+log = logging.getLogger("specserve.engine")
+
+
+class QueueFull(Exception):
+    """More requests are waiting than the client accepts."""
+
+    def __init__(self, waiting: int):
+        super().__init__(f"{waiting} requests are waiting")
+        self.waiting = waiting
+
+
+class ShuttingDown(Exception):
+    """The client is stopping and takes no more requests."""
+
+
+class EngineClient(Protocol):
+    """What the server needs from an engine."""
+
+    max_queue: int
+
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def running(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Queue requests together, or raise QueueFull / ShuttingDown without queueing any."""
+
+    def wake(self) -> None:
+        """Something changed (a request was cancelled): step soon even if idle."""
+
+
+class EngineWorker:
+    """An EngineClient running an EngineCore on one background thread.
+
+    max_queue: requests allowed to wait for a place in the running batch; beyond it `submit`
+    raises QueueFull (the server answers 429)."""
+
+    def __init__(self, core: EngineCore, max_queue: int):
+        self.core, self.max_queue = core, max_queue
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def waiting(self) -> int:
+        return self.core.waiting
+
+    @property
+    def running(self) -> int:
+        return self.core.running
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="specserve-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort everything in flight (each request reports "abort"), then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.core.abort_all()
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown()
+            if self.core.waiting + len(requests) > self.max_queue + self._free_slots():
+                raise QueueFull(self.core.waiting)
+            for r in requests:
+                self.core.add(r)
+            self._cond.notify()
+
+    def _free_slots(self) -> int:
+        """Requests that would join the batch at once rather than wait."""
+        return max(0, self.core.limits.max_num_seqs - self.core.running)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self.core.has_work():
+                    self._cond.wait()
+                if self._stopping:
+                    return
+            try:
+                self.core.step()
+            except Exception as e:  # noqa: BLE001 - a bug in a step fails what is in flight, not the server
+                log.exception("engine step failed")
+                self.core.fail_all(e)

@@ -1,0 +1,267 @@
+"""One request's state inside the engine, from the queue to its last token.
+
+A request lives through four phases, each a method the engine core calls:
+
+    admit    -> a cache sequence and the proposer chain (waiting -> prefill, or -> decode)
+    prefill  -> `prefilled(n)` after each chunk of the prompt enters the cache
+    decode   -> `plan_draft(limit)`, then the scheduler may `trim_draft(n)`, then the core
+                runs one forward over `step_tokens()` and calls `commit(logits)`
+    finish   -> stop/EOS/length/abort; the core frees the sequence
+
+Everything here is about this request alone: verification, stop handling, statistics and
+what the proposers hear. The decisions that weigh requests against each other live in
+scheduler.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections import deque
+from typing import Callable
+
+import torch
+
+from ..config import SamplingParams, SpeculationConfig
+from ..detokenize import OutputBuilder
+from ..errors import ContextLengthError, InvalidRequestError
+from ..governor import Governor
+from ..proposer import Draft, Proposer, choose_draft
+from ..sampling import apply_penalties, draft_prefix_counts, probs_from_logits
+from ..stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
+from ..verify import verify_greedy, verify_sampled
+
+_ids = itertools.count()
+
+WAITING, PREFILL, DECODE, FINISHED = "waiting", "prefill", "decode", "finished"
+
+
+class Request:
+    """What the engine knows about one request. Built (and validated) by the caller's thread;
+    every other method runs on the thread that steps the engine.
+
+    on_event: called with each StepEvent on the stepping thread (the server posts it to its
+    event loop); events are also queued in `events` for callers that poll.
+    """
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig, *,
+                 max_context: int, prediction: str | list[int] | None = None, constraint=None,
+                 should_cancel: Callable[[], bool] | None = None,
+                 on_event: Callable[["Request", StepEvent], None] | None = None):
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty")
+        if len(prompt_ids) >= max_context:
+            raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens but the model's context "
+                                     f"length is {max_context}")
+        self.id = next(_ids)
+        self.prompt_ids, self.params, self.spec = list(prompt_ids), params, spec
+        self.prediction, self.constraint = prediction, constraint
+        self.max_context = max_context
+        self.should_cancel = should_cancel or (lambda: False)
+        self.on_event = on_event
+        self.events: deque[StepEvent] = deque()
+        self.phase = WAITING
+        self.output: RequestOutput | None = None
+        self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None
+                                                       else random.getrandbits(63))
+        self.seq: int | None = None  # the target cache sequence, once admitted
+        self.cached = 0  # prompt tokens in the target cache (prefill progress)
+        self.chain: list[Proposer] = []
+        self.governor: Governor | None = None
+        self.error: Exception | None = None  # set when the request failed
+
+    # -- sizes the scheduler reads ------------------------------------------------------------
+    @property
+    def reserve(self) -> int:
+        """Cache cells this request may ever hold: prompt + answer (drafts never pass max_tokens)."""
+        return min(self.max_context, len(self.prompt_ids) + self.params.max_tokens)
+
+    @property
+    def prefill_remaining(self) -> int:
+        """Prompt tokens still to enter the cache (all but the last, which is the first pending)."""
+        return len(self.prompt_ids) - 1 - self.cached
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == FINISHED
+
+    # -- admit ----------------------------------------------------------------------------------
+    def admit(self, seq: int, chain: list[Proposer], governor: Governor | None, tokenizer,
+              eos_token_ids: set[int], vocab_size: int) -> None:
+        """Take a cache sequence and the proposers; start the clock of the request's own stats."""
+        self.seq, self.chain, self.governor = seq, chain, governor
+        self.t0 = time.perf_counter()
+        self.stats = SpecStats(prompt_tokens=len(self.prompt_ids))
+        self.builder = OutputBuilder(tokenizer, self.prompt_ids, self.params, eos_token_ids)
+        self.counts = torch.zeros(vocab_size) if self.params.has_penalties else None  # [V]
+        self.tokens = list(self.prompt_ids)
+        self.sources: list[str] = []
+        self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
+        self.timeline: list[dict] = []
+        self.draft: Draft | None = None
+        self.draft_ids: list[int] = []
+        self.phase = PREFILL
+        self.prefilled(0)
+
+    def prefilled(self, n: int) -> None:
+        """n more prompt tokens are in the target cache; the proposers catch up with them."""
+        self.cached += n
+        for proposer in self.chain:
+            proposer.prefill(self.prompt_ids[: self.cached + 1])
+        if self.prefill_remaining == 0:
+            self.phase = DECODE
+            self.stats.prefill_time = time.perf_counter() - self.t0
+
+    # -- decode: draft ------------------------------------------------------------------------
+    def room(self) -> int:
+        """Draft tokens this step may carry: output and context room left after the pending token."""
+        return min(self.params.max_tokens - len(self.builder.token_ids) - 1,
+                   self.max_context - len(self.tokens) - 1)
+
+    def plan_draft(self) -> None:
+        """Ask the proposer chain for this step's draft (the governor caps `auto` sources)."""
+        t = time.perf_counter()
+        limit = self.room()
+        draft = choose_draft(self.chain, self.tokens, limit, self.governor)
+        ids = draft.token_ids[:limit] if draft else []
+        if self.constraint is not None:  # cut at the first token the grammar rejects (and plan the row masks)
+            ids = self.constraint.cut(ids, sampled=not self.params.greedy and draft is not None
+                                      and draft.probs is not None)
+        self.draft, self.draft_ids = draft, ids
+        self.stats.draft_time += time.perf_counter() - t
+
+    def trim_draft(self, n: int) -> None:
+        """Verify only the first n draft tokens this step (the scheduler's load decision)."""
+        self.draft_ids = self.draft_ids[:n]
+
+    @property
+    def trimmable(self) -> bool:
+        """Whether the scheduler may shorten this step's draft. A sampled request's random
+        stream depends on its draft lengths, so those follow the request's own history only:
+        a seeded request then samples the same tokens alone and in any batch."""
+        return self.params.greedy
+
+    def acceptance(self) -> float:
+        """Share of this step's source's draft tokens accepted so far in this request (with a
+        prior of 1 in 2 before any): what one more draft token is expected to be worth."""
+        if self.draft is None:
+            return 0.0
+        s = self.stats.by_source[self.draft.source]
+        return (s.accepted + 1) / (s.proposed + 2)
+
+    def step_tokens(self) -> list[int]:
+        """What this step feeds the target: the pending token, then the draft."""
+        return [self.tokens[-1]] + self.draft_ids
+
+    # -- decode: verify and commit ------------------------------------------------------------
+    def commit(self, logits: torch.Tensor, step_time: float) -> int:
+        """Verify the step's logits [K+1, V], commit, and emit a StepEvent. Returns how many
+        tokens of this step stay in the target cache (the caller truncates to it)."""
+        draft, draft_ids, params = self.draft, self.draft_ids, self.params
+        if self.counts is not None:
+            logits = apply_penalties(logits, draft_prefix_counts(self.counts, draft_ids), params)
+        if self.constraint is not None:  # row i: tokens the grammar allows after draft[:i]
+            logits = self.constraint.mask(logits)  # [K+1, V]
+        n_acc, next_tok = _verify(logits, draft_ids, draft, params, self.generator)
+        keep = len(self.tokens) + n_acc  # pending + accepted are cached; next_tok is the new pending
+
+        new = draft_ids[:n_acc] + [next_tok]
+        src = draft.source if draft and draft_ids else "none"
+        committed = 0
+        for tok in new:
+            committed += 1
+            if self.builder.add(tok):
+                break
+        new = new[:committed]
+        new_sources = ([src] * n_acc + ["target"])[:committed]
+        self.tokens += new
+        self.sources += new_sources
+        if self.constraint is not None:
+            self.constraint.advance(new)
+        if self.counts is not None:
+            for tok in new:
+                self.counts[tok] += 1
+        step_lp = _logprobs(logits, new, params.logprobs) if self.logprobs is not None else None
+        if step_lp:
+            self.logprobs.extend(step_lp)
+        # Draft tokens cut by a stop/EOS/max_tokens inside the draft never reach the output:
+        # count them as not accepted, so accepted prediction tokens <= completion tokens.
+        self.stats.record_step(src, len(draft_ids), min(n_acc, committed), committed)
+        self.stats.verify_time += step_time
+        if self.governor is not None:
+            self.governor.record(src, 1 + len(draft_ids), len(draft_ids) if src == "draft" else 0, n_acc + 1)
+        heard = Draft(draft_ids, src, None) if src != "none" else None
+        for p in self.chain:
+            p.observe(self.tokens, heard, n_acc)
+        if self.stats.time_to_first_token is None:
+            self.stats.time_to_first_token = time.perf_counter() - self.t0
+        self.timeline.append({"source": src, "proposed": len(draft_ids), "accepted": n_acc,
+                              "committed": committed, "time": round(step_time, 5)})
+        self.draft, self.draft_ids = None, []
+        reason = self.builder.finish_reason
+        if reason is None and len(self.tokens) >= self.max_context:
+            self.builder.finish("length")
+        self._emit(StepEvent(new, new_sources, self.builder.release(), step_lp, self.builder.finish_reason,
+                             step_time))
+        return keep
+
+    # -- finish -------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """End without another step (cancelled, timed out, or the engine is shutting down)."""
+        if self.phase == FINISHED:
+            return
+        if self.phase == WAITING:  # never admitted: nothing was decoded
+            self.phase = FINISHED
+            self.output = RequestOutput(self.prompt_ids, [], "", "abort", SpecStats(len(self.prompt_ids)))
+            self._deliver(StepEvent([], [], "", None, "abort"))
+            return
+        self.builder.finish("abort")
+        self._emit(StepEvent([], [], self.builder.release(), None, "abort"))
+
+    def fail(self, error: Exception) -> None:
+        """End with an error (a backend or proposer failure): the caller gets `error` raised."""
+        if self.phase == FINISHED:
+            return
+        self.error = error
+        self.phase = FINISHED
+        self._deliver(StepEvent([], [], "", None, "error"))
+
+    def _emit(self, event: StepEvent) -> None:
+        if event.finish_reason is not None:
+            self.stats.output_tokens = len(self.builder.token_ids)
+            self.stats.total_time = time.perf_counter() - self.t0
+            self.output = RequestOutput(self.prompt_ids, self.builder.token_ids, self.builder.text,
+                                        self.builder.finish_reason, self.stats, self.sources, self.logprobs,
+                                        self.timeline)
+            self.phase = FINISHED
+        self._deliver(event)
+
+    def _deliver(self, event: StepEvent) -> None:
+        self.events.append(event)
+        if self.on_event is not None:
+            self.on_event(self, event)
+
+
+def _verify(logits: torch.Tensor, draft_ids: list[int], draft: Draft | None, params: SamplingParams,
+            generator: torch.Generator):
+    """Greedy: exact argmax path. Sampling: lossless rejection sampling. logits: [K+1, V]."""
+    if params.greedy:
+        v = verify_greedy(logits, draft_ids)
+    else:
+        probs = probs_from_logits(logits, params)  # [K+1, V]
+        q = draft.probs[: len(draft_ids)] if draft is not None and draft.probs is not None else None
+        v = verify_sampled(probs, draft_ids, q, generator)
+    return v.num_accepted, v.next_token
+
+
+def _logprobs(logits: torch.Tensor, new: list[int], top_n: int) -> list[TokenLogprob]:
+    """Log-probabilities of the committed tokens under the (penalised) target logits."""
+    lp = torch.log_softmax(logits[: len(new)].float(), dim=-1)  # [n, V]
+    out = []
+    for i, tok in enumerate(new):
+        top = torch.topk(lp[i], top_n) if top_n else None
+        pairs = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
+        pairs = [(t, v) for t, v in pairs if v != float("-inf")]  # tokens a grammar masked out
+        out.append(TokenLogprob(tok, float(lp[i, tok]), pairs))
+    return out

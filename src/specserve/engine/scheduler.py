@@ -1,0 +1,130 @@
+"""Which requests run in the next step, and how many tokens each feeds the target.
+
+    admit     waiting requests join while the cache (`kv_cache_tokens`) and `max_num_seqs` allow
+    prefill   prompts enter the cache in chunks; while others decode, a chunk is sized so that
+              the step costs at most `prefill_slowdown` times a step without it
+    draft     each decoding request asks its proposers for a draft (its own history decides K)
+    trim      with several decoding requests, drafts are cut back to what pays: see `trim_drafts`
+
+Costs come from the engine's measured `CostModel` (a pass of n tokens, in plain steps).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..config import EngineLimits
+from ..governor import CostModel
+from .request import DECODE, PREFILL, Request
+
+
+@dataclass
+class StepPlan:
+    """One step: decoding requests (pending token + draft each) and prefill chunks."""
+
+    decode: list[Request] = field(default_factory=list)
+    prefill: list[tuple[Request, int]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+    @property
+    def tokens(self) -> int:
+        return sum(1 + len(r.draft_ids) for r in self.decode) + sum(n for _, n in self.prefill)
+
+
+class Scheduler:
+    """The waiting queue, the running set and the cache reservations."""
+
+    def __init__(self, limits: EngineLimits, cache_tokens: int):
+        self.limits, self.cache_tokens = limits, cache_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.reserved = 0  # cache cells promised to running requests
+
+    # -- admission ------------------------------------------------------------------------------
+    def can_admit(self, req: Request) -> bool:
+        """Room for one more sequence and for its whole prompt + answer in the cache."""
+        return len(self.running) < self.limits.max_num_seqs and self.reserved + req.reserve <= self.cache_tokens
+
+    def fits_ever(self, req: Request) -> bool:
+        """Whether the request could run on an empty engine (else it would wait forever)."""
+        return req.reserve <= self.cache_tokens
+
+    def start(self, req: Request) -> None:
+        self.running.append(req)
+        self.reserved += req.reserve
+
+    def stop(self, req: Request) -> None:
+        self.running.remove(req)
+        self.reserved -= req.reserve
+
+    # -- one step -------------------------------------------------------------------------------
+    def plan(self, prices: CostModel | None) -> StepPlan:
+        """Size the prefill chunks and trim the decoding requests' drafts to what pays (each
+        decoding request has planned its draft already). prices: None for a lone request."""
+        decode = [r for r in self.running if r.phase == DECODE]
+        budget = self.limits.max_num_batched_tokens - len(decode)
+        prefill = self._prefill_chunks(len(decode), budget, prices)
+        if len(decode) > 1 and prices is not None:
+            trim_drafts(decode, [n for _, n in prefill], prices, budget - sum(n for _, n in prefill))
+        return StepPlan(decode, prefill)
+
+    def _prefill_chunks(self, decoding: int, budget: int, prices: CostModel | None) -> list[tuple[Request, int]]:
+        """Prompt chunks for this step, oldest request first."""
+        if decoding and prices is not None:
+            budget = min(budget, prefill_allowance(decoding, prices, self.limits))
+        chunks = []
+        for r in self.running:
+            if r.phase == PREFILL and budget > 0:
+                n = min(r.prefill_remaining, budget)
+                chunks.append((r, n))
+                budget -= n
+        return chunks
+
+
+def prefill_allowance(decoding: int, prices: CostModel, limits: EngineLimits) -> int:
+    """The largest prefill chunk that keeps a step of `decoding` one-token requests within
+    `prefill_slowdown` times its cost without the chunk (at least `min_prefill_chunk`)."""
+    base = [1] * decoding
+    limit = limits.prefill_slowdown * prices.batch(base)
+    lo, hi = 0, limits.max_num_batched_tokens  # cost grows with the chunk: binary search
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if prices.batch(base + [mid]) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return max(lo, limits.min_prefill_chunk)
+
+
+def trim_drafts(decode: list[Request], prefill: list[int], prices: CostModel, budget: int) -> None:
+    """Cut drafts so that the step's expected committed tokens per unit of cost is the best
+    this step can reach, and never worse than plain batched decoding.
+
+    Every draft token is worth its request's acceptance so far (`Request.acceptance`); pending
+    tokens are worth 1. Draft tokens are taken most valuable first, and the step keeps the
+    prefix with the highest (expected tokens) / (step cost): a token that costs more than it
+    brings, at this batch size and on this machine, is not verified. Only greedy requests are
+    trimmed (`Request.trimmable`); the others' drafts are fixed costs of the step. `budget`:
+    draft tokens the step may still carry."""
+    sizes = [1 + (0 if r.trimmable else len(r.draft_ids)) for r in decode] + list(prefill)
+    value = sum(1 + (0 if r.trimmable else r.acceptance() * len(r.draft_ids)) for r in decode)
+    budget -= sum(len(r.draft_ids) for r in decode if not r.trimmable)
+    candidates = sorted(((r.acceptance(), i) for i, r in enumerate(decode) if r.trimmable
+                         for _ in range(len(r.draft_ids))), key=lambda c: -c[0])
+    best, best_m = value / prices.batch(sizes), 0
+    for m, (a, i) in enumerate(candidates[: max(budget, 0)], start=1):
+        sizes[i] += 1
+        value += a
+        ratio = value / prices.batch(sizes)
+        if ratio > best:
+            best, best_m = ratio, m
+    keep = [0] * len(decode)
+    for _, i in candidates[:best_m]:
+        keep[i] += 1
+    for i, r in enumerate(decode):
+        if r.trimmable:
+            r.trim_draft(keep[i])
