@@ -87,21 +87,23 @@ class CostModel:
     def calibrate(cls, target, draft=None, batched: bool = True) -> "CostModel":
         """Time passes of CALIBRATION_SIZES tokens on the target runner (and a 1-token pass on
         the draft's); both runners are reset afterwards."""
-        times = _time_passes(target, CALIBRATION_SIZES)
+        context = min(CALIBRATION_CONTEXT, target.max_context // 4)
+        sizes = tuple(n for n in CALIBRATION_SIZES if context + n <= target.max_context)  # small test models
+        times = _time_passes(target, sizes, context)
         t1 = times[0]
         curve, last = [], 1.0
-        for n, t in zip(CALIBRATION_SIZES, times):
+        for n, t in zip(sizes, times):
             last = max(last, t / t1)  # timing noise must not make a longer pass cheaper
             curve.append((n, last))
-        d1 = _time_passes(draft, (1,))[0] / t1 if draft is not None else 0.0
+        d1 = _time_passes(draft, (1,), context)[0] / t1 if draft is not None else 0.0
         return cls(tuple(curve), d1, batched)
 
 
-def _time_passes(runner, sizes: tuple[int, ...]) -> list[float]:
-    """Seconds of one pass of each size after CALIBRATION_CONTEXT cached tokens (the median of
+def _time_passes(runner, sizes: tuple[int, ...], context: int) -> list[float]:
+    """Seconds of one pass of each size after `context` cached tokens (the median of
     SMALL_REPEATS for small sizes); the runner is reset afterwards."""
     runner.reset()
-    runner.forward([1] * CALIBRATION_CONTEXT, last_only=True)
+    runner.forward([1] * context, last_only=True)
     out = []
     for n in sizes:
         runs = []
@@ -109,7 +111,7 @@ def _time_passes(runner, sizes: tuple[int, ...]) -> list[float]:
             t = time.perf_counter()
             runner.forward([1] * n)
             runs.append(time.perf_counter() - t)
-            runner.truncate(CALIBRATION_CONTEXT)
+            runner.truncate(context)
         out.append(statistics.median(runs))
     runner.reset()
     return out
