@@ -1,8 +1,9 @@
-"""The server under load: concurrent streams, disconnects, a full queue and timeouts.
+"""The server under load: concurrent streams, disconnects, a flood, a full queue and timeouts.
 
-Two real server processes: the tiny model for 16 concurrent streaming clients (a quarter of
-them hang up mid-stream), and a deeper, slower tiny model with --max-queue 1 and a short
---request-timeout for 429s and 504s.
+Real server processes: the tiny model for 32 concurrent streaming clients (a quarter of them
+hang up mid-stream); the tiny model with a cache that fits 8 sequences for 64 clients at once
+(each finishes or gets a 429, nothing is lost, memory and threads come back); and a deeper,
+slower tiny model with --max-queue 1 and a short --request-timeout for 429s and 504s.
 """
 
 from __future__ import annotations
@@ -16,17 +17,28 @@ import openai
 import pytest
 
 from server_proc import ServerProcess, metric_value, save_slow_tiny
-from tiny import save_tiny
+from tiny import save_tiny, tiny_tokenizer
 
 MODEL = "tiny"
-CLIENTS, MAX_TOKENS, HANG_UP_MAX_TOKENS = 16, 96, 400
+CLIENTS, MAX_TOKENS, HANG_UP_MAX_TOKENS = 32, 96, 400
+FLOOD, FLOOD_MAX_TOKENS, FLOOD_QUEUE = 64, 24, 24
 PROMPTS = ["def add(a, b):", "class UserController:", "import os\nimport", "function getUser(req, res) {"]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = save_tiny(tmp_path_factory.mktemp("load") / "tiny")
-    with ServerProcess(path, "--served-model-name", MODEL, "--max-queue", "16", "--request-timeout", "120") as srv:
+    with ServerProcess(path, "--served-model-name", MODEL, "--max-queue", "32", "--request-timeout", "120") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def small_cache_server(tmp_path_factory):
+    """Cells for exactly 8 flood requests (prompt + max_tokens each): the rest queue or get 429."""
+    path = save_tiny(tmp_path_factory.mktemp("flood") / "tiny")
+    cells = 8 * (len(tiny_tokenizer().encode(PROMPTS[0])) + FLOOD_MAX_TOKENS)
+    with ServerProcess(path, "--served-model-name", MODEL, "--max-num-seqs", "16", "--kv-cache-tokens", str(cells),
+                       "--max-queue", str(FLOOD_QUEUE), "--request-timeout", "120") as srv:
         yield srv
 
 
@@ -126,6 +138,60 @@ def test_concurrent_streams_with_disconnects(server):
     assert completers * MAX_TOKENS <= tokens < completers * MAX_TOKENS + len(hang_ups) * HANG_UP_MAX_TOKENS
     print(f"\n{CLIENTS} streams ({len(hang_ups)} hung up) in {elapsed:.2f}s, "
           f"{tokens / elapsed:.0f} tok/s, max queue {seen['max_queued']}")
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def _flood(server) -> dict[int, int]:
+    """FLOOD clients at once; returns how many got each status, after checking each 200's body."""
+    statuses: list[int] = []
+    barrier = threading.Barrier(FLOOD)
+
+    def one(i: int) -> None:
+        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": FLOOD_MAX_TOKENS, "temperature": 0,
+                "ignore_eos": True, "speculation": {"method": ["none", "ngram", "auto"][i % 3]}}
+        barrier.wait()
+        try:
+            r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+        except httpx.HTTPError:
+            statuses.append(0)
+            return
+        if r.status_code == 200:
+            assert r.json()["usage"]["completion_tokens"] == FLOOD_MAX_TOKENS
+        elif r.status_code == 429:
+            assert r.json()["error"]["code"] == "queue_full" and int(r.headers["retry-after"]) >= 1
+        statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(FLOOD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    return {s: statuses.count(s) for s in set(statuses)}
+
+
+def test_flood_against_a_cache_of_eight(small_cache_server):
+    srv = small_cache_server
+    srv_pid = srv.proc.pid
+    _flood(srv)  # the first wave also warms up allocators and caches
+    first = _wait_idle(srv)
+    rss_first = _rss_kib(srv_pid)
+    counts = _flood(srv)
+    health = _wait_idle(srv)
+    assert sum(counts.values()) == FLOOD and set(counts) <= {200, 429}, counts  # nothing lost, nothing else
+    assert counts.get(200, 0) >= 8 + FLOOD_QUEUE and counts.get(429, 0) >= 1, counts
+    assert health["threads"] == first["threads"] and health["kv_cache_usage"] == 0.0, health
+    assert _rss_kib(srv_pid) < rss_first + 32 * 1024  # no per-request growth (each wave: 64 requests)
+    metrics = srv.metrics()
+    assert metric_value(metrics, "specserve_batch_size_count") > 0
+    assert metric_value(metrics, "specserve_kv_cache_usage") <= 1.0
+    # the batch never held more than the cache fits (8), though max-num-seqs allows 16, and it was full
+    steps = metric_value(metrics, "specserve_batch_size_count")
+    assert metric_value(metrics, "specserve_batch_size_bucket", le="8.0") == steps
+    assert metric_value(metrics, "specserve_batch_size_bucket", le="4.0") < steps
 
 
 def _long_stream(url: str, out: list) -> None:

@@ -2,15 +2,18 @@
 
     specserve bench --quick --out bench-quick            # SmolLM2-135M, one scenario, short outputs (CI)
     specserve bench --out bench --max-tokens 256 --scenarios py-rename,ts-async --modes plain,prediction
+    specserve bench --concurrency 1,4,16 --modes plain,prediction --load-via both --out bench-load
+                                                         # load: C requests at once (bench_load.py)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from .bench import MODES, PEERS, BenchOptions, divergence_row, environment, run_bench, write_results
-from .cmd_generate import add_model_args, load_options
+from .cmd_generate import add_engine_args, add_model_args, engine_limits, load_options
 
 QUICK_MODEL = "smollm2-135m-instruct"
 QUICK_SCENARIO = "py-rename"
@@ -58,6 +61,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("--html", type=Path, default=None, help="also write an HTML token-source report of one run")
     p.add_argument("--html-run", default=None, help="which run the HTML shows, as scenario/mode "
                                                     "(default: the first prediction run)")
+    add_engine_args(p, max_num_seqs=16)
+    p.add_argument("--concurrency", default=None, metavar="C1,C2,...",
+                   help="run the load benchmark instead: for each C, start C requests at once (plain and "
+                        "prediction modes) and measure aggregate and per-request tok/s, TTFT and inter-token "
+                        "latency; writes load.json, load.md and load.png into --out")
+    p.add_argument("--load-via", default="inproc", choices=("inproc", "server", "both"),
+                   help="load benchmark path: engine requests in this process, streaming requests to a "
+                        "`specserve serve` subprocess, or both (default inproc)")
+    p.add_argument("--load-max-tokens", type=int, default=128, metavar="N",
+                   help="output tokens per load-benchmark request, EOS ignored (default 128)")
     p.set_defaults(func=run)
 
 
@@ -96,10 +109,13 @@ def exact(env: dict) -> bool:
 
 
 def run(args) -> int:
+    if args.concurrency is not None:
+        return run_load(args)
     from .llm import LLM
 
     llm_kwargs, opts = resolve_options(args)
-    llm = LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"])
+    llm = LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"],
+                           limits=engine_limits(args))
     runs, html = run_bench(llm, opts)
     env = environment(llm, opts)
     paths = write_results(runs, env, args.out)
@@ -119,4 +135,43 @@ def run(args) -> int:
         print(f"{len(bad)} speculative run(s) differ from plain greedy decoding on {env['backend']} "
               f"({env['dtype']}), where outputs must be identical: that is a bug", file=sys.stderr)
         return 1
+    return 0
+
+
+def run_load(args) -> int:
+    """`--concurrency`: the load benchmark (bench_load.py) instead of the per-scenario one."""
+    from . import bench_load
+
+    concurrency = bench_load.parse_concurrency(args.concurrency)  # bad values: one line, before any load
+    vias = bench_load.parse_vias(args.load_via)
+    if args.load_max_tokens < 1:
+        raise ValueError("--load-max-tokens must be at least 1")
+    llm_kwargs, opts = resolve_options(args)
+    modes = bench_load.load_modes(opts.modes, note=args.modes != _parser_defaults()["modes"])
+    if args.html:
+        print("note: --html is not written by the load benchmark (--concurrency)", file=sys.stderr)
+    limits = engine_limits(args)
+    # Every C must run at once, in process and in the server alike.
+    seqs = max(limits.max_num_seqs, max(concurrency))
+    if limits.max_num_batched_tokens <= seqs:
+        raise ValueError(f"--max-num-batched-tokens must exceed {seqs} (the largest concurrency)")
+    limits = dataclasses.replace(limits, max_num_seqs=seqs)
+    load_opts = bench_load.LoadBenchOptions(concurrency=concurrency, modes=modes, vias=vias,
+                                            max_tokens=args.load_max_tokens, scenarios=opts.scenarios,
+                                            max_prompt_tokens=opts.max_prompt_tokens)
+
+    def make_llm():
+        from .llm import LLM
+
+        return LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"],
+                                limits=limits)
+
+    engine_args = ["--max-num-batched-tokens", str(limits.max_num_batched_tokens)]
+    if limits.kv_cache_tokens:
+        engine_args += ["--kv-cache-tokens", str(limits.kv_cache_tokens)]
+    _, _, paths = bench_load.run_load(make_llm, llm_kwargs, load_opts, opts, args.out, engine_args,
+                                      max_num_seqs=limits.max_num_seqs)
+    print(paths["markdown"].read_text())
+    for kind, path in paths.items():
+        print(f"wrote {kind}: {path}", file=sys.stderr)
     return 0

@@ -96,6 +96,12 @@ class EngineCore:
     def running(self) -> int:
         return len(self.scheduler.running)
 
+    @property
+    def cache_used(self) -> float:
+        """Share of the cache cells reserved by running requests."""
+        s = self.scheduler
+        return s.reserved / s.cache_tokens if s.cache_tokens else 0.0
+
     def has_work(self) -> bool:
         return bool(self._incoming or self.scheduler.waiting or self.scheduler.running)
 
@@ -244,5 +250,5 @@ class EngineCore:
     def _info(self, plan: StepPlan) -> StepInfo:
         s = self.scheduler
         return StepInfo(len(plan.decode), len(plan.prefill), plan.tokens, sum(len(r.draft_ids) for r in plan.decode),
-                        0.0, s.reserved / s.cache_tokens if s.cache_tokens else 0.0, self.waiting)
+                        0.0, self.cache_used, self.waiting)
 
