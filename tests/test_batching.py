@@ -112,31 +112,50 @@ def test_join_midway_and_cancel_midway(llm):
 
 
 def test_long_prompt_is_prefilled_in_chunks(llm):
-    """With prefill_slowdown 1, a prompt joining running streams enters at min_prefill_chunk tokens a step."""
+    """With prefill_slowdown 1, a prompt joining two running streams enters min_prefill_chunk
+    tokens a step; the three outputs are those of running alone."""
     core = llm.engine.core
     saved = core.scheduler.limits
     core.scheduler.limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, prefill_slowdown=1.0,
                                          min_prefill_chunk=16)
     steps = []
-    core.on_step = steps.append
     reqs = [dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=60), spec="none"),
+            dict(prompt="import os\nimport", params=SamplingParams(max_tokens=60), spec="none"),
             dict(prompt=LONG_PROMPT, params=SamplingParams(max_tokens=8), spec="none")]
     try:
         expected = [alone(llm, r) for r in reqs]
-        steps.clear()
-        gen = llm.stream(reqs[0]["prompt"], reqs[0]["params"], speculation="none")
-        next(gen)  # the short request is decoding when the long one arrives
-        long = llm.stream(LONG_PROMPT, reqs[1]["params"], speculation="none")
+        core.on_step = steps.append
+        running = [llm.stream(r["prompt"], r["params"], speculation="none") for r in reqs[:2]]
+        next(running[0])
+        next(running[1])  # two streams decode when the long prompt arrives
+        long = llm.stream(LONG_PROMPT, reqs[2]["params"], speculation="none")
         out_long = [*long] and long.output
-        list(gen)
+        for g in running:
+            list(g)
     finally:
         core.scheduler.limits = saved
         core.on_step = None
-    same(expected[1], out_long)
-    same(expected[0], gen.output)
+    same(expected[2], out_long)
+    for e, g in zip(expected, running):
+        same(e, g.output)
     prompt_len = len(llm.prompt_ids(LONG_PROMPT))
     chunked = [s for s in steps if s.prefilling and s.decoding]
-    assert len(chunked) >= (prompt_len - 1) // 16 - 1 and all(s.tokens <= 1 + 16 for s in chunked)
+    assert len(chunked) >= (prompt_len - 1) // 16 - 1 and all(s.tokens <= 2 + 16 for s in chunked)
+
+
+def test_a_burst_of_prompts_fills_the_batch_at_once(llm):
+    """Requests arriving together are prefilled with the whole budget, not in throttled chunks."""
+    steps = []
+    core = llm.engine.core
+    core.on_step = steps.append
+    try:
+        batched(llm, [dict(prompt=LONG_PROMPT, params=SamplingParams(max_tokens=4), spec="none")] * 4)
+    finally:
+        core.on_step = None
+    total = 4 * (len(llm.prompt_ids(LONG_PROMPT)) - 1)
+    fill = next(i for i, s in enumerate(steps) if s.decoding == 4)  # the step all four decode in
+    assert steps[0].tokens == min(total, LIMITS.max_num_batched_tokens)
+    assert fill <= -(-total // LIMITS.max_num_batched_tokens)  # full-budget steps, no throttled chunks
 
 
 @pytest.mark.parametrize("method", ["none", "ngram", "draft", "prediction"])

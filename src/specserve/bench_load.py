@@ -120,6 +120,8 @@ class LoadRow:
     accepted: int = 0
     finish_reasons: dict = field(default_factory=dict)
     speedup_vs_c1: float | None = None  # aggregate tok/s over this mode and via's C=1 run
+    steady_tok_s: float | None = None  # tokens/s while all C requests were decoding together
+    of_prefill: float | None = None  # steady_tok_s over the backend's prefill rate (the CPU ceiling)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -217,7 +219,45 @@ def summarize(via: str, mode: str, concurrency: int, timings: list[RequestTiming
                    ttft_p99=percentile(ttfts, 99), itl_p50=percentile(itls, 50), itl_p99=percentile(itls, 99),
                    acceptance_rate=accepted / proposed if mode == "prediction" and proposed else None,
                    proposed=proposed, accepted=accepted,
-                   finish_reasons=dict(Counter(t.finish_reason for t in timings)))
+                   finish_reasons=dict(Counter(t.finish_reason for t in timings)),
+                   steady_tok_s=steady_rate(timings))
+
+
+def steady_rate(timings: list[RequestTiming]) -> float | None:
+    """Tokens per second emitted in the window where every request was decoding: from the last
+    first token to the first finish (prefill and the tail of stragglers left out)."""
+    firsts = [t.emissions[0][0] for t in timings if t.emissions]
+    ends = [t.finish for t in timings if t.finish is not None]
+    if len(firsts) < len(timings) or not ends:
+        return None
+    lo, hi = max(firsts), min(ends)
+    tokens = sum(n for t in timings for when, n in t.emissions if lo < when <= hi)
+    return tokens / (hi - lo) if hi > lo and tokens else None
+
+
+def measure_prefill_rate(llm, tokens: int = 512, repeats: int = 2) -> float:
+    """The backend's own prefill rate (tokens/s of one `tokens`-token pass after a 256-token
+    context, best of `repeats`): the ceiling for batched tokens on a CPU."""
+    import time
+
+    best = 0.0
+    tokens = min(tokens, llm.max_context // 2)
+    context = min(256, llm.max_context // 4)
+    with llm.engine.scratch() as runner:
+        for _ in range(repeats):
+            runner.reset()
+            runner.forward([1] * context, last_only=True)
+            t = time.perf_counter()
+            runner.forward([1] * tokens, last_only=True)
+            best = max(best, tokens / (time.perf_counter() - t))
+        runner.reset()
+    return best
+
+
+def add_ceiling(rows: list[LoadRow], prefill_rate: float | None) -> None:
+    if prefill_rate:
+        for r in rows:
+            r.of_prefill = r.steady_tok_s / prefill_rate if r.steady_tok_s else None
 
 
 def add_speedups(rows: list[LoadRow]) -> None:
@@ -464,15 +504,19 @@ def markdown(rows: list[LoadRow], env: dict) -> str:
     head = (f"# specserve bench: load\n\ntarget `{env.get('model')}`, draft `{env.get('draft_model')}` on the "
             f"**{env.get('backend')}** backend ({env.get('dtype')}, {env.get('device')}, {env.get('threads')} "
             f"threads); CPU {env.get('cpu', '?')}; {env.get('load_max_tokens')} output tokens per request "
-            f"(EOS ignored); {env.get('date', '')}\n\n"
+            f"(EOS ignored); the backend's prefill rate (one 512-token pass): {env.get('prefill_tok_s')} tok/s; "
+            f"{env.get('date', '')}\n\n"
+            "*steady tok/s*: tokens per second while all C requests decode together (from the last first "
+            "token to the first finish); *of prefill*: that over the prefill rate, the ceiling on a CPU.\n\n"
             "| via | mode | C | out tok | wall s | aggregate tok/s | per-request tok/s p50 | TTFT p50 ms "
-            "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance | vs C=1 |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+            "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance | vs C=1 | steady tok/s | of prefill |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     body = "".join(
         f"| {r.via} | {r.mode} | {r.concurrency} | {r.output_tokens} | {r.wall_s:.2f} | {r.aggregate_tok_s:.1f} | "
         f"{_f(r.per_request_tok_s_p50, '.1f')} | {_ms(r.ttft_p50)} | {_ms(r.ttft_p99)} | {_ms(r.itl_p50)} | "
         f"{_ms(r.itl_p99)} | {_f(r.acceptance_rate, '.1%')} | "
-        f"{'–' if r.speedup_vs_c1 is None else f'{r.speedup_vs_c1:.2f}x'} |\n" for r in rows)
+        f"{'–' if r.speedup_vs_c1 is None else f'{r.speedup_vs_c1:.2f}x'} | {_f(r.steady_tok_s, '.1f')} | "
+        f"{_f(r.of_prefill, '.0%')} |\n" for r in rows)
     lines = []
     for via, mode in dict.fromkeys((r.via, r.mode) for r in rows):
         mine = [r for r in rows if r.via == via and r.mode == mode]
@@ -558,6 +602,7 @@ def run_load(llm_factory, llm_kwargs: dict, opts: LoadBenchOptions, bench_opts: 
                prompt_tokens=[len(p.ids) for p in prompts])
     top = max(opts.concurrency)
     env["max_num_seqs"] = max_num_seqs or top
+    env["prefill_tok_s"] = round(measure_prefill_rate(llm), 1)
     rows: list[LoadRow] = []
     total = len(opts.vias) * len(opts.modes) * len(opts.concurrency)
     with tqdm(total=total, desc="load", unit="run", file=sys.stderr, disable=None) as bar:
@@ -582,6 +627,7 @@ def run_load(llm_factory, llm_kwargs: dict, opts: LoadBenchOptions, bench_opts: 
                                                                             opts.max_tokens)))
                         bar.update(1)
     add_speedups(rows)
+    add_ceiling(rows, env["prefill_tok_s"])
     return rows, env, write_results(rows, env, out)
 
 

@@ -1,8 +1,8 @@
 """Which requests run in the next step, and how many tokens each feeds the target.
 
     admit     waiting requests join while the cache (`kv_cache_tokens`) and `max_num_seqs` allow
-    prefill   prompts enter the cache in chunks; while others decode, a chunk is sized so that
-              the step costs at most `prefill_slowdown` times a step without it
+    prefill   prompts enter the cache in chunks; a prompt joining a running batch gets chunks
+              sized so that the step costs at most `prefill_slowdown` times a step without it
     draft     each decoding request asks its proposers for a draft (its own history decides K)
     trim      with several decoding requests, drafts are cut back to what pays: see `trim_drafts`
 
@@ -73,8 +73,14 @@ class Scheduler:
         return StepPlan(decode, prefill)
 
     def _prefill_chunks(self, decoding: int, budget: int, prices: CostModel | None) -> list[tuple[Request, int]]:
-        """Prompt chunks for this step, oldest request first."""
-        if decoding and prices is not None:
+        """Prompt chunks for this step, oldest request first.
+
+        A prompt joining a running batch is chunked so the running streams' steps slow down by
+        at most `prefill_slowdown`. A burst of arrivals (as many prompts to prefill as streams
+        decoding, or more) is prefilled with the whole budget instead: the batch fills at the
+        prefill rate, which is what the streams that just started are waiting for too."""
+        prefilling = sum(r.phase == PREFILL for r in self.running) + len(self.waiting)
+        if decoding and prices is not None and prefilling < decoding:
             budget = min(budget, prefill_allowance(decoding, prices, self.limits))
         chunks = []
         for r in self.running:
