@@ -35,6 +35,8 @@ from ..verify import verify_greedy, verify_sampled
 _ids = itertools.count()
 
 WAITING, PREFILL, DECODE, FINISHED = "waiting", "prefill", "decode", "finished"
+PROBE_EVERY = 8  # a request whose drafts were trimmed away this many steps verifies one in full
+PROBE_TOKENS = 8  # ... of at most this many tokens
 
 
 class Request:
@@ -101,6 +103,8 @@ class Request:
         self.timeline: list[dict] = []
         self.draft: Draft | None = None
         self.draft_ids: list[int] = []
+        self.planned = 0  # draft tokens the proposers offered this step, before any trimming
+        self.starved = 0  # steps in a row whose draft was trimmed away entirely
         self.phase = PREFILL
         self.prefilled(0)
 
@@ -128,7 +132,7 @@ class Request:
         if self.constraint is not None:  # cut at the first token the grammar rejects (and plan the row masks)
             ids = self.constraint.cut(ids, sampled=not self.params.greedy and draft is not None
                                       and draft.probs is not None)
-        self.draft, self.draft_ids = draft, ids
+        self.draft, self.draft_ids, self.planned = draft, ids, len(ids)
         self.stats.draft_time += time.perf_counter() - t
 
     def trim_draft(self, n: int) -> None:
@@ -139,8 +143,18 @@ class Request:
     def trimmable(self) -> bool:
         """Whether the scheduler may shorten this step's draft. A sampled request's random
         stream depends on its draft lengths, so those follow the request's own history only:
-        a seeded request then samples the same tokens alone and in any batch."""
-        return self.params.greedy
+        a seeded request then samples the same tokens alone and in any batch. A probe is not
+        trimmed either (see `probing`)."""
+        return self.params.greedy and not self.probing
+
+    @property
+    def probing(self) -> bool:
+        """This step's draft is verified whatever the load (at most PROBE_TOKENS of it), so the
+        request's acceptance stays measured: its source's first draft, and a draft after
+        PROBE_EVERY steps whose drafts were all trimmed away."""
+        if not self.draft_ids:
+            return False
+        return self.stats.by_source[self.draft.source].proposed == 0 or self.starved >= PROBE_EVERY
 
     def acceptance(self) -> float:
         """Share of this step's source's draft tokens accepted so far in this request (with a
@@ -198,7 +212,8 @@ class Request:
             self.stats.time_to_first_token = time.perf_counter() - self.t0
         self.timeline.append({"source": src, "proposed": len(draft_ids), "accepted": n_acc,
                               "committed": committed, "time": round(step_time, 5)})
-        self.draft, self.draft_ids = None, []
+        self.starved = self.starved + 1 if self.planned and not draft_ids else 0
+        self.draft, self.draft_ids, self.planned = None, [], 0
         reason = self.builder.finish_reason
         if reason is None and len(self.tokens) >= self.max_context:
             self.builder.finish("length")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..config import EngineLimits
 from ..governor import CostModel
-from .request import DECODE, PREFILL, Request
+from .request import DECODE, PREFILL, PROBE_TOKENS, Request
 
 
 @dataclass
@@ -114,8 +114,11 @@ def trim_drafts(decode: list[Request], prefill: list[int], prices: CostModel, bu
     tokens are worth 1. Draft tokens are taken most valuable first, and the step keeps the
     prefix with the highest (expected tokens) / (step cost): a token that costs more than it
     brings, at this batch size and on this machine, is not verified. Only greedy requests are
-    trimmed (`Request.trimmable`); the others' drafts are fixed costs of the step. `budget`:
-    draft tokens the step may still carry."""
+    trimmed (`Request.trimmable`); the others' drafts are fixed costs of the step, and a probe
+    (`Request.probing`) is cut to PROBE_TOKENS. `budget`: draft tokens the step may still carry."""
+    for r in decode:
+        if r.params.greedy and r.probing:
+            r.trim_draft(PROBE_TOKENS)
     sizes = [1 + (0 if r.trimmable else len(r.draft_ids)) for r in decode] + list(prefill)
     value = sum(1 + (0 if r.trimmable else r.acceptance() * len(r.draft_ids)) for r in decode)
     budget -= sum(len(r.draft_ids) for r in decode if not r.trimmable)
