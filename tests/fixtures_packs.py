@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve import packs
+from specserve.models import packs
 
 
 def pack_home(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_model, tiny_tokenizer
+from tiny_gguf import HIDDEN, write_tiny_gguf
 
 from specserve.backends import SeqInput, SequenceRunner
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.backends.transformers import TransformersBackend
-from tiny import tiny_model, tiny_tokenizer
-from tiny_gguf import HIDDEN, write_tiny_gguf
 
 TEXT = "def add(a, b):\n    return a + b\nclass UserController:\n    def get_user(self, user_id):"
 

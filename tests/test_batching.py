@@ -13,19 +13,27 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from synthetic import BigramBackend, random_table
+from test_lossless import (
+    BROKEN_P,
+    ONEHOT_PROMPT,
+    PASS_P,
+    V,
+    broken_residual,
+    exact_pair_law,
+    p_values,
+    target_table,
+)
+from tiny import tiny_model, tiny_tokenizer
+from tiny_gguf import write_tiny_gguf
 
-import specserve.verify as verify
+import specserve.engine.verify as verify
 from specserve import SamplingParams, SpeculationConfig
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.backends.transformers import TransformersBackend
 from specserve.config import EngineLimits
 from specserve.engine import Engine
 from specserve.llm import LLM
-from synthetic import BigramBackend, random_table
-from test_lossless import BROKEN_P, ONEHOT_PROMPT, PASS_P, V, broken_residual, exact_pair_law, p_values, \
-    target_table
-from tiny import tiny_model, tiny_tokenizer
-from tiny_gguf import write_tiny_gguf
 
 LIMITS = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, min_prefill_chunk=16)
 LONG_PROMPT = "class UserController:\n    def get_user(self, user_id):\n        return self.db.find(user_id)\n" * 6

@@ -8,10 +8,17 @@ import json
 import pytest
 from tiny import save_tiny
 
-from specserve import bench
-from specserve.bench import MODES, Run, Scenario, build_prompt, load_scenarios, markdown_table
-from specserve.bench_peers import LLAMACPP_PEERS, TRANSFORMERS_PEERS
-from specserve.cli import main
+from specserve.bench import runner as bench
+from specserve.bench.peers import LLAMACPP_PEERS, TRANSFORMERS_PEERS
+from specserve.bench.runner import (
+    MODES,
+    Run,
+    Scenario,
+    build_prompt,
+    load_scenarios,
+    markdown_table,
+)
+from specserve.cli.main import main
 
 
 @pytest.fixture(scope="module")

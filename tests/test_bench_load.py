@@ -8,9 +8,15 @@ import json
 import pytest
 from tiny import save_tiny
 
-from specserve import bench_load
-from specserve.bench_load import LoadRow, RequestTiming, parse_concurrency, percentile, summarize
-from specserve.cli import main
+from specserve.bench import load as bench_load
+from specserve.bench.load import (
+    LoadRow,
+    RequestTiming,
+    parse_concurrency,
+    percentile,
+    summarize,
+)
+from specserve.cli.main import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TINY = ["--draft-model", "none", "--dtype", "float32"]

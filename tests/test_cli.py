@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from tiny import save_tiny
 
 

@@ -12,8 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specserve.cli import main
-from specserve.edit import EditError, build_messages, make_client, refactor_with_predicted_outputs, strip_fence
+from specserve.cli.main import main
+from specserve.edit import (
+    EditError,
+    build_messages,
+    make_client,
+    refactor_with_predicted_outputs,
+    strip_fence,
+)
 
 ORIGINAL = "def greet(name):\n    return 'hi ' + name\n\n\ndef main():\n    print(greet('bob'))\n"
 EDITED = "def greet(name: str) -> str:\n    return 'hi ' + name\n\n\ndef main():\n    print(greet('bob'))\n"

@@ -7,11 +7,11 @@ EOS, stop strings and max_tokens land inside accepted drafts.
 """
 
 import pytest
+from tiny import tiny_model, tiny_tokenizer
+from tiny_gguf import llamacpp_llms
 
 from specserve import SamplingParams
 from specserve.llm import LLM
-from tiny import tiny_model, tiny_tokenizer
-from tiny_gguf import llamacpp_llms
 
 METHODS = ("prediction", "ngram", "draft", "auto")
 PROMPTS = ("def add(a, b):", "Le café coûte 3 €. 東京", "class UserController:\n    def get_user(self")

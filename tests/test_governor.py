@@ -4,11 +4,11 @@ decoding sits out (with periodic probes); one that pays keeps drafting; outputs 
 from __future__ import annotations
 
 import pytest
+from tiny import tiny_model, tiny_tokenizer
 
 from specserve import SamplingParams
-from specserve.governor import CostModel, Governor
+from specserve.engine.governor import CostModel, Governor
 from specserve.llm import LLM
-from tiny import tiny_model, tiny_tokenizer
 
 # A CPU where each extra verified token costs 0.3 of a plain step and a draft pass 0.4.
 PRICES = CostModel.linear(0.3, 0.4)

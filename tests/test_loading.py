@@ -2,14 +2,14 @@
 
 import pytest
 import torch
+from tiny import save_tiny, tiny_model, tiny_tokenizer
 from transformers import T5Config, T5Model
 
-from specserve.backends import SequenceRunner
 from specserve import SamplingParams, SpeculationConfig
+from specserve.backends import SequenceRunner
 from specserve.errors import ModelLoadError
 from specserve.llm import LLM
-from specserve.proposer import ProposerContext, build_chain, choose_draft
-from tiny import save_tiny, tiny_model, tiny_tokenizer
+from specserve.proposers.base import ProposerContext, build_chain, choose_draft
 
 
 def test_unknown_path_is_a_clear_error(tmp_path):

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
-
-import specserve.verify as verify
-from specserve import SamplingParams, SpeculationConfig
-from specserve.engine import Engine
 from synthetic import BigramRunner, random_table
 from tiny import tiny_tokenizer
+
+import specserve.engine.verify as verify
+from specserve import SamplingParams, SpeculationConfig
+from specserve.engine import Engine
 
 V = 6
 # Draft seed 13 overlaps the target by sum(min(p, q)) = 0.36 after token 1, and the n-gram draft
@@ -33,7 +33,7 @@ def target_table() -> torch.Tensor:
 
 def exact_pair_law(table: torch.Tensor, first: int, params: SamplingParams) -> np.ndarray:
     """P(x1, x2 | last prompt token = first) under the target with temperature/top-k applied. [V, V]"""
-    from specserve.sampling import probs_from_logits
+    from specserve.engine.sampling import probs_from_logits
 
     p = probs_from_logits(table, params).double()  # [V, V]: row t = next-token law after t
     return (p[first].unsqueeze(1) * p).numpy()  # [V, V]
@@ -124,7 +124,7 @@ def test_disjoint_draft_is_always_rejected():
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_acceptance_rate_matches_sum_of_min(temperature):
     """One-token drafts from q, verified against p: P(accept) must equal sum_x min(p(x), q(x))."""
-    from specserve.sampling import probs_from_logits
+    from specserve.engine.sampling import probs_from_logits
 
     params = SamplingParams(temperature=temperature)
     p = probs_from_logits(random_table(V, 21)[:1], params)  # [1, V]
@@ -142,7 +142,7 @@ def test_acceptance_rate_matches_sum_of_min(temperature):
 
 def test_verify_sampled_first_token_law_and_broken_residual(monkeypatch):
     """The pure function alone: the first committed token is distributed as p."""
-    from specserve.sampling import probs_from_logits
+    from specserve.engine.sampling import probs_from_logits
 
     params = SamplingParams(temperature=1.0)
     p = probs_from_logits(random_table(V, 31)[:2], params)  # [2, V]

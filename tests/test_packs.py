@@ -24,8 +24,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specserve import cmd_models, packs
+from specserve.cli import models as cmd_models
 from specserve.errors import ModelLoadError
+from specserve.models import packs
 
 NAME = "fake-pack"
 N_PARTS = 12
@@ -296,7 +297,7 @@ def test_concurrent_pulls_in_threads_pull_once(fake, monkeypatch):
 _OTHER_PROCESS = """
 import dataclasses, json, shutil, sys, time
 from pathlib import Path
-from specserve import packs
+from specserve.models import packs
 fields, store, home, marker = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 pack = packs.Pack(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 packs.PACKS[pack.name] = pack

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specserve import packs
+from specserve.models import packs
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

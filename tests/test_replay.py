@@ -8,10 +8,17 @@ import pytest
 from tiny import tiny_tokenizer
 from transformers import AutoTokenizer
 
-from specserve.cli import main
-from specserve.proposer import REGISTRY
-from specserve.propose_prediction import PredictionProposer
-from specserve.replay import OracleRunner, aggregate, projected_speedup, replay, replay_ids, step_cost
+from specserve.bench.replay import (
+    OracleRunner,
+    aggregate,
+    projected_speedup,
+    replay,
+    replay_ids,
+    step_cost,
+)
+from specserve.cli.main import main
+from specserve.proposers.base import REGISTRY
+from specserve.proposers.prediction import PredictionProposer
 
 BEFORE = "".join(
     f"def handler_{i}(request):\n    user = load_user(request.user_id)\n    return render(user, page={i})\n\n"

@@ -13,8 +13,15 @@ import pytest
 from tiny import tiny_model, tiny_tokenizer
 
 from specserve import SamplingParams
-from specserve.report_html import (diff_lines, line_acceptance, render_diff_html, render_html, split_lines,
-                                   token_segments, write_html)
+from specserve.bench.report_html import (
+    diff_lines,
+    line_acceptance,
+    render_diff_html,
+    render_html,
+    split_lines,
+    token_segments,
+    write_html,
+)
 
 PREDICTION = "def add(a, b):\n    return a + b\n\n\nclass UserController:\n    def get_user(self, user_id):\n"
 

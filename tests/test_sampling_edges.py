@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specserve.config import SamplingParams
-from specserve.sampling import probs_from_logits
+from specserve.engine.sampling import probs_from_logits
 
 
 @pytest.mark.parametrize("kw", [{"temperature": 5e-324}, {"temperature": 1e-45}, {"temperature": 1.0, "top_p": 5e-324},

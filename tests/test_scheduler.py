@@ -13,9 +13,9 @@ import random
 import pytest
 
 from specserve.config import EngineLimits
+from specserve.engine.governor import CostModel
 from specserve.engine.request import PROBE_TOKENS
 from specserve.engine.scheduler import prefill_allowance, trim_drafts
-from specserve.governor import CostModel
 
 CPU = CostModel(((1, 1.0), (2, 1.6), (4, 2.6), (8, 6.0), (16, 8.5), (32, 13.0), (64, 24.0), (128, 45.0)))
 GPU = CostModel(((1, 1.0), (128, 1.3)))  # weight-bound: a wide pass costs about one narrow one

@@ -17,10 +17,16 @@ import time
 import httpx
 import openai
 import pytest
-
 from server_proc import ServerProcess, metric_value
-from specserve.serve_ray import ReplicaConfig, ScaleConfig, _rendezvous_order, config_from_args, merge_metrics
 from tiny import save_tiny
+
+from specserve.server.ray_serve import (
+    ReplicaConfig,
+    ScaleConfig,
+    _rendezvous_order,
+    config_from_args,
+    merge_metrics,
+)
 
 MODEL = "tiny"
 CLIENTS, MAX_TOKENS = 16, 300
@@ -55,7 +61,7 @@ def test_scale_flags_become_ray_deployment_options():
     fixed = ScaleConfig(replicas=3).deployment_options(ReplicaConfig(max_queue=4))
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["max_ongoing_requests"] == 2 and fixed["max_queued_requests"] == 12
-    assert fixed["request_router_config"].request_router_class == "specserve.serve_ray.AffinityRouter"
+    assert fixed["request_router_config"].request_router_class == "specserve.server.ray_serve.AffinityRouter"
     auto = ScaleConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=3).deployment_options(ReplicaConfig())
     assert "num_replicas" not in auto and auto["max_queued_requests"] == 16 * 4
     assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,

@@ -12,7 +12,6 @@ import math
 import httpx
 import openai
 import pytest
-
 from server_proc import ServerProcess, metric_value
 from tiny import save_tiny
 from tiny_gguf import save_tiny_gguf

@@ -14,14 +14,18 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import (content_type_conformance, not_a_server_error, response_schema_conformance,
-                                 status_code_conformance)
-
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 from server_proc import ServerProcess, metric_value
-from specserve.body_limit import default_max_body_bytes
-from specserve.config import METHODS
-from specserve.protocol import ChatCompletionRequest, CompletionRequest
 from tiny import save_tiny
+
+from specserve.config import METHODS
+from specserve.server.body_limit import default_max_body_bytes
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MODEL = "tiny"
 CONTEXT = 512  # tiny.tiny_model's max_position_embeddings

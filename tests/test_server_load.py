@@ -15,7 +15,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from server_proc import ServerProcess, metric_value, save_slow_tiny
 from tiny import save_tiny, tiny_tokenizer
 

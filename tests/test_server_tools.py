@@ -14,7 +14,6 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-
 from server_proc import ServerProcess
 from tiny import CHAT_TEMPLATE, save_tiny, tiny_model, tiny_tokenizer
 

@@ -11,12 +11,12 @@ import json
 
 import jsonschema
 import pytest
-
-import specserve.constrain as constrain
-from specserve import SamplingParams
-from specserve.constrain import ConstraintError, GrammarSpec, check_schema
-from specserve.llm import LLM
 from tiny import tiny_model, tiny_tokenizer
+
+import specserve.engine.constrain as constrain
+from specserve import SamplingParams
+from specserve.engine.constrain import ConstraintError, GrammarSpec, check_schema
+from specserve.llm import LLM
 
 INT = {"type": "integer", "minimum": 0, "maximum": 999}
 STR = {"type": "string", "maxLength": 6}

@@ -11,16 +11,24 @@ p there instead of the residual max(0, p - q) is not lossless).
 import numpy as np
 import pytest
 import torch
-
-import specserve.constrain as constrain
-import specserve.verify as verify
-from specserve import SamplingParams, SpeculationConfig
-from specserve.constrain import ConstraintFactory, GrammarSpec
-from specserve.engine import Engine
-from specserve.sampling import probs_from_logits
 from synthetic import BigramRunner
-from test_lossless import BROKEN_P, ONEHOT_PROMPT, PASS_P, V, broken_residual, p_values, target_table
+from test_lossless import (
+    BROKEN_P,
+    ONEHOT_PROMPT,
+    PASS_P,
+    V,
+    broken_residual,
+    p_values,
+    target_table,
+)
 from tiny import tiny_tokenizer
+
+import specserve.engine.constrain as constrain
+import specserve.engine.verify as verify
+from specserve import SamplingParams, SpeculationConfig
+from specserve.engine import Engine
+from specserve.engine.constrain import ConstraintFactory, GrammarSpec
+from specserve.engine.sampling import probs_from_logits
 
 VOCAB = list("abcdef")
 # first token in {a, b, c, d}; after a/b: {b, c, d, e}; after c: {a, e, f}; after d: {a, b}

@@ -12,10 +12,10 @@ import jsonschema
 import pytest
 
 from specserve import SamplingParams
-from specserve.constrain import GrammarSpec
+from specserve.engine.constrain import GrammarSpec
 from specserve.llm import LLM
-from specserve.structured import tool_guide, tool_setup
-from specserve.tools import parse_tool_calls
+from specserve.server.structured import tool_guide, tool_setup
+from specserve.server.tools import parse_tool_calls
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150},

@@ -4,13 +4,18 @@ import json
 
 import jsonschema
 import pytest
+from tiny import tiny_model, tiny_tokenizer
 
 from specserve import SamplingParams
-from specserve.constrain import ConstraintError
+from specserve.engine.constrain import ConstraintError
 from specserve.llm import LLM
-from specserve.structured import choice_params, tool_guide, tool_setup
-from specserve.tools import ToolStreamSplitter, check_tools, parse_tool_calls, template_messages
-from tiny import tiny_model, tiny_tokenizer
+from specserve.server.structured import choice_params, tool_guide, tool_setup
+from specserve.server.tools import (
+    ToolStreamSplitter,
+    check_tools,
+    parse_tool_calls,
+    template_messages,
+)
 
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"key": {"type": "string", "maxLength": 5}, "n": {"type": "integer",
@@ -129,7 +134,7 @@ def test_native_template_gets_tools_and_tool_messages():
 
 def test_forced_call_never_writes_raw_control_characters(llm):
     """xgrammar's maxLength string rule admits them; the tool grammar bans them (JSON must escape them)."""
-    from specserve.tools import forced_grammar
+    from specserve.server.tools import forced_grammar
 
     spec = forced_grammar(check_tools([TOOL]), "lookup")
     assert "\n" not in spec.banned and "\x0c" in spec.banned and "\t" in spec.banned

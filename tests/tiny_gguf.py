@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType, TokenType
-
 from tiny import SPECIAL, tiny_model, tiny_tokenizer
 
 LAYER_NAMES = {

@@ -1,8 +1,13 @@
 """specserve: lossless speculative decoding with Predicted Outputs, n-gram and draft-model drafting."""
 
 from .config import SamplingParams, SpeculationConfig
-from .errors import ContextLengthError, InvalidRequestError, ModelLoadError, SpecServeError
-from .stats import RequestOutput, SpecStats, StepEvent
+from .engine.stats import RequestOutput, SpecStats, StepEvent
+from .errors import (
+    ContextLengthError,
+    InvalidRequestError,
+    ModelLoadError,
+    SpecServeError,
+)
 
 __version__ = "0.1.0"
 

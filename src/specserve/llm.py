@@ -13,12 +13,12 @@ from typing import Callable, Sequence
 
 from .backends.transformers import TransformersBackend
 from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
-from .constrain import CompiledGuide, GrammarSpec, factory_for
 from .engine import Engine, Generation
+from .engine.constrain import CompiledGuide, GrammarSpec, factory_for
+from .engine.stats import RequestOutput
 from .errors import InvalidRequestError, ModelLoadError
-from .loader import eos_ids, load
-from .stats import RequestOutput
-from .tools import template_messages, template_supports_tools
+from .models.loader import eos_ids, load
+from .server.tools import template_messages, template_supports_tools
 
 NO_DRAFT = ("", "none")
 

@@ -13,9 +13,9 @@ from typing import Callable, Iterator
 
 from ..backends import SequenceRunner, as_backend
 from ..config import EngineLimits, SamplingParams, SpeculationConfig
-from ..stats import RequestOutput, StepEvent
 from .core import EngineCore, StepInfo
 from .request import Request
+from .stats import RequestOutput, StepEvent
 
 
 class Engine:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from ..backends import Backend, SeqInput, SequenceRunner
 from ..config import EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
-from ..governor import CALIBRATION_CONTEXT, CALIBRATION_SIZES, CostModel, Governor
-from ..proposer import ProposerContext, build_chain
+from ..proposers.base import ProposerContext, build_chain
+from .governor import CALIBRATION_CONTEXT, CALIBRATION_SIZES, CostModel, Governor
 from .request import DECODE, FINISHED, Request
 from .scheduler import Scheduler, StepPlan
 
@@ -248,7 +248,6 @@ class EngineCore:
             self.scheduler.waiting.clear()
 
     def _info(self, plan: StepPlan) -> StepInfo:
-        s = self.scheduler
         return StepInfo(len(plan.decode), len(plan.prefill), plan.tokens, sum(len(r.draft_ids) for r in plan.decode),
                         0.0, self.cache_used, self.waiting)
 

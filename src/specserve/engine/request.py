@@ -24,13 +24,13 @@ from typing import Callable
 import torch
 
 from ..config import SamplingParams, SpeculationConfig
-from ..detokenize import OutputBuilder
 from ..errors import ContextLengthError, InvalidRequestError
-from ..governor import Governor
-from ..proposer import Draft, Proposer, choose_draft
-from ..sampling import apply_penalties, draft_prefix_counts, probs_from_logits
-from ..stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
-from ..verify import verify_greedy, verify_sampled
+from ..proposers.base import Draft, Proposer, choose_draft
+from .detokenize import OutputBuilder
+from .governor import Governor
+from .sampling import apply_penalties, draft_prefix_counts, probs_from_logits
+from .stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
+from .verify import verify_greedy, verify_sampled
 
 _ids = itertools.count()
 

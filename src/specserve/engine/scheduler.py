@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..config import EngineLimits
-from ..governor import CostModel
+from .governor import CostModel
 from .request import DECODE, PREFILL, PROBE_TOKENS, Request
 
 

@@ -6,7 +6,7 @@ most recent earlier occurrence, so a lookup is O(n_max) per step however long th
 
 from __future__ import annotations
 
-from .proposer import AdaptiveK, Draft, ProposerContext, register
+from .base import AdaptiveK, Draft, ProposerContext, register
 
 
 class NgramProposer:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .edit import EditError, EditResult, language_for, make_client, refactor_with_predicted_outputs, write_atomic
+from ..edit import (
+    EditError,
+    EditResult,
+    language_for,
+    make_client,
+    refactor_with_predicted_outputs,
+    write_atomic,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -88,7 +95,7 @@ def run(args) -> int:
                                                  language_for(args.file), args.max_tokens,
                                                  on_delta=lambda _: bar.update(1))
     if args.html:
-        from .report_html import render_diff_html
+        from ..bench.report_html import render_diff_html
 
         args.html.write_text(render_diff_html(original, result.code, f"specserve edit: {args.file.name}",
                                                summary(result)), encoding="utf-8")

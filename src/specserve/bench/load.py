@@ -41,8 +41,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .bench import BenchOptions, build_prompt, environment, load_scenarios
-from .config import SamplingParams
+from ..config import SamplingParams
+from .runner import BenchOptions, build_prompt, environment, load_scenarios
 
 LOAD_MODES = ("plain", "prediction")
 VIAS = ("inproc", "server")

@@ -15,8 +15,8 @@ import difflib
 import html
 from pathlib import Path
 
-from .detokenize import IncrementalDetokenizer
-from .stats import RequestOutput
+from ..engine.detokenize import IncrementalDetokenizer
+from ..engine.stats import RequestOutput
 
 COLORS = {"prediction": "#b7ebc0", "ngram": "#bcd9ff", "draft": "#ddc8ff", "target": "#ffffff", "none": "#e6e6e6"}
 DRAFT_SOURCES = ("prediction", "ngram", "draft")

@@ -6,9 +6,16 @@ import argparse
 import json
 import sys
 
-from .config import BACKENDS, METHODS, EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
-from .errors import InvalidRequestError
-from .hardware import cpu_info, describe
+from ..config import (
+    BACKENDS,
+    METHODS,
+    EngineLimits,
+    LoadOptions,
+    SamplingParams,
+    SpeculationConfig,
+)
+from ..errors import InvalidRequestError
+from ..hardware import cpu_info, describe
 
 
 def add_parser(sub) -> None:
@@ -108,7 +115,7 @@ def run(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop))
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
-    from .llm import LLM  # heavy import only once the arguments are known to be good
+    from ..llm import LLM  # heavy import only once the arguments are known to be good
 
     llm = LLM.from_options(args.model, args.draft_model, load_options(args))
     if args.chat or args.system:
@@ -131,7 +138,7 @@ def run(args) -> int:
         print(format_stats(out.stats, out.finish_reason), file=sys.stderr)
         print(f"    {describe(llm.backend_name)}", file=sys.stderr)
     if args.html:
-        from .report_html import write_html
+        from ..bench.report_html import write_html
 
         write_html(args.html, llm.tokenizer, out, title="specserve generate")
         print(f"wrote {args.html}", file=sys.stderr)

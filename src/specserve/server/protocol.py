@@ -16,12 +16,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from .config import SamplingParams, SpeculationConfig
-from .constrain import CompiledGuide, ConstraintError
-from .errors import ContextLengthError, InvalidRequestError
-from .stats import RequestOutput, TokenLogprob
-from .structured import (GUIDED_FIELDS, ToolSetup, check_guided, check_n, extension_guide, response_format_guide,
-                         tool_guide, tool_setup)
+from ..config import SamplingParams, SpeculationConfig
+from ..engine.constrain import CompiledGuide, ConstraintError
+from ..engine.stats import RequestOutput, TokenLogprob
+from ..errors import ContextLengthError, InvalidRequestError
+from .structured import (
+    GUIDED_FIELDS,
+    ToolSetup,
+    check_guided,
+    check_n,
+    extension_guide,
+    response_format_guide,
+    tool_guide,
+    tool_setup,
+)
 from .tools import ToolStreamSplitter, check_message_tool_calls, parse_tool_calls
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

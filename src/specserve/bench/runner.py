@@ -30,10 +30,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .bench_peers import PEER_ENGINE, PEERS, PROMPT_LOOKUP_TOKENS, peer_skip_reason, peers_for, run_peer
-from .config import SamplingParams
-from .edit import build_messages
-from .hardware import cpu_info
+from ..config import SamplingParams
+from ..edit import build_messages
+from ..hardware import cpu_info
+from .peers import (
+    PEER_ENGINE,
+    PEERS,
+    PROMPT_LOOKUP_TOKENS,
+    peer_skip_reason,
+    peers_for,
+    run_peer,
+)
 
 MODES = ("plain", "prediction", "ngram", "draft", "auto")
 METHOD = {"plain": "none", "prediction": "prediction", "ngram": "ngram", "draft": "draft", "auto": "auto"}
@@ -100,7 +107,7 @@ class Run:
 
 def load_scenarios(names: tuple[str, ...] | None = None) -> tuple[str, list[Scenario]]:
     """The bundled scenarios (samples/scenarios.json), optionally only those named, in that order."""
-    root = resources.files("specserve") / "samples"
+    root = resources.files("specserve.bench") / "samples"
     spec = json.loads((root / "scenarios.json").read_text(encoding="utf-8"))
     found = {}
     for s in spec["scenarios"]:

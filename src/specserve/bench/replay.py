@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import SamplingParams, SpeculationConfig
-from .engine import Engine
-from .stats import RequestOutput
+from ..config import SamplingParams, SpeculationConfig
+from ..engine import Engine
+from ..engine.stats import RequestOutput
 
 DEFAULT_COST_RATIO = 1.16  # cost of verifying 8 tokens / cost of 1 (DESIGN.md, 1.5B bf16 CPU)
 COST_REF_TOKENS = 8

@@ -28,16 +28,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import __version__
+from .. import __version__
+from ..engine.client import EngineClient, EngineWorker, QueueFull, ShuttingDown
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
-from .engine.client import EngineClient, EngineWorker, QueueFull, ShuttingDown
 from .metrics import Metrics
 from .openapi import install_openapi
-from .protocol import CHAT, COMPLETIONS, APIError, Dialect, Prepared, ResponseContext, TokenNamer, engine_error, \
-    parse_body
+from .protocol import (
+    CHAT,
+    COMPLETIONS,
+    APIError,
+    Dialect,
+    Prepared,
+    ResponseContext,
+    TokenNamer,
+    engine_error,
+    parse_body,
+)
 from .structured import choice_params
 
-log = logging.getLogger("specserve.server")
+log = logging.getLogger("specserve.server.app")
 GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .config import EngineLimits, LoadOptions
-from .errors import ModelLoadError
+from ..config import EngineLimits, LoadOptions
+from ..errors import ModelLoadError
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -97,8 +97,8 @@ def load_tokenizer(source):
 def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> LoadedModel:
     from pathlib import Path
 
-    from .backends.llamacpp import LlamaCppBackend
-    from .engine.core import SPARE_CELLS
+    from ..backends.llamacpp import LlamaCppBackend
+    from ..engine.core import SPARE_CELLS
 
     path = Path(source.path) / source.gguf_file
     # One sequence more than the engine runs, and a few more cells: prices are measured on it.
@@ -113,7 +113,7 @@ def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> Loaded
 
 
 def _load_transformers(source, options: LoadOptions) -> LoadedModel:
-    from .backends.transformers import TransformersBackend
+    from ..backends.transformers import TransformersBackend
     from .packs import ensure_converted
 
     if source.pack:  # packs keep the GGUF; the safetensors folder is made on first use here

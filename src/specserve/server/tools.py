@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import xgrammar as xgr
 
-from .constrain import TOOL_BANNED, ConstraintError, GrammarSpec, check_schema, literal
+from ..engine.constrain import (
+    TOOL_BANNED,
+    ConstraintError,
+    GrammarSpec,
+    check_schema,
+    literal,
+)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -13,8 +13,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from .config import SamplingParams, SpeculationConfig
-from .errors import InvalidRequestError
+from ..config import SamplingParams, SpeculationConfig
+from ..errors import InvalidRequestError
 
 
 @dataclass
@@ -89,7 +89,7 @@ AUTO_ORDER = ("prediction", "ngram", "draft")
 
 def build_chain(ctx: ProposerContext) -> list[Proposer]:
     """Proposers for one request, in the order they are asked (first with a draft wins)."""
-    from . import propose_draft, propose_ngram, propose_prediction  # noqa: F401  (fill REGISTRY)
+    from . import draft_model, ngram, prediction  # noqa: F401  (fill REGISTRY)
 
     method = ctx.spec.method
     if method == "none":

@@ -7,7 +7,7 @@ the output exactly where plain decoding would have stopped.
 
 from __future__ import annotations
 
-from .config import SamplingParams
+from ..config import SamplingParams
 
 PROMPT_CONTEXT = 5  # prompt tokens decoded alongside the output so leading spaces come out right
 

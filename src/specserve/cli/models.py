@@ -12,8 +12,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
-from specserve import packs
 from specserve.errors import SpecServeError
+
+from ..models import packs
 
 _COLUMNS = ("name", "params", "size", "role", "licence", "cached", "where")
 
@@ -108,7 +109,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry: ``python -m specserve.cmd_models list``."""
+    """Stand-alone entry: ``python -m specserve.cli.models list``."""
     parser = argparse.ArgumentParser(prog="specserve")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["models", *(sys.argv[1:] if argv is None else argv)])

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from .detokenize import IncrementalDetokenizer
-from .proposer import AdaptiveK, Draft, ProposerContext, register
+from ..engine.detokenize import IncrementalDetokenizer
+from .base import AdaptiveK, Draft, ProposerContext, register
 
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
 

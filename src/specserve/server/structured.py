@@ -19,8 +19,8 @@ import json
 import re
 from dataclasses import dataclass, replace
 
-from .config import SamplingParams
-from .constrain import ConstraintError, GrammarSpec, check_schema
+from ..config import SamplingParams
+from ..engine.constrain import ConstraintError, GrammarSpec, check_schema
 from .tools import check_tools, forced_grammar, resolve_choice
 
 MAX_N = 8  # choices per request: each one is a full generation on the single worker

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import loader
-from .config import BACKENDS, LoadOptions
-from .replay import DEFAULT_COST_RATIO, measure_cost_ratio, replay
+from ..bench.replay import DEFAULT_COST_RATIO, measure_cost_ratio, replay
+from ..config import BACKENDS, LoadOptions
+from ..models import loader
 
 
 def add_parser(subparsers) -> None:
@@ -36,7 +36,7 @@ def load_tokenizer(spec: str | None):
     """The tokenizer of a pack / folder / .gguf, without loading weights."""
     from transformers import AutoTokenizer
 
-    from .packs import resolve_model
+    from ..models.packs import resolve_model
 
     if spec and (Path(spec).expanduser() / "tokenizer_config.json").is_file():  # a tokenizer-only folder is enough
         return AutoTokenizer.from_pretrained(Path(spec).expanduser())
@@ -49,7 +49,7 @@ def cost_ratio_for(args) -> float:
             raise ValueError("--cost-ratio must be at least 1 (verifying 8 tokens cannot be cheaper than 1)")
         return args.cost_ratio
     if args.measure_cost:
-        from .backends import SequenceRunner
+        from ..backends import SequenceRunner
 
         loaded = loader.load(args.model, "target", LoadOptions(backend=args.backend, dtype=args.dtype))
         return measure_cost_ratio(SequenceRunner(loaded.backend))

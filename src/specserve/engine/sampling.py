@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SamplingParams
+from ..config import SamplingParams
 
 # Below this, logits / temperature overflows float32 (a temperature of 5e-324 is 0 in float32) and
 # softmax returns NaN; such a distribution is the argmax's already, to float32 precision.

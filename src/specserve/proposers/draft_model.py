@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .proposer import AdaptiveK, Draft, ProposerContext, register
-from .sampling import probs_from_logits
+from ..engine.sampling import probs_from_logits
+from .base import AdaptiveK, Draft, ProposerContext, register
 
 
 class DraftModelProposer:

@@ -12,8 +12,16 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .bench import MODES, PEERS, BenchOptions, divergence_row, environment, run_bench, write_results
-from .cmd_generate import add_engine_args, add_model_args, engine_limits, load_options
+from ..bench.runner import (
+    MODES,
+    PEERS,
+    BenchOptions,
+    divergence_row,
+    environment,
+    run_bench,
+    write_results,
+)
+from .generate import add_engine_args, add_model_args, engine_limits, load_options
 
 QUICK_MODEL = "smollm2-135m-instruct"
 QUICK_SCENARIO = "py-rename"
@@ -111,7 +119,7 @@ def exact(env: dict) -> bool:
 def run(args) -> int:
     if args.concurrency is not None:
         return run_load(args)
-    from .llm import LLM
+    from ..llm import LLM
 
     llm_kwargs, opts = resolve_options(args)
     llm = LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"],
@@ -120,7 +128,7 @@ def run(args) -> int:
     env = environment(llm, opts)
     paths = write_results(runs, env, args.out)
     if args.html:
-        from .report_html import write_html
+        from ..bench.report_html import write_html
 
         if "output" not in html:
             print("no speculative run to render as HTML (check --html-run)", file=sys.stderr)
@@ -140,7 +148,7 @@ def run(args) -> int:
 
 def run_load(args) -> int:
     """`--concurrency`: the load benchmark (bench_load.py) instead of the per-scenario one."""
-    from . import bench_load
+    from ..bench import load as bench_load
 
     concurrency = bench_load.parse_concurrency(args.concurrency)  # bad values: one line, before any load
     vias = bench_load.parse_vias(args.load_via)
@@ -161,7 +169,7 @@ def run_load(args) -> int:
                                             max_prompt_tokens=opts.max_prompt_tokens)
 
     def make_llm():
-        from .llm import LLM
+        from ..llm import LLM
 
         return LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"],
                                 limits=limits)

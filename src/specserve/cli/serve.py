@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from . import serve_ray
-from .config import METHODS
-
-
-from .cmd_generate import add_engine_args, add_model_args, engine_limits, load_options
+from ..config import METHODS
+from ..server import ray_serve as serve_ray
+from .generate import add_engine_args, add_model_args, engine_limits, load_options
 
 
 def add_parser(subparsers) -> None:
@@ -62,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
     """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
     if args.ray:
         return serve_ray.run(args)
-    from .config import SpeculationConfig
-    from .llm import LLM
-    from .server import ServerOptions, serve
+    from ..config import SpeculationConfig
+    from ..llm import LLM
+    from ..server.app import ServerOptions, serve
 
     speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     options = ServerOptions(api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,

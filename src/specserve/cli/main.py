@@ -10,9 +10,9 @@ import argparse
 import importlib
 import sys
 
-from .errors import SpecServeError
+from ..errors import SpecServeError
 
-SUBCOMMANDS = ("cmd_generate", "cmd_models", "cmd_serve", "cmd_bench", "cmd_edit", "cmd_replay")
+SUBCOMMANDS = ("generate", "models", "serve", "bench", "edit", "replay")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,13 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "Predicted Outputs, n-gram and draft-model drafting.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"specserve.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"specserve.{name}":
-                raise
-            continue  # a subcommand not built yet
-        module.add_parser(sub)
+        importlib.import_module(f"specserve.cli.{name}").add_parser(sub)
     return parser
 
 

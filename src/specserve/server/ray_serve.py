@@ -18,7 +18,7 @@ autoscaling and replacement of dead replicas. Nothing here parses a request.
   `/metrics/replica` the answering replica's own.
 
 `specserve serve --ray` starts a local Ray cluster (or joins `--ray-address`) and runs the app;
-`serve run specserve.serve_ray:build_app model=...` runs the same app from Ray's own CLI or config.
+`serve run specserve.server.ray_serve:build_app model=...` runs the same app from Ray's own CLI or config.
 """
 
 from __future__ import annotations
@@ -114,7 +114,12 @@ def _rendezvous_order(session: str, replica_ids: list[str]) -> list[str]:
 
 def _router_class():
     """The request router, built lazily so importing this module does not need Ray."""
-    from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
+    from ray.serve.request_router import (
+        FIFOMixin,
+        LocalityMixin,
+        MultiplexMixin,
+        RequestRouter,
+    )
 
     class AffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
         """Least loaded of two random replicas; a session header pins a session to one replica."""
@@ -136,7 +141,7 @@ def _router_class():
 
 
 def __getattr__(name: str):
-    """`specserve.serve_ray.AffinityRouter` resolves on first use (Ray imports it by path)."""
+    """`specserve.server.ray_serve.AffinityRouter` resolves on first use (Ray imports it by path)."""
     if name == "AffinityRouter":
         cls = _router_class()
         globals()["AffinityRouter"] = cls
@@ -247,8 +252,8 @@ class SpecServeReplica:
         import torch
         from ray import serve
 
-        from .config import LoadOptions, SpeculationConfig
-        from .llm import LLM
+        from ..config import LoadOptions, SpeculationConfig
+        from ..llm import LLM
 
         torch.set_num_threads(max(1, config.threads))
         self.config, self.app_name = config, app_name
@@ -261,7 +266,7 @@ class SpecServeReplica:
 
     def __serve_build_asgi_app__(self):
         """Ray Serve calls this after __init__: the app every HTTP request of this replica goes to."""
-        from .server import ServerOptions, create_app
+        from .app import ServerOptions, create_app
 
         c = self.config
         options = ServerOptions(api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout,
@@ -284,7 +289,7 @@ def deployment(config: ReplicaConfig, scale: ScaleConfig, app_name: str = APP_NA
 
 
 def build_app(args: dict) -> Any:
-    """Ray Serve application builder: `serve run specserve.serve_ray:build_app model=... replicas=2`.
+    """Ray Serve application builder: `serve run specserve.server.ray_serve:build_app model=... replicas=2`.
 
     Every ReplicaConfig and ScaleConfig field can be given as `key=value` (strings are converted).
     """

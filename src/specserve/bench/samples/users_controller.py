@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
-from flask import Blueprint, abort, g, jsonify, request
-
 from app.auth import current_user, require_role
 from app.db import Session, transaction
 from app.mail import Mailer
 from app.models import AuditEvent, User
 from app.ratelimit import RateLimiter
+from flask import Blueprint, abort, g, jsonify, request
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The `specserve` command: `main.py` dispatches to one module per subcommand."""
