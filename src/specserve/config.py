@@ -124,7 +124,7 @@ class EngineLimits:
     kv_cache_tokens: int | None = None
     max_num_batched_tokens: int = 2048
     prefill_slowdown: float = 2.0
-    min_prefill_chunk: int = 16
+    min_prefill_chunk: int = 4
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -138,6 +138,8 @@ class EngineCore:
             start = time.perf_counter()
             logits = self._run(plan)
             seconds = time.perf_counter() - start
+            self.scheduler.pacer.observe(len(plan.decode), sum(n for _, n in plan.prefill), self.scheduler.throttled,
+                                         seconds)
             if logits is not None:
                 self._commit(plan, logits, seconds)
             self._retire()

@@ -43,6 +43,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.reserved = 0  # cache cells promised to running requests
+        self.pacer = PrefillPacer(limits.prefill_slowdown)
+        self.throttled = False  # whether the last plan paced its prefill chunks
 
     # -- admission ------------------------------------------------------------------------------
     def can_admit(self, req: Request) -> bool:
@@ -80,8 +82,10 @@ class Scheduler:
         decoding, or more) is prefilled with the whole budget instead: the batch fills at the
         prefill rate, which is what the streams that just started are waiting for too."""
         prefilling = sum(r.phase == PREFILL for r in self.running) + len(self.waiting)
-        if decoding and prices is not None and prefilling < decoding:
-            budget = min(budget, prefill_allowance(decoding, prices, self.limits))
+        self.throttled = bool(decoding and prices is not None and prefilling < decoding)
+        if self.throttled:
+            budget = min(budget, max(self.limits.min_prefill_chunk,
+                                     self.pacer.scale(prefill_allowance(decoding, prices, self.limits))))
         chunks = []
         for r in self.running:
             if r.phase == PREFILL and budget > 0:
@@ -89,6 +93,39 @@ class Scheduler:
                 chunks.append((r, n))
                 budget -= n
         return chunks
+
+
+PACER_AIM = 0.75  # aim below the slowdown, so that the slowest steps (p99) stay within it
+
+
+class PrefillPacer:
+    """Corrects the prefill allowance with measured step times.
+
+    The price curve is measured on one sequence with a short cache; a prompt joining a batch
+    also pays attention over its own growing cache, so its chunks cost more than the curve says,
+    more so as it fills. After every step the pacer compares the step's time with the latest
+    step without prefill, and scales the allowance down (or back up) so that steps with a chunk
+    take `slowdown` times a step without one. Only chunk sizes follow the clock: outputs never do.
+    """
+
+    def __init__(self, slowdown: float):
+        self.slowdown = slowdown
+        self.factor = 1.0  # measured correction of the curve's allowance
+        self.plain_s: float | None = None  # the latest decode-only step time
+        self.plain_batch = 0
+
+    def scale(self, allowance: int) -> int:
+        return int(allowance * self.factor)
+
+    def observe(self, decoding: int, prefill_tokens: int, throttled: bool, seconds: float) -> None:
+        if decoding and not prefill_tokens:
+            if decoding != self.plain_batch or self.plain_s is None:
+                self.plain_s, self.plain_batch = seconds, decoding
+            else:
+                self.plain_s = 0.7 * self.plain_s + 0.3 * seconds
+        elif throttled and self.plain_s and decoding == self.plain_batch:
+            ratio = seconds / self.plain_s
+            self.factor = min(4.0, max(0.01, self.factor * min(1.5, max(0.5, self.slowdown * PACER_AIM / ratio))))
 
 
 def prefill_allowance(decoding: int, prices: CostModel, limits: EngineLimits) -> int:
