@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Packs pulled by the tests live in the repo, so one CI run pulls SmolLM2 only once.
 TEST_HOME := $(CURDIR)/.cache/specserve
 
-.PHONY: venv test test-ray test-all demo bench-quick clean
+.PHONY: venv test test-ray test-all demo bench-quick bench-load clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,10 @@ demo: venv
 
 bench-quick: venv
 	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/specserve bench --quick --out bench-out/quick
+
+bench-load: venv  # many requests at once (SmolLM2, 1/4/16 concurrent, in-process and through the server)
+	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/specserve bench --quick --concurrency 1,4,16 --modes plain,prediction \
+		--load-via both --max-prompt-tokens 256 --load-max-tokens 128 --out bench-out/load
 
 clean:
 	rm -rf $(VENV) .cache bench-out

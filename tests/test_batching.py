@@ -120,8 +120,8 @@ def test_join_midway_and_cancel_midway(llm):
 
 
 def test_long_prompt_is_prefilled_in_chunks(llm):
-    """With prefill_slowdown 1, a prompt joining two running streams enters min_prefill_chunk
-    tokens a step; the three outputs are those of running alone."""
+    """With prefill_slowdown 1, a prompt joining two running streams enters in paced chunks over
+    several steps; the three outputs are those of running alone."""
     core = llm.engine.core
     saved = core.scheduler.limits
     core.scheduler.limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, prefill_slowdown=1.0,
@@ -148,7 +148,7 @@ def test_long_prompt_is_prefilled_in_chunks(llm):
         same(e, g.output)
     prompt_len = len(llm.prompt_ids(LONG_PROMPT))
     chunked = [s for s in steps if s.prefilling and s.decoding]
-    assert len(chunked) >= (prompt_len - 1) // 16 - 1 and all(s.tokens <= 2 + 16 for s in chunked)
+    assert len(chunked) >= 3 and all(s.tokens < 2 + prompt_len // 2 for s in chunked)  # never in one go
 
 
 def test_a_burst_of_prompts_fills_the_batch_at_once(llm):

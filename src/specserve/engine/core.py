@@ -140,6 +140,8 @@ class EngineCore:
             seconds = time.perf_counter() - start
             self.scheduler.pacer.observe(len(plan.decode), sum(n for _, n in plan.prefill), self.scheduler.throttled,
                                          seconds)
+            self.scheduler.measured.observe([1 + len(r.draft_ids) for r in plan.decode] + [n for _, n in plan.prefill],
+                                            self._prices, seconds)
             if logits is not None:
                 self._commit(plan, logits, seconds)
             self._retire()

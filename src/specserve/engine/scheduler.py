@@ -44,6 +44,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.reserved = 0  # cache cells promised to running requests
         self.pacer = PrefillPacer(limits.prefill_slowdown)
+        self.measured = StepTimes()
         self.throttled = False  # whether the last plan paced its prefill chunks
 
     # -- admission ------------------------------------------------------------------------------
@@ -71,7 +72,8 @@ class Scheduler:
         budget = self.limits.max_num_batched_tokens - len(decode)
         prefill = self._prefill_chunks(len(decode), budget, prices)
         if len(decode) > 1 and prices is not None:
-            trim_drafts(decode, [n for _, n in prefill], prices, budget - sum(n for _, n in prefill))
+            trim_drafts(decode, [n for _, n in prefill], self.measured.correct(prices),
+                        budget - sum(n for _, n in prefill))
         return StepPlan(decode, prefill)
 
     def _prefill_chunks(self, decoding: int, budget: int, prices: CostModel | None) -> list[tuple[Request, int]]:
@@ -93,6 +95,44 @@ class Scheduler:
                 chunks.append((r, n))
                 budget -= n
         return chunks
+
+
+class StepTimes:
+    """What steps of each size really cost, next to what the price curve says.
+
+    The curve is measured on one sequence with a short cache. A batch step also pays attention
+    over every running sequence's cache (llama.cpp's unified cache), so wide steps cost more
+    than the curve says, more so as caches grow. Every step's seconds over its curve price are
+    kept per power-of-two token count (a moving average); `correct(prices)` gives prices scaled
+    by the factor measured nearest each size, so the next decisions use what this machine did."""
+
+    def __init__(self):
+        self.factor: dict[int, float] = {}  # log2 bucket of a step's tokens -> seconds per curve unit
+
+    def observe(self, sizes: list[int], prices: CostModel | None, seconds: float) -> None:
+        if prices is None or not sizes:
+            return
+        bucket = max(sum(sizes), 1).bit_length()
+        ratio = seconds / prices.batch(sizes)
+        old = self.factor.get(bucket)
+        self.factor[bucket] = ratio if old is None else 0.7 * old + 0.3 * ratio
+
+    def correct(self, prices: CostModel) -> "CorrectedCosts":
+        return CorrectedCosts(prices, dict(self.factor))
+
+
+class CorrectedCosts:
+    """A CostModel's `batch` scaled by measured factors (units become seconds where measured)."""
+
+    def __init__(self, prices: CostModel, factor: dict[int, float]):
+        self.prices, self.factor = prices, factor
+
+    def batch(self, sizes: list[int]) -> float:
+        if not self.factor:
+            return self.prices.batch(sizes)
+        bucket = max(sum(sizes), 1).bit_length()
+        near = min(self.factor, key=lambda b: (abs(b - bucket), -b))  # the nearest measured size
+        return self.prices.batch(sizes) * self.factor[near]
 
 
 PACER_AIM = 0.75  # aim below the slowdown, so that the slowest steps (p99) stay within it
