@@ -36,13 +36,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from ..config import SamplingParams
-from .runner import BenchOptions, build_prompt, environment, load_scenarios
+from .runner import BenchOptions, build_prompt, environment, load_scenarios, save_report
 
 LOAD_MODES = ("plain", "prediction")
 VIAS = ("inproc", "server")
@@ -561,12 +561,8 @@ def write_chart(rows: list[LoadRow], path: Path) -> Path:
 
 
 def write_results(rows: list[LoadRow], env: dict, out: Path) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "load.json", "markdown": out / "load.md", "chart": out / "load.png"}
-    paths["json"].write_text(json.dumps({"environment": env, "rows": [asdict(r) for r in rows]}, indent=2))
-    paths["markdown"].write_text(markdown(rows, env))
-    write_chart(rows, paths["chart"])
-    return paths
+    """load.json, load.md and load.png in `out`."""
+    return save_report(out, "load", env, "rows", rows, markdown(rows, env), lambda p: write_chart(rows, p))
 
 
 # --------------------------------------------------------------------------- driver

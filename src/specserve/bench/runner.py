@@ -436,11 +436,16 @@ def write_chart(runs: list[Run], path: Path) -> Path:
     return path
 
 
+def save_report(out: Path, stem: str, env: dict, key: str, rows: list, markdown: str, chart) -> dict[str, Path]:
+    """<stem>.json ({"environment": env, key: rows}), <stem>.md and <stem>.png (chart(path)) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md", "chart": out / f"{stem}.png"}
+    paths["json"].write_text(json.dumps({"environment": env, key: [asdict(r) for r in rows]}, indent=2))
+    paths["markdown"].write_text(markdown)
+    chart(paths["chart"])
+    return paths
+
+
 def write_results(runs: list[Run], env: dict, out: Path) -> dict[str, Path]:
     """bench.json, bench.md and bench.png in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "bench.json", "markdown": out / "bench.md", "chart": out / "bench.png"}
-    paths["json"].write_text(json.dumps({"environment": env, "runs": [asdict(r) for r in runs]}, indent=2))
-    paths["markdown"].write_text(markdown_table(runs, env))
-    write_chart(runs, paths["chart"])
-    return paths
+    return save_report(out, "bench", env, "runs", runs, markdown_table(runs, env), lambda p: write_chart(runs, p))
