@@ -69,7 +69,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--html", type=Path, default=None, help="also write an HTML token-source report of one run")
     p.add_argument("--html-run", default=None, help="which run the HTML shows, as scenario/mode "
                                                     "(default: the first prediction run)")
-    add_engine_args(p, max_num_seqs=16)
+    add_engine_args(p, max_num_seqs=1)  # scenarios run one request at a time; --concurrency raises it
     p.add_argument("--concurrency", default=None, metavar="C1,C2,...",
                    help="run the load benchmark instead: for each C, start C requests at once (plain and "
                         "prediction modes) and measure aggregate and per-request tok/s, TTFT and inter-token "
