@@ -138,10 +138,7 @@ class EngineCore:
             start = time.perf_counter()
             logits = self._run(plan)
             seconds = time.perf_counter() - start
-            self.scheduler.pacer.observe(len(plan.decode), sum(n for _, n in plan.prefill), self.scheduler.throttled,
-                                         seconds)
-            self.scheduler.measured.observe([1 + len(r.draft_ids) for r in plan.decode] + [n for _, n in plan.prefill],
-                                            self._prices, seconds)
+            self.scheduler.observe(plan, self._prices, seconds)
             if logits is not None:
                 self._commit(plan, logits, seconds)
             self._retire()
@@ -167,7 +164,7 @@ class EngineCore:
                     prices = self.prices()
                     if req.spec.method == "auto" and req.chain:
                         governor = Governor(prices)
-                req.admit(self.target.new_sequence(), req.chain, governor, self.tokenizer, self.eos_token_ids,
+                req.admit(self.target.new_sequence(), governor, self.tokenizer, self.eos_token_ids,
                           self.target.vocab_size)
             except Exception as e:  # noqa: BLE001 - this request fails; the others run on
                 self._fail(req, e)

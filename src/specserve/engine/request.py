@@ -89,10 +89,11 @@ class Request:
         return self.phase == FINISHED
 
     # -- admit ----------------------------------------------------------------------------------
-    def admit(self, seq: int, chain: list[Proposer], governor: Governor | None, tokenizer,
+    def admit(self, seq: int, governor: Governor | None, tokenizer,
               eos_token_ids: set[int], vocab_size: int) -> None:
-        """Take a cache sequence and the proposers; start the clock of the request's own stats."""
-        self.seq, self.chain, self.governor = seq, chain, governor
+        """Take a cache sequence (the proposers were built with the request); start the clock of
+        the request's own stats."""
+        self.seq, self.governor = seq, governor
         self.t0 = time.perf_counter()
         self.stats = SpecStats(prompt_tokens=len(self.prompt_ids))
         self.builder = OutputBuilder(tokenizer, self.prompt_ids, self.params, eos_token_ids)

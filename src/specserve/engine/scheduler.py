@@ -31,8 +31,13 @@ class StepPlan:
         return not self.decode and not self.prefill
 
     @property
+    def sizes(self) -> list[int]:
+        """Tokens each sequence feeds the target: 1 + K per decoding request, then the chunks."""
+        return [1 + len(r.draft_ids) for r in self.decode] + [n for _, n in self.prefill]
+
+    @property
     def tokens(self) -> int:
-        return sum(1 + len(r.draft_ids) for r in self.decode) + sum(n for _, n in self.prefill)
+        return sum(self.sizes)
 
 
 class Scheduler:
@@ -75,6 +80,11 @@ class Scheduler:
             trim_drafts(decode, [n for _, n in prefill], self.measured.correct(prices),
                         budget - sum(n for _, n in prefill))
         return StepPlan(decode, prefill)
+
+    def observe(self, plan: StepPlan, prices: CostModel | None, seconds: float) -> None:
+        """A step ran (its drafts not yet committed): feed its time to the pacer and StepTimes."""
+        self.pacer.observe(len(plan.decode), sum(n for _, n in plan.prefill), self.throttled, seconds)
+        self.measured.observe(plan.sizes, prices, seconds)
 
     def _prefill_chunks(self, decoding: int, budget: int, prices: CostModel | None) -> list[tuple[Request, int]]:
         """Prompt chunks for this step, oldest request first.
