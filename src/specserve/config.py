@@ -106,6 +106,14 @@ class SpeculationConfig:
         return replace(self, num_speculative_tokens=k)
 
 
+# Measuring prices (engine/governor.py) times target passes of CALIBRATION_SIZES tokens over a short
+# cached context, on a spare sequence while others run. The loader sizes a llama.cpp cache with
+# SPARE_CELLS cells more than the engine hands out, and the engine keeps them free for that.
+CALIBRATION_CONTEXT = 32  # tokens cached before timing, so attention is not free
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per timed pass
+SPARE_CELLS = CALIBRATION_CONTEXT + max(CALIBRATION_SIZES)  # what measuring prices holds for a moment
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     """How much the engine runs at once (continuous batching; docs/design.md, "Batching").

@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .backends.transformers import TransformersBackend
+from .chat import template_messages, template_supports_tools
 from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
 from .engine import Engine, Generation
 from .engine.constrain import CompiledGuide, GrammarSpec, factory_for
 from .engine.stats import RequestOutput
 from .errors import InvalidRequestError, ModelLoadError
 from .models.loader import eos_ids, load
-from .server.tools import template_messages, template_supports_tools
 
 NO_DRAFT = ("", "none")
 
@@ -110,7 +110,7 @@ class LLM:
         """The target's chat template with the assistant turn opened, as token ids.
 
         tools: OpenAI tool definitions; given to the template's `tools` argument, or described in
-        a system message when the template has no tools support (see tools.py)."""
+        a system message when the template has no tools support (see chat.py)."""
         if not messages:
             raise InvalidRequestError("messages must not be empty")
         template = getattr(self.tokenizer, "chat_template", None)

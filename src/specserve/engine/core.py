@@ -20,14 +20,12 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from ..backends import Backend, SeqInput, SequenceRunner
-from ..config import EngineLimits
+from ..config import SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain
-from .governor import CALIBRATION_CONTEXT, CALIBRATION_SIZES, CostModel, Governor
+from .governor import CostModel, Governor
 from .request import DECODE, FINISHED, Request
 from .scheduler import Scheduler, StepPlan
-
-SPARE_CELLS = CALIBRATION_CONTEXT + max(CALIBRATION_SIZES)  # what measuring prices holds for a moment
 
 
 @dataclass(frozen=True)

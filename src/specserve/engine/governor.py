@@ -31,9 +31,9 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from ..config import CALIBRATION_CONTEXT, CALIBRATION_SIZES  # the loader sizes caches from them too
+
 GOVERNED = ("ngram", "draft")
-CALIBRATION_CONTEXT = 32  # tokens cached before timing, so attention is not free
-CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per timed pass
 SMALL_REPEATS = 3  # passes of <= 8 tokens are short and noisy: take the median of a few
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..config import EngineLimits, LoadOptions
+from ..config import SPARE_CELLS, EngineLimits, LoadOptions
 from ..errors import ModelLoadError
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
@@ -98,7 +98,6 @@ def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> Loaded
     from pathlib import Path
 
     from ..backends.llamacpp import LlamaCppBackend
-    from ..engine.core import SPARE_CELLS
 
     path = Path(source.path) / source.gguf_file
     # One sequence more than the engine runs, and a few more cells: prices are measured on it.

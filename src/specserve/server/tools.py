@@ -1,4 +1,4 @@
-"""Tool calling: validating OpenAI tool definitions, templating, the forcing grammar, parsing.
+"""Tool calling: validating OpenAI tool definitions, the forcing grammar, parsing.
 
 The wire format is Qwen2.5's (also Hermes'): the model writes
 
@@ -6,11 +6,8 @@ The wire format is Qwen2.5's (also Hermes'): the model writes
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-one block per call. Templates that know tools (their Jinja mentions `tools`) get the OpenAI
-tool list through `apply_chat_template(tools=...)` and render assistant `tool_calls` and
-`role: "tool"` messages themselves. For templates without tools support (the *fallback*) we
-describe the tools and this format in a system message, write earlier assistant tool calls as
-`<tool_call>` blocks, and pass tool results as user messages wrapped in `<tool_response>`.
+one block per call. How tools and earlier calls reach the prompt (the template's own tools
+support, or our fallback system message) is `specserve/chat.py`, shared with `LLM.chat`.
 Either way the output is parsed the same way. `tool_choice` "required" or a named function
 is enforced by a grammar: exactly one `<tool_call>` block whose JSON matches the function's
 parameters schema, then EOS.
@@ -25,6 +22,8 @@ from dataclasses import dataclass
 
 import xgrammar as xgr
 
+from ..chat import CLOSE, OPEN
+from ..chat import template_messages, template_supports_tools  # noqa: F401  (their old home; tests import them here)
 from ..engine.constrain import (
     TOOL_BANNED,
     ConstraintError,
@@ -33,7 +32,6 @@ from ..engine.constrain import (
     literal,
 )
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 
@@ -124,61 +122,6 @@ def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
         raise ConstraintError(f"tools: cannot compile the function schema: {e}", "tools") from None
     framed = xgr.Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE))
     return GrammarSpec("grammar", framed, banned=TOOL_BANNED, param="tools")
-
-
-# -- templating --------------------------------------------------------------------------------
-def template_supports_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in template
-
-
-def _arguments_dict(arguments) -> dict | str:
-    """Templates render arguments with `tojson`: give them the object, not the JSON string."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
-
-
-def _block(name: str, arguments) -> str:
-    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': _arguments_dict(arguments)}, ensure_ascii=False)}\n{CLOSE}"
-
-
-def fallback_system_prompt(tools: list[dict]) -> str:
-    """What the fallback tells a model whose template has no tools support."""
-    sigs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-    return ("You may call functions. Available functions:\n" + sigs + "\nTo call one, answer with\n"
-            f"{OPEN}\n{{\"name\": <function name>, \"arguments\": <arguments object>}}\n{CLOSE}")
-
-
-def template_messages(messages: list[dict], tools: list[dict] | None, template: str | None) -> list[dict]:
-    """Messages ready for the template: native tools support, or the documented fallback."""
-    native = template_supports_tools(template)
-    out = []
-    for m in messages:
-        m = dict(m)
-        calls = m.pop("tool_calls", None) or []
-        if native:
-            if calls:
-                m["tool_calls"] = [{"type": "function", "id": c.get("id"), "function": {
-                    "name": c["function"]["name"], "arguments": _arguments_dict(c["function"]["arguments"])}}
-                    for c in calls]
-        elif calls:
-            blocks = "\n".join(_block(c["function"]["name"], c["function"]["arguments"]) for c in calls)
-            m["content"] = ((m.get("content") or "") + "\n" + blocks).strip()
-        elif m["role"] == "tool":
-            m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
-        if m.get("content") is None:
-            m["content"] = ""
-        out.append(m)
-    if tools and not native:
-        prompt = fallback_system_prompt(tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + prompt}
-        else:
-            out.insert(0, {"role": "system", "content": prompt})
-    return out
 
 
 # -- parsing -------------------------------------------------------------------------------------
