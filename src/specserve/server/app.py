@@ -33,17 +33,10 @@ from ..engine.client import EngineClient, EngineWorker, QueueFull, ShuttingDown
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .metrics import Metrics
 from .openapi import install_openapi
-from .protocol import (
-    CHAT,
-    COMPLETIONS,
-    APIError,
-    Dialect,
-    Prepared,
-    ResponseContext,
-    TokenNamer,
-    engine_error,
-    parse_body,
-)
+from .errors import APIError, engine_error, parse_body
+from .logprobs import TokenNamer
+from .protocol import Prepared
+from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext
 from .structured import choice_params
 
 log = logging.getLogger("specserve.server.app")

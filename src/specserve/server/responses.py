@@ -1,0 +1,213 @@
+"""OpenAI response bodies and SSE chunks: one `Dialect` per endpoint (chat, completions).
+
+A dialect knows its request model and how to prepare it (`protocol.py`), and builds the JSON
+bodies, stream chunks, usage (with Predicted Outputs' accepted / rejected prediction tokens),
+logprobs and tool-call deltas of its endpoint from the engine's `RequestOutput`s.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ..engine.stats import RequestOutput, TokenLogprob
+from .logprobs import TokenNamer
+from .protocol import Prepared, prepare_chat, prepare_completion
+from .schemas import ChatCompletionRequest, CompletionRequest, _Common
+from .structured import ToolSetup
+from .tools import ToolStreamSplitter, parse_tool_calls
+
+
+def usage(outputs: RequestOutput | list[RequestOutput]) -> dict:
+    """OpenAI usage, with Predicted Outputs' accepted / rejected prediction tokens.
+
+    n choices: the prompt counts once (as OpenAI bills it), completion tokens are summed."""
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    prompt = outputs[0].stats.prompt_tokens
+    completion = sum(o.stats.output_tokens for o in outputs)
+    preds = [o.stats.by_source["prediction"] for o in outputs]
+    return {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                      "accepted_prediction_tokens": sum(p.accepted for p in preds),
+                                      "rejected_prediction_tokens": sum(p.rejected for p in preds)},
+    }
+
+
+def speculation(outputs: RequestOutput | list[RequestOutput]) -> dict | list[dict]:
+    """The speculation stats: one object, or one per choice when n > 1."""
+    if isinstance(outputs, list):
+        return outputs[0].stats.to_dict() if len(outputs) == 1 else [o.stats.to_dict() for o in outputs]
+    return outputs.stats.to_dict()
+
+
+def finish_reason(output: RequestOutput, tool_calls: bool = False) -> str:
+    if output.finish_reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
+
+
+@dataclass
+class ResponseContext:
+    """What every chunk and body of one response shares."""
+
+    id: str
+    model: str
+    namer: TokenNamer
+    include_usage: bool = False
+    logprobs: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    text_offset: dict = field(default_factory=dict)  # completions logprobs: chars described, per choice
+    tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
+    n: int = 1
+    splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
+
+    def splitter(self, index: int) -> ToolStreamSplitter:
+        return self.splitters.setdefault(index, ToolStreamSplitter())
+
+
+class Dialect:
+    """Builds one endpoint's JSON bodies and SSE chunks. Subclasses: chat and completions."""
+
+    name = ""
+    request_model: type[_Common]
+    id_prefix = ""
+
+    def prepare(self, req, llm) -> Prepared:
+        raise NotImplementedError
+
+    def context(self, model: str, namer: TokenNamer, prepared: Prepared) -> ResponseContext:
+        return ResponseContext(f"{self.id_prefix}{uuid.uuid4().hex}", model, namer, prepared.include_usage,
+                               prepared.params.logprobs is not None, tools=prepared.tools, n=prepared.n)
+
+    def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
+        return []
+
+    def _chunk(self, ctx: ResponseContext, choices: list[dict], **extra) -> dict:
+        body = {"id": ctx.id, "object": self.chunk_object, "created": ctx.created, "model": ctx.model,
+                "system_fingerprint": None, "choices": choices}
+        if ctx.include_usage:
+            body["usage"] = None
+        body.update(extra)
+        return body
+
+    def usage_chunk(self, ctx: ResponseContext, outputs) -> dict:
+        return self._chunk(ctx, [], usage=usage(outputs), speculation=speculation(outputs))
+
+
+class ChatDialect(Dialect):
+    name = "chat"
+    request_model = ChatCompletionRequest
+    id_prefix = "chatcmpl-"
+    chunk_object = "chat.completion.chunk"
+
+    def prepare(self, req, llm) -> Prepared:
+        return prepare_chat(req, llm)
+
+    def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None) -> dict | None:
+        if not ctx.logprobs or lps is None:
+            return None
+        return {"content": [self._entry(ctx, lp) for lp in lps], "refusal": None}
+
+    @staticmethod
+    def _entry(ctx: ResponseContext, lp: TokenLogprob) -> dict:
+        text, raw = ctx.namer(lp.token_id)
+        top = []
+        for tid, val in lp.top:
+            t, b = ctx.namer(tid)
+            top.append({"token": t, "logprob": val, "bytes": b})
+        return {"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top}
+
+    def opening_chunks(self, ctx):
+        delta = {"role": "assistant", "content": ""}
+        return [self._chunk(ctx, [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+                for i in range(ctx.n)]
+
+    def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
+        if ctx.tools is not None:  # hold back what may be a <tool_call> block
+            text = ctx.splitter(index).feed(text)
+        delta = {"content": text} if text else {}
+        return self._chunk(ctx, [{"index": index, "delta": delta, "logprobs": self._logprobs(ctx, lps),
+                                  "finish_reason": None}])
+
+    def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
+        """Held-back content, then one delta per tool call (id + name, then its arguments), then the finish."""
+        chunks, calls = [], []
+        if ctx.tools is not None:
+            rest, calls = ctx.splitter(index).finish()
+            calls = calls if ctx.tools.parallel else calls[:1]
+            if rest:
+                chunks.append(self._delta(ctx, index, {"content": rest}))
+            for j, c in enumerate(calls):
+                head = {"index": j, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
+                chunks.append(self._delta(ctx, index, {"tool_calls": [head]}))
+                chunks.append(self._delta(ctx, index, {"tool_calls": [{"index": j, "function": {
+                    "arguments": c.arguments}}]}))
+        done = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason(output, bool(calls))}
+        chunks.append(self._chunk(ctx, [done], speculation=output.stats.to_dict()))
+        return chunks
+
+    def _delta(self, ctx, index: int, delta: dict) -> dict:
+        return self._chunk(ctx, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+    def _choice(self, ctx, index: int, output: RequestOutput) -> dict:
+        content, calls = output.text, []
+        if ctx.tools is not None:
+            content, calls = parse_tool_calls(output.text)
+            calls = calls if ctx.tools.parallel else calls[:1]
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        return {"index": index, "message": message, "logprobs": self._logprobs(ctx, output.logprobs),
+                "finish_reason": finish_reason(output, bool(calls))}
+
+    def response(self, ctx, outputs) -> dict:
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        return {"id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
+                "system_fingerprint": None, "choices": [self._choice(ctx, i, o) for i, o in enumerate(outputs)],
+                "usage": usage(outputs), "speculation": speculation(outputs)}
+
+
+class CompletionDialect(Dialect):
+    name = "completions"
+    request_model = CompletionRequest
+    id_prefix = "cmpl-"
+    chunk_object = "text_completion"
+
+    def prepare(self, req, llm) -> Prepared:
+        return prepare_completion(req, llm)
+
+    def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None, index: int = 0) -> dict | None:
+        """OpenAI's legacy shape: parallel lists plus char offsets into the generated text."""
+        if not ctx.logprobs or lps is None:
+            return None
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in lps:
+            text, _ = ctx.namer(lp.token_id)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top})
+            out["text_offset"].append(ctx.text_offset.get(index, 0))
+            ctx.text_offset[index] = ctx.text_offset.get(index, 0) + len(text)
+        return out
+
+    def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
+        return self._chunk(ctx, [{"index": index, "text": text, "logprobs": self._logprobs(ctx, lps, index),
+                                  "finish_reason": None}])
+
+    def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
+        return [self._chunk(ctx, [{"index": index, "text": "", "logprobs": None,
+                                   "finish_reason": finish_reason(output)}], speculation=output.stats.to_dict())]
+
+    def response(self, ctx, outputs) -> dict:
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        choices = [{"index": i, "text": o.text, "logprobs": self._logprobs(ctx, o.logprobs, i),
+                    "finish_reason": finish_reason(o)} for i, o in enumerate(outputs)]
+        return {"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
+                "system_fingerprint": None, "choices": choices, "usage": usage(outputs),
+                "speculation": speculation(outputs)}
+
+
+CHAT, COMPLETIONS = ChatDialect(), CompletionDialect()

@@ -1,0 +1,126 @@
+"""The OpenAI request bodies as strict pydantic models (wrong JSON types are a 400, as OpenAI does).
+
+Parsing only: what a valid body means for the engine is `protocol.py`. The models also give the
+OpenAPI document its request schemas (`openapi.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+# OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
+# "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
+# values at most 512; safety_identifier at most 64 characters; top_logprobs 0..20.
+MAX_STOP = 4
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+MAX_SAFETY_IDENTIFIER = 64
+
+
+def _integral(value: Any) -> Any:
+    """2.0 -> 2: JSON Schema's "integer" admits numbers with a zero fraction, so we do too."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]  # a strict int that also takes 2.0 (never true or "2")
+
+
+class _Strict(BaseModel):
+    """Wrong JSON types are errors (no "1" -> 1 coercion); unknown fields are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+
+
+Content = str | list[ContentPart]
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Content | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class Prediction(_Strict):
+    type: Literal["content"]
+    content: Content
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = False
+
+
+class SpeculationRequest(_Strict):
+    """Non-standard: `{"method": "auto|none|prediction|ngram|draft", "num_speculative_tokens": K}`."""
+
+    method: str | None = None
+    num_speculative_tokens: Int | None = Field(None, ge=1, le=256)
+
+
+class ResponseFormat(_Open):
+    type: str
+
+
+class _Common(_Strict):
+    """Fields shared by chat and completions requests."""
+
+    model: str
+    max_tokens: Int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: Int | None = Field(None, ge=-1)  # extension (extra_body); -1 or 0 = off
+    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI: a 64-bit integer
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    n: Int | None = Field(None, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    metadata: Annotated[dict[Annotated[str, Field(max_length=MAX_METADATA_KEY)],
+                             Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
+                        Field(max_length=MAX_METADATA_PAIRS)] | None = None  # accepted and ignored
+    safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)  # accepted and ignored
+    speculation: SpeculationRequest | None = None  # extension (extra_body)
+    ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
+    structured_outputs: Any = None  # extension (extra_body), vLLM's: {json | regex | grammar | choice}
+    guided_json: Any = None  # vLLM's older names for the same
+    guided_regex: Any = None
+    guided_grammar: Any = None
+    guided_choice: Any = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: Int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
+    prediction: Prediction | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    logprobs: Int | None = Field(None, ge=0, le=20)
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: Int | None = Field(None, ge=1)
+    prediction: Prediction | None = None  # extension: Predicted Outputs on completions too
