@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 
 import httpx
+
+from specserve.server.launch import ServerProcess
 
 CHUNK = 1 << 16
 
@@ -37,31 +37,18 @@ def time_refusal(url: str, body: bytes, chunked: bool, api_key: str | None) -> t
     return time.perf_counter() - t0, r.status_code
 
 
-def start_server(model: str, port: int) -> subprocess.Popen:
-    """`specserve serve` in a child process; returns once /health answers."""
-    proc = subprocess.Popen([sys.executable, "-m", "specserve.cli", "serve", "--model", model, "--port", str(port),
-                             "--log-level", "warning"])
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server did not become healthy")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", help="a running server (default: start one with --model)")
     ap.add_argument("--model", default="smollm2-135m-instruct", help="model to serve when --url is not given")
-    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--port", type=int, default=None, help="port for the started server (default: a free one)")
     ap.add_argument("--size-mb", type=float, default=50.0)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--api-key", default=None)
     args = ap.parse_args()
-    proc = None if args.url else start_server(args.model, args.port)
-    url = args.url or f"http://127.0.0.1:{args.port}"
+    server = None if args.url else ServerProcess(["--model", args.model, "--log-level", "warning"], port=args.port,
+                                                 startup_timeout=300.0).start()
+    url = args.url or server.url
     try:
         model = httpx.get(f"{url}/v1/models", timeout=10,
                           headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}).json()
@@ -78,9 +65,8 @@ def main() -> int:
                        json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
         print(f"then a normal request: status {r.status_code} in {(time.perf_counter() - t0) * 1000:.0f} ms")
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(15)
+        if server is not None:
+            server.stop()
     return 0
 
 

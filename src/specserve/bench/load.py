@@ -29,9 +29,6 @@ import dataclasses
 import gc
 import json
 import math
-import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -42,6 +39,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..config import SamplingParams
+from ..server.launch import ServerProcess
 from .runner import BenchOptions, build_prompt, environment, load_scenarios, save_report
 
 LOAD_MODES = ("plain", "prediction")
@@ -319,12 +317,6 @@ def warm_up_inproc(llm, prompts: list[Prompt], modes: tuple[str, ...], concurren
 # --------------------------------------------------------------------------- through the server
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_model_args(llm, llm_kwargs: dict) -> list[str]:
     """`specserve serve` flags that load what the in-process LLM loaded, the way it was loaded."""
     options = llm_kwargs["options"]
@@ -349,69 +341,14 @@ def server_model_args(llm, llm_kwargs: dict) -> list[str]:
     return args
 
 
-class ServerLauncher:
-    """`specserve serve` on a free loopback port, its log in a file; waits for /health, stops on exit."""
-
-    def __init__(self, model_args: list[str], max_num_seqs: int, log_path: Path, engine_args: list[str] = (),
-                 startup_timeout: float = SERVER_STARTUP_TIMEOUT_S):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
-        self.cmd = [sys.executable, "-m", "specserve.cli", "serve", *model_args, "--host", "127.0.0.1",
-                    "--port", str(self.port), "--max-num-seqs", str(max_num_seqs), *engine_args,
-                    "--max-queue", str(max(1024, 4 * max_num_seqs)), "--request-timeout", "0",
-                    "--served-model-name", SERVED_NAME, "--log-level", "warning"]
-        self.proc: subprocess.Popen | None = None
-        self._log = None
-
-    def __enter__(self) -> "ServerLauncher":
-        import httpx
-
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w", encoding="utf-8")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.startup_timeout
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"the benchmark server exited with {self.proc.returncode}; "
-                                       f"see {self.log_path}: {self.log_tail()}")
-                try:
-                    if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                        return self
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the benchmark server was not healthy after {self.startup_timeout:.0f}s; "
-                                       f"see {self.log_path}")
-                time.sleep(0.25)
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 1) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return " | ".join(text[-lines:])
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+def bench_server(model_args: list[str], max_num_seqs: int, log_path: Path, engine_args: list[str] = (),
+                 startup_timeout: float = SERVER_STARTUP_TIMEOUT_S) -> ServerProcess:
+    """`specserve serve` for the load runs: the in-process run's model and engine flags, no request timeout,
+    a queue deep enough for every request at once; its log in `log_path`."""
+    args = [*model_args, "--max-num-seqs", str(max_num_seqs), *engine_args,
+            "--max-queue", str(max(1024, 4 * max_num_seqs)), "--request-timeout", "0",
+            "--served-model-name", SERVED_NAME, "--log-level", "warning"]
+    return ServerProcess(args, log_path=log_path, startup_timeout=startup_timeout, stop_timeout=30.0)
 
 
 def completion_body(p: Prompt, mode: str, max_tokens: int) -> dict:
@@ -614,7 +551,7 @@ def run_load(llm_factory, llm_kwargs: dict, opts: LoadBenchOptions, bench_opts: 
             llm = None
             _release_memory()
             bar.set_postfix_str("starting the server")
-            with ServerLauncher(model_args, max_num_seqs or top, out / "server.log", list(engine_args)) as srv:
+            with bench_server(model_args, max_num_seqs or top, out / "server.log", list(engine_args)) as srv:
                 warm_up_server(srv.url, prompts, opts.modes, top)
                 for mode in opts.modes:
                     for c in opts.concurrency:
