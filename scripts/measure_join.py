@@ -14,7 +14,6 @@ import statistics
 import time
 
 from specserve import LLM, SamplingParams
-from specserve.config import EngineLimits
 
 
 def p99(xs: list[float]) -> float:
@@ -44,8 +43,9 @@ def main() -> None:
         last[req.id] = t
 
     core = llm.engine.core
-    streams = [llm.request(ids[i * 50: i * 50 + 40], SamplingParams(max_tokens=4000, ignore_eos=True), speculation="none",
-                           on_event=on_event) for i in range(args.streams)]
+    params = SamplingParams(max_tokens=4000, ignore_eos=True)
+    streams = [llm.request(ids[i * 50: i * 50 + 40], params, speculation="none", on_event=on_event)
+               for i in range(args.streams)]
     for r in streams:
         core.add(r)
     steps = 0

@@ -4,7 +4,7 @@
 The pairs are the same .py files in two released versions of pure-Python packages (wheels from
 PyPI, read as zips; nothing is installed or imported). Each pair is an "edit" a model could be
 asked to make with the old file as the prediction. We replay every pair through the real engine
-(`specserve.replay`) and print aggregate acceptance, tokens per step and projected speedup,
+(`specserve.bench.replay`) and print aggregate acceptance, tokens per step and projected speedup,
 optionally over a grid of re-anchoring parameters to tune `PredictionProposer`.
 
     python scripts/replay_corpus.py [--model smollm2-135m-instruct] [--grid] [--json out.json]
@@ -26,10 +26,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from specserve.bench.replay import DEFAULT_COST_RATIO, aggregate, replay
 from specserve.config import SpeculationConfig
-from specserve.proposer import REGISTRY
-from specserve.propose_prediction import PredictionProposer
-from specserve.replay import DEFAULT_COST_RATIO, aggregate, replay
+from specserve.proposers.base import REGISTRY
+from specserve.proposers.prediction import PredictionProposer
 
 # (project, old version, new version): adjacent releases, mostly bug-fix diffs.
 RELEASES = [
@@ -139,7 +139,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write results here")
     args = ap.parse_args()
 
-    from specserve.cmd_replay import load_tokenizer
+    from specserve.cli.replay import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     corpus = pairs()

@@ -90,7 +90,7 @@ class SpeculationConfig:
             raise ValueError("need 1 <= ngram_n_min <= ngram_n_max")
 
     @classmethod
-    def coerce(cls, value: "str | SpeculationConfig | dict | None") -> "SpeculationConfig":
+    def coerce(cls, value: str | SpeculationConfig | dict | None) -> SpeculationConfig:
         """Accept a method name, a dict of fields, or a config object."""
         if value is None:
             return cls()
@@ -102,7 +102,7 @@ class SpeculationConfig:
             return cls(**value)
         raise TypeError(f"speculation must be a method name or SpeculationConfig, got {type(value).__name__}")
 
-    def with_k(self, k: int | None) -> "SpeculationConfig":
+    def with_k(self, k: int | None) -> SpeculationConfig:
         return replace(self, num_speculative_tokens=k)
 
 

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .backends.transformers import TransformersBackend
 from .chat import template_messages, template_supports_tools
@@ -61,13 +61,13 @@ class LLM:
 
     @classmethod
     def from_options(cls, model: str | None, draft_model: str | None, options: LoadOptions,
-                     speculation: str | SpeculationConfig = "auto", limits: EngineLimits | None = None) -> "LLM":
+                     speculation: str | SpeculationConfig = "auto", limits: EngineLimits | None = None) -> LLM:
         """LLM(...) with the model flags shared by the CLI commands."""
         return cls(model, draft_model, speculation=speculation, options=options, limits=limits)
 
     @classmethod
     def from_models(cls, model, tokenizer, draft_model=None, name: str = "model",
-                    speculation: str | SpeculationConfig = "auto", max_context: int | None = None) -> "LLM":
+                    speculation: str | SpeculationConfig = "auto", max_context: int | None = None) -> LLM:
         """Wrap already-loaded transformers models (tests, notebooks)."""
         draft = TransformersBackend(draft_model, max_context) if draft_model is not None else None
         return cls.from_backends(TransformersBackend(model, max_context), tokenizer, draft, name, speculation,
@@ -76,7 +76,7 @@ class LLM:
     @classmethod
     def from_backends(cls, target, tokenizer, draft=None, name: str = "model",
                       speculation: str | SpeculationConfig = "auto", eos_token_ids: set[int] | None = None,
-                      limits: EngineLimits | None = None) -> "LLM":
+                      limits: EngineLimits | None = None) -> LLM:
         """Wrap already-built backends (tests, notebooks); EOS defaults to the tokenizer's."""
         self = cls.__new__(cls)
         eos = eos_token_ids if eos_token_ids is not None else {tokenizer.eos_token_id} - {None}

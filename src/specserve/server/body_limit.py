@@ -105,7 +105,7 @@ async def _drain(receive, already: int) -> bool:
     while size <= DRAIN_LIMIT_BYTES:
         try:
             message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         if message["type"] != "http.request":
             return False

@@ -20,8 +20,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import SpecServeError
 
@@ -71,11 +71,13 @@ class ServerProcess:
         """Start the process and return once /health answers 200; raises ServerStartError when it exits
         or is not healthy in time, after stopping it (the log is kept then)."""
         if self.log_path is None:
-            self._log = tempfile.NamedTemporaryFile("w+", prefix="specserve-server-", suffix=".log", delete=False)
+            # The log lives as long as the process: closed in stop(), so no `with` (SIM115).
+            self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+                "w+", prefix="specserve-server-", suffix=".log", delete=False)
             self.log_path = Path(self._log.name)
         else:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "w", encoding="utf-8")
+            self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115  (closed in stop())
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         try:
             self._wait_healthy()

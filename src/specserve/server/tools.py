@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import xgrammar as xgr
 
-from ..chat import CLOSE, OPEN
-from ..chat import template_messages, template_supports_tools  # noqa: F401  (their old home; tests import them here)
+# template_messages / template_supports_tools lived here before chat.py; tests still import them from here.
+from ..chat import CLOSE, OPEN, template_messages, template_supports_tools  # noqa: F401
 from ..engine.constrain import (
     TOOL_BANNED,
     ConstraintError,
