@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Packs pulled by the tests live in the repo, so one CI run pulls SmolLM2 only once.
 TEST_HOME := $(CURDIR)/.cache/specserve
 
-.PHONY: venv test test-ray test-all demo bench-quick bench-load clean
+.PHONY: venv test test-ray test-all lint demo bench-quick bench-load clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml scripts/install_llama_cpp.sh
 	$(BIN)/pip install --quiet torch==2.13.0
 	# llama.cpp, compiled here once per machine with the flags our exactness needs (about 5 min).
 	scripts/install_llama_cpp.sh $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,clients]'
+	# test: pytest and what the tests import (the bench extra included); dev: ruff; clients: agent SDKs.
+	$(BIN)/pip install --quiet -e '.[test,dev,clients]'
+	$(BIN)/pip check
 	touch $(STAMP)
 
 test: venv
@@ -28,6 +30,10 @@ test: venv
 test-ray: venv  # the Ray Serve replica tests (about a minute on 2 cores; installs specserve[ray])
 	$(BIN)/pip install --quiet -e '.[test,ray]'
 	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -m ray
+
+lint: venv  # ruff's rules and its formatter, configured in pyproject.toml
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-all: venv  # also the slow tests that pull the 1.6 GB Qwen packs
 	$(BIN)/python -m pytest -q -m ''

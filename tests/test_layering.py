@@ -1,7 +1,7 @@
 """Layering: a lower part of the package never imports a higher one (read from the source, nothing runs).
 
-From the bottom: `errors`, `config`, `chat` -> `backends`, `models` -> `proposers`, `engine` ->
-`llm` -> `server`, `bench`, `edit` -> `cli`. A module may import its own layer and those below.
+From the bottom: `errors`, `config`, `chat` -> `backends` -> `models` -> `proposers`, `engine` ->
+`llm` -> `server`, `edit` -> `bench` -> `cli`. A module may import its own layer and those below.
 """
 
 import ast
@@ -19,7 +19,9 @@ FORBIDDEN = {
     "proposers": {"llm", "server", "bench", "edit", "cli"},
     "engine": {"llm", "server", "bench", "edit", "cli"},
     "llm": {"server", "bench", "edit", "cli"},
-    "server": {"bench", "cli"},
+    "server": {"edit", "bench", "cli"},
+    "edit": {"server", "bench", "cli"},
+    "bench": {"cli"},
 }
 
 

@@ -21,6 +21,7 @@ Metrics per (via, mode, C):
   acceptance             prediction mode: accepted / proposed draft tokens, summed over requests
 
 Writes load.json, load.md (table + speedup of aggregate tok/s over C=1 per mode) and load.png.
+Needs the `bench` extra: matplotlib for the chart, httpx for the server path.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tqdm import tqdm
 
 from ..config import SamplingParams
 from ..server.launch import ServerProcess
+from . import pyplot, require
 from .runner import BenchOptions, build_prompt, environment, load_scenarios, save_report
 
 LOAD_MODES = ("plain", "prediction")
@@ -395,7 +397,7 @@ def _stream_one(client, url: str, body: dict, clock: RequestTiming, barrier: thr
 
 def run_server(url: str, prompts: list[Prompt], mode: str, concurrency: int, max_tokens: int) -> list[RequestTiming]:
     """C streaming /v1/completions requests released together from C threads."""
-    import httpx
+    import httpx  # the `bench` extra; run_load checked it is there before loading anything
 
     timings = [RequestTiming() for _ in range(concurrency)]
     barrier = threading.Barrier(concurrency)
@@ -467,10 +469,7 @@ def markdown(rows: list[LoadRow], env: dict) -> str:
 
 def write_chart(rows: list[LoadRow], path: Path) -> Path:
     """Aggregate tok/s (top) and per-request tok/s p50 (bottom) vs concurrency, a line per mode/via."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
     cs = sorted({r.concurrency for r in rows})
@@ -526,6 +525,7 @@ def run_load(llm_factory, llm_kwargs: dict, opts: LoadBenchOptions, bench_opts: 
     --max-num-seqs max_num_seqs (default: max(concurrency)) and engine_args (KV cache, batched
     tokens), so that both paths batch alike. llm_kwargs: model, draft_model and the LoadOptions
     the LLM was built from, turned into the server's model flags."""
+    require("matplotlib", *(("httpx",) if "server" in opts.vias else ()))  # before minutes of runs
     llm = llm_factory()
     prompts = load_prompts(llm, opts)
     env = environment(llm, dataclasses.replace(bench_opts, max_tokens=opts.max_tokens,

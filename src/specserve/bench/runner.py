@@ -33,6 +33,7 @@ from tqdm import tqdm
 from ..config import SamplingParams
 from ..edit import build_messages
 from ..hardware import cpu_info
+from . import pyplot
 from .peers import (
     PEER_ENGINE,
     PEERS,
@@ -403,10 +404,7 @@ def markdown_table(runs: list[Run], env: dict) -> str:
 
 def write_chart(runs: list[Run], path: Path) -> Path:
     """Grouped bars: decode speedup vs plain (top) and tokens per step (bottom), per scenario."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     done = [r for r in runs if not r.skipped]
     scenarios = list(dict.fromkeys(r.scenario for r in done))

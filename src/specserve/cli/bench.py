@@ -12,6 +12,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from ..bench import require
 from ..bench.runner import (
     MODES,
     PEERS,
@@ -120,6 +121,7 @@ def exact(env: dict) -> bool:
 def run(args) -> int:
     if args.concurrency is not None:
         return run_load(args)
+    require("matplotlib")  # the chart is written last: refuse before minutes of runs
     from ..llm import LLM
 
     llm_kwargs, opts = resolve_options(args)
@@ -153,6 +155,7 @@ def run_load(args) -> int:
 
     concurrency = bench_load.parse_concurrency(args.concurrency)  # bad values: one line, before any load
     vias = bench_load.parse_vias(args.load_via)
+    require("matplotlib", *(("httpx",) if "server" in vias else ()))
     if args.load_max_tokens < 1:
         raise ValueError("--load-max-tokens must be at least 1")
     llm_kwargs, opts = resolve_options(args)

@@ -178,7 +178,7 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
         prompt_ids = llm.apply_chat_template(messages, tools.tools)
     except (InvalidRequestError, ContextLengthError):
         raise
-    except Exception as e:  # a chat template that refuses these messages (jinja2 raise_exception)
+    except Exception as e:  # noqa: BLE001  a chat template that refuses these messages (jinja2 raise_exception)
         raise bad_request(f"messages: the model's chat template rejected them: {e}", "messages") from None
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")
