@@ -31,10 +31,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..engine.client import EngineClient, EngineWorker, QueueFull, ShuttingDown
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
-from .metrics import Metrics
-from .openapi import install_openapi
 from .errors import APIError, engine_error, parse_body
 from .logprobs import TokenNamer
+from .metrics import Metrics
+from .openapi import install_openapi
 from .protocol import Prepared
 from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext
 from .structured import choice_params
