@@ -199,7 +199,7 @@ class _Common(_Strict):
                              Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
                         Field(max_length=MAX_METADATA_PAIRS)] | None = None  # accepted and ignored
     safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)  # accepted and ignored
-    speculation: SpeculationRequest | None = None  # extension (extra_body)
+    speculation: SpeculationRequest | str | None = None  # extension (extra_body); "ngram" = {"method": "ngram"}
     ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
     structured_outputs: Any = None  # extension (extra_body), vLLM's: {json | regex | grammar | choice}
     guided_json: Any = None  # vLLM's older names for the same
@@ -279,8 +279,14 @@ def _refuse_chat(req: ChatCompletionRequest) -> None:
 
 def speculation_config(req: SpeculationRequest | None, default: SpeculationConfig, has_draft: bool,
                        ) -> SpeculationConfig:
-    """The server's default speculation, overridden field by field by the request's object."""
-    if req is None:
+    """The server's default speculation, overridden field by field by the request's object (a
+    string is shorthand for `{"method": <string>}`, as `LLM(speculation="ngram")` takes it)."""
+    if isinstance(req, str):
+        try:
+            spec = SpeculationConfig(method=req, num_speculative_tokens=default.num_speculative_tokens)
+        except ValueError as e:
+            raise bad_request(str(e), "speculation") from None
+    elif req is None:
         spec = default
     else:
         k = req.num_speculative_tokens if req.num_speculative_tokens is not None else default.num_speculative_tokens
@@ -290,7 +296,7 @@ def speculation_config(req: SpeculationRequest | None, default: SpeculationConfi
             raise bad_request(str(e), "speculation.method") from None
     if spec.method == "draft" and not has_draft:
         raise bad_request("speculation method 'draft' needs a draft model; start the server with --draft-model",
-                          "speculation.method")
+                          "speculation" if isinstance(req, str) else "speculation.method")
     return spec
 
 
