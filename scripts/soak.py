@@ -92,7 +92,7 @@ class Mix:
 
     def __init__(self, max_model_len: int):
         source = (SAMPLES / "users_controller.py").read_text(encoding="utf-8").splitlines(keepends=True)
-        budget = max_model_len * 3 // 8  # characters: about a third of the context in tokens, twice (prompt + prediction)
+        budget = max_model_len * 3 // 8  # characters: about a tenth of the context in tokens, in prompt and prediction
         text, chars = [], 0
         for line in source:
             if chars + len(line) > budget:
@@ -166,7 +166,8 @@ def judge(tally: Tally, kind: str, status: int, error: dict | None, refuse: bool
 
 def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random.Random, tally: Tally) -> None:
     path, body, refuse = mix.body(kind, rng)
-    kw = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    raw = isinstance(body, bytes)
+    kw = {"content": body, "headers": {"Content-Type": "application/json"}} if raw else {"json": body}
     try:
         if isinstance(body, dict) and body.get("stream"):
             with client.stream("POST", f"{url}/v1/{path}", **kw) as r:
@@ -281,14 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=16, help="concurrent clients (default 16)")
     p.add_argument("--warmup", type=float, default=None, metavar="SECONDS",
                    help="warm-up before the baseline (default: 10%% of the soak, 20 to 120 s)")
-    p.add_argument("--fault-every", type=float, default=20.0, metavar="SECONDS",
-                   help="inject a fault in a step this often (0: never; default 20)")
+    p.add_argument("--fault-every", type=float, default=90.0, metavar="SECONDS",
+                   help="inject a fault in a step this often (0: never; default 90). Each one fails every request "
+                        "of that step, up to --max-num-seqs of them: keep it rare enough that most requests finish")
     p.add_argument("--no-worker-death", action="store_true", help="skip the final worker-death phase")
     p.add_argument("--rss-budget-mb", type=float, default=64.0, help="allowed RSS growth over the warm baseline")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the summary as JSON here")
-    p.add_argument("--log", type=Path, default=Path("soak-server.log"), help="the server's log (default ./soak-server.log)")
+    p.add_argument("--log", type=Path, default=Path("soak-server.log"),
+                   help="the server's log (default ./soak-server.log)")
     p.add_argument("serve_args", nargs="*", help="more `specserve serve` flags, after --")
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.workers < 1:
@@ -335,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     checks = {
         "no server errors but injected ones": server_errors == 0,
         "no other failures": not tally.failures,
-        f"RSS within +{args.rss_budget_mb:g} MB of the warm baseline": end["rss_mb"] - base["rss_mb"] <= args.rss_budget_mb,
+        f"RSS within +{args.rss_budget_mb:g} MB of the warm baseline":
+            end["rss_mb"] - base["rss_mb"] <= args.rss_budget_mb,
         "threads back to baseline": end["threads"] <= base["threads"],
         "open files back to baseline": end["open_files"] <= base["open_files"],
         "engine idle (health and gauges)": health["active"] == 0 and health["queued"] == 0

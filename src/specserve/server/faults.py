@@ -83,12 +83,13 @@ def install(app: FastAPI, core) -> FaultyBackend:
 
     @app.post("/debug/fault", include_in_schema=False)
     async def arm_fault(request: Request):
-        body = await request.json()
         try:
-            backend.arm(str(body.get("kind")), int(body.get("after", 1)))
-        except (ValueError, TypeError) as e:
-            return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "param": "kind",
-                                           "code": None}}, 400)
-        return {"armed": body.get("kind"), "after": int(body.get("after", 1))}
+            body = await request.json()
+            kind, after = str(body.get("kind")), int(body.get("after", 1))
+            backend.arm(kind, after)
+        except (ValueError, TypeError, AttributeError) as e:  # not JSON, not an object, a bad kind or count
+            return JSONResponse({"error": {"message": f"bad fault: {e}", "type": "invalid_request_error",
+                                           "param": None, "code": None}}, 400)
+        return {"armed": kind, "after": after}
 
     return backend
