@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Protocol, Sequence
 
-from .core import EngineCore
+from .core import EngineCore, EngineFault
 from .request import Request
 
 log = logging.getLogger("specserve.engine")
@@ -29,16 +29,22 @@ class ShuttingDown(Exception):
     """The client is stopping and takes no more requests."""
 
 
+class EngineDead(EngineFault):
+    """The thread that steps the engine died on an unexpected error: nothing will step it again.
+    `submit` raises it at once, and every request in flight when it died fails with it (the
+    server answers 503 to both, and /health says unavailable)."""
+
+
 class EngineClient(Protocol):
     """What the server needs from an engine."""
 
     max_queue: int
 
     @property
-    def waiting(self) -> int: ...
+    def num_waiting(self) -> int: ...
 
     @property
-    def running(self) -> int: ...
+    def num_running(self) -> int: ...
 
     @property
     def alive(self) -> bool: ...
@@ -48,7 +54,7 @@ class EngineClient(Protocol):
     def stop(self, timeout: float = 10.0) -> None: ...
 
     def submit(self, requests: Sequence[Request]) -> None:
-        """Queue requests together, or raise QueueFull / ShuttingDown without queueing any."""
+        """Queue requests together, or raise QueueFull / ShuttingDown / EngineDead without queueing any."""
 
     def wake(self) -> None:
         """Something changed (a request was cancelled): step soon even if idle."""
@@ -58,25 +64,30 @@ class EngineWorker:
     """An EngineClient running an EngineCore on one background thread.
 
     max_queue: requests allowed to wait for a place in the running batch; beyond it `submit`
-    raises QueueFull (the server answers 429)."""
+    raises QueueFull (the server answers 429). Cancelled requests still in the queue do not count.
+
+    An exception in a step fails that step's requests and the worker goes on. If the thread
+    itself dies (an error outside the step's handler, or a BaseException), it fails every request
+    in flight with EngineDead on its way out, and `submit` refuses from then on."""
 
     def __init__(self, core: EngineCore, max_queue: int):
         self.core, self.max_queue = core, max_queue
         self._cond = threading.Condition()
         self._stopping = False
+        self._dead: EngineDead | None = None  # set when the thread died
         self._thread: threading.Thread | None = None
 
     @property
-    def waiting(self) -> int:
-        return self.core.waiting
+    def num_waiting(self) -> int:
+        return self.core.num_waiting
 
     @property
-    def running(self) -> int:
-        return self.core.running
+    def num_running(self) -> int:
+        return self.core.num_running
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="specserve-worker", daemon=True)
@@ -93,23 +104,32 @@ class EngineWorker:
 
     def submit(self, requests: Sequence[Request]) -> None:
         with self._cond:
+            if self._dead is not None:  # a new instance each time: raising one again would grow its traceback
+                raise EngineDead(self._dead.__cause__, str(self._dead))
             if self._stopping:
                 raise ShuttingDown()
-            if self.core.waiting + len(requests) > self.max_queue + self._free_slots():
-                raise QueueFull(self.core.waiting)
+            waiting = self.core.num_waiting
+            if waiting + len(requests) > self.max_queue + self._free_slots():
+                raise QueueFull(waiting)
             for r in requests:
                 self.core.add(r)
             self._cond.notify()
 
     def _free_slots(self) -> int:
         """Requests that would join the batch at once rather than wait."""
-        return max(0, self.core.limits.max_num_seqs - self.core.running)
+        return max(0, self.core.limits.max_num_seqs - self.core.num_running)
 
     def wake(self) -> None:
         with self._cond:
             self._cond.notify()
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - the thread dies: nobody may be left waiting on it
+            self._die(e)
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not self._stopping and not self.core.has_work():
@@ -121,3 +141,12 @@ class EngineWorker:
             except Exception as e:  # noqa: BLE001 - a bug in a step fails what is in flight, not the server
                 log.exception("engine step failed")
                 self.core.fail_all(e)
+
+    def _die(self, error: BaseException) -> None:
+        """Refuse new requests, then fail every request in flight (none can finish now)."""
+        log.critical("the engine's worker thread died; the server cannot serve until restarted", exc_info=error)
+        dead = EngineDead(error, f"the engine stopped: its worker thread died ({type(error).__name__}: {error}); "
+                                 "the server must be restarted")
+        with self._cond:  # after this, submit refuses: nothing can slip into the queue unseen
+            self._dead = dead
+        self.core.fail_all(dead)

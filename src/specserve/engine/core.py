@@ -14,6 +14,7 @@ caller's for `LLM.generate`, the worker's for the server), one at a time under a
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -26,6 +27,19 @@ from ..proposers.base import ProposerContext, build_chain
 from .governor import CostModel, Governor
 from .request import DECODE, FINISHED, Request
 from .scheduler import Scheduler, StepPlan
+
+log = logging.getLogger("specserve.engine")
+
+
+class EngineFault(RuntimeError):
+    """An exception raised inside a step (a backend, a proposer, a grammar, a bug in the engine):
+    the requests of that step fail with it. Requests are validated before they are queued, so
+    nothing raised in a step is the caller's fault, whatever its type (a backend's ValueError
+    included): the server answers 500. The original exception is `__cause__`."""
+
+    def __init__(self, error: BaseException, message: str | None = None):
+        super().__init__(message or f"the engine failed: {type(error).__name__}: {error}")
+        self.__cause__ = error
 
 
 @dataclass(frozen=True)
@@ -87,11 +101,19 @@ class EngineCore:
         self._incoming.append(req)
 
     @property
-    def waiting(self) -> int:
-        return len(self._incoming) + len(self.scheduler.waiting)
+    def num_waiting(self) -> int:
+        """Requests queued for a place in the running batch, not counting those cancelled (their
+        client left, or their deadline passed) that the next step will drop. Any thread."""
+        while True:
+            try:  # snapshots: the stepping thread may move requests meanwhile
+                queued = {id(r): r for r in (*tuple(self._incoming), *tuple(self.scheduler.waiting))}
+                break
+            except RuntimeError:  # "deque mutated during iteration": take them again
+                continue
+        return sum(not r.finished and not r.should_cancel() for r in queued.values())
 
     @property
-    def running(self) -> int:
+    def num_running(self) -> int:
         return len(self.scheduler.running)
 
     @property
@@ -129,7 +151,7 @@ class EngineCore:
             self._retire()
             self._admit()
             self._draft()
-            plan = self.scheduler.plan(self._prices if self.running > 1 else None)
+            plan = self.scheduler.plan(self._prices if self.num_running > 1 else None)
             if plan.empty:
                 return
             info = self._info(plan)
@@ -147,27 +169,41 @@ class EngineCore:
         sched = self.scheduler
         while self._incoming:
             sched.waiting.append(self._incoming.popleft())
+        self._drop_cancelled()
         while sched.waiting:
             req = sched.waiting[0]
-            if req.should_cancel():
-                sched.waiting.popleft().abort()
-                self._close(req)
-                continue
             if not sched.can_admit(req):
                 break
             sched.waiting.popleft()
+            seq = None
             try:
                 governor = None
                 if self._needs_prices(req):  # measured before the request takes its sequence
                     prices = self.prices()
                     if req.spec.method == "auto" and req.chain:
                         governor = Governor(prices)
-                req.admit(self.target.new_sequence(), governor, self.tokenizer, self.eos_token_ids,
-                          self.target.vocab_size)
+                seq = self.target.new_sequence()
+                req.admit(seq, governor, self.tokenizer, self.eos_token_ids, self.target.vocab_size)
             except Exception as e:  # noqa: BLE001 - this request fails; the others run on
                 self._fail(req, e)
+                if seq is not None:  # the request never ran: its sequence goes back
+                    self.target.free_sequence(seq)
                 continue
             sched.start(req)
+
+    def _drop_cancelled(self) -> None:
+        """Waiting requests whose client left (or whose deadline passed) leave the queue, wherever
+        they sit in it."""
+        sched = self.scheduler
+        if any(r.should_cancel() for r in sched.waiting):
+            keep = deque()
+            for r in sched.waiting:
+                if r.should_cancel():
+                    r.abort()
+                    self._close(r)
+                else:
+                    keep.append(r)
+            sched.waiting = keep
 
     def _draft(self) -> None:
         """Every decoding request asks its proposers for this step's draft."""
@@ -213,7 +249,8 @@ class EngineCore:
                 self._close(r)
 
     def _fail(self, req: Request, error: Exception) -> None:
-        req.fail(error)
+        """The request ends with `error`, wrapped in an EngineFault (everything raised in a step is one)."""
+        req.fail(error if isinstance(error, EngineFault) else EngineFault(error))
         if req in self.scheduler.running:
             self.scheduler.stop(req)
             self.target.free_sequence(req.seq)
@@ -238,15 +275,19 @@ class EngineCore:
             self._retire()
 
     def fail_all(self, error: Exception) -> None:
-        """Fail every request in flight (after an unexpected error in a step)."""
+        """Fail every request in flight (after an unexpected error in a step, or when the thread
+        that steps the engine dies): each one ends with the error, none is left waiting."""
         with self.lock:
             while self._incoming:
                 self.scheduler.waiting.append(self._incoming.popleft())
             for r in list(self.scheduler.waiting) + list(self.scheduler.running):
-                self._fail(r, error)
+                try:
+                    self._fail(r, error)
+                except Exception:  # noqa: BLE001 - freeing its cache failed: the request has its error already
+                    log.exception("freeing a failed request's sequence failed")
             self.scheduler.waiting.clear()
 
     def _info(self, plan: StepPlan) -> StepInfo:
         return StepInfo(len(plan.decode), len(plan.prefill), plan.tokens, sum(len(r.draft_ids) for r in plan.decode),
-                        0.0, self.cache_used, self.waiting)
+                        0.0, self.cache_used, self.num_waiting)
 

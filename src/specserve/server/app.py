@@ -7,6 +7,9 @@
 The event loop never touches the model. A client that disconnects cancels its request (removed
 from the queue, or stopped by the worker at the next step); a request past its deadline ends
 with a 504 (or an SSE error event); an exception in one request is answered, never fatal.
+Faults are told apart by type: a request the engine refuses before queueing is the client's
+fault (400); anything raised inside a step is an EngineFault (500); a dead worker is EngineDead
+(503, and /health says unavailable).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from ..engine.client import EngineClient, EngineWorker, QueueFull, ShuttingDown
+from ..engine.client import EngineClient, EngineDead, EngineWorker, QueueFull, ShuttingDown
+from ..engine.core import EngineFault
+from . import faults
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .errors import APIError, engine_error, parse_body
 from .logprobs import TokenNamer
@@ -63,6 +68,20 @@ class ClientGone(Exception):
 def timeout_error(seconds: float | None) -> APIError:
     return APIError(504, f"the request did not finish within the server's timeout of {seconds:g} s",
                     "timeout_error", code="request_timeout")
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(503, message, "server_error", code="unavailable")
+
+
+def request_error(exc: Exception) -> APIError:
+    """The answer to a request that failed in the engine: 503 when the engine is dead, 500 for a
+    fault in a step (whatever the type of its cause), else the validation mapping (4xx)."""
+    if isinstance(exc, EngineDead):
+        return unavailable(str(exc))
+    if isinstance(exc, EngineFault):
+        return APIError(500, str(exc), "server_error", code="engine_error")
+    return engine_error(exc)
 
 
 # -- between the event loop and the engine ------------------------------------------------------
@@ -103,7 +122,7 @@ class Job:
         if req.error is not None:
             self._closed = True
             self.cancel("error")  # the other choices stop too
-            if engine_error(req.error).status >= 500:
+            if request_error(req.error).status >= 500:
                 log.error("generation failed", exc_info=req.error)
             self.post("error", req.error)
             return
@@ -161,9 +180,10 @@ class Server:
             raise APIError(429, f"the server is busy ({e.waiting} requests waiting); retry later",
                            "rate_limit_error", code="queue_full", headers={"Retry-After": retry}) from None
         except ShuttingDown:
-            raise APIError(503, "the server is shutting down", "server_error", code="unavailable") from None
+            raise unavailable("the server is shutting down") from None
+        except EngineDead as e:
+            raise unavailable(str(e)) from None
         self.jobs.add(job)
-        self.metrics.queue_depth.set(self.engine.waiting)
 
     def cancel(self, job: Job, reason: str) -> None:
         """The engine drops the job's requests at its next step (queued or running)."""
@@ -238,7 +258,7 @@ class Server:
         if job.reason == "timeout":
             raise timeout_error(self.options.request_timeout)
         if job.reason == "shutdown":
-            raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+            raise unavailable("the server is shutting down")
         raise ClientGone()
 
     async def _watch_disconnect(self, request: Request, job: Job) -> None:
@@ -266,7 +286,7 @@ class Server:
                 if kind == "event":
                     ttft = ttft if ttft is not None or not payload[1].token_ids else time.monotonic() - t0
                 elif kind == "error":
-                    raise engine_error(payload)
+                    raise request_error(payload)
                 else:
                     output = self._finished(job, payload)
                     return JSONResponse(dialect.response(ctx, output))
@@ -276,6 +296,9 @@ class Server:
         except ClientGone:
             status = 499
             return Response(status_code=499)
+        except Exception:  # a bug building the answer: the app's handler answers 500, recorded as such
+            status = 500
+            raise
         finally:
             watcher.cancel()
             self._record(dialect, job, status, output, ttft, t0)
@@ -285,7 +308,7 @@ class Server:
         try:
             first = await self._next(job)
             if first[0] == "error":
-                raise engine_error(first[1])
+                raise request_error(first[1])
             if first[0] == "done":
                 self._finished(job, first[1])
         except (APIError, ClientGone) as e:
@@ -314,7 +337,7 @@ class Server:
                         ttft = ttft if ttft is not None else time.monotonic() - t0
                         yield _sse(dialect.delta_chunk(ctx, event.text, event.logprobs, index))
                 elif kind == "error":
-                    raise engine_error(payload)
+                    raise request_error(payload)
                 else:
                     output = self._finished(job, payload)
                     for index, choice in enumerate(output):
@@ -332,6 +355,13 @@ class Server:
             yield "data: [DONE]\n\n"
         except ClientGone:
             status = 499
+        except Exception as e:  # noqa: BLE001 - a bug mid-stream: still an error event, [DONE], and a 500 on record
+            log.exception("stream failed")
+            status = 500
+            self.cancel(job, "error")
+            yield _sse(APIError(500, f"internal error: {type(e).__name__}", "server_error",
+                                code="internal_error").body())
+            yield "data: [DONE]\n\n"
         finally:
             watcher.cancel()
             if status == 499:
@@ -348,7 +378,7 @@ class Server:
     def health(self) -> tuple[dict, int]:
         s = self.engine
         body = {"status": "ok" if s.alive else "unavailable", "model": self.model_name,
-                "queued": s.waiting, "active": s.running, "max_queue": s.max_queue,
+                "queued": s.num_waiting, "active": s.num_running, "max_queue": s.max_queue,
                 "kv_cache_usage": round(self.llm.engine.core.cache_used, 4),
                 "worker_alive": s.alive, "threads": threading.active_count(),
                 "thread_names": sorted(t.name for t in threading.enumerate())}
@@ -406,6 +436,9 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     _add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
     install_openapi(app)
+    if faults.enabled():  # tests and scripts/soak.py only: see server/faults.py
+        log.warning("%s=1: faults can be injected through POST /debug/fault", faults.ENV)
+        faults.install(app, llm.engine.core)
     auth = Depends(server.authorize)
 
     @app.post("/v1/chat/completions", dependencies=[auth])
@@ -432,6 +465,8 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
 
     @app.get("/metrics")
     async def metrics():
+        server.metrics.set_engine_state(server.engine.num_waiting, server.engine.num_running,
+                                        server.llm.engine.core.cache_used)
         content, content_type = server.metrics.render()
         return Response(content, media_type=content_type)
 

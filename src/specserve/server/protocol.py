@@ -82,10 +82,16 @@ def _refuse_chat(req: ChatCompletionRequest) -> None:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
 
-def speculation_config(req: SpeculationRequest | None, default: SpeculationConfig, has_draft: bool,
+def speculation_config(req: SpeculationRequest | str | None, default: SpeculationConfig, has_draft: bool,
                        ) -> SpeculationConfig:
-    """The server's default speculation, overridden field by field by the request's object."""
-    if req is None:
+    """The server's default speculation, overridden field by field by the request's object (a
+    string is shorthand for `{"method": <string>}`, as `LLM(speculation="ngram")` takes it)."""
+    if isinstance(req, str):
+        try:
+            spec = SpeculationConfig(method=req, num_speculative_tokens=default.num_speculative_tokens)
+        except ValueError as e:
+            raise bad_request(str(e), "speculation") from None
+    elif req is None:
         spec = default
     else:
         k = req.num_speculative_tokens if req.num_speculative_tokens is not None else default.num_speculative_tokens
@@ -95,7 +101,7 @@ def speculation_config(req: SpeculationRequest | None, default: SpeculationConfi
             raise bad_request(str(e), "speculation.method") from None
     if spec.method == "draft" and not has_draft:
         raise bad_request("speculation method 'draft' needs a draft model; start the server with --draft-model",
-                          "speculation.method")
+                          "speculation" if isinstance(req, str) else "speculation.method")
     return spec
 
 

@@ -92,7 +92,7 @@ class _Common(_Strict):
                              Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
                         Field(max_length=MAX_METADATA_PAIRS)] | None = None  # accepted and ignored
     safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)  # accepted and ignored
-    speculation: SpeculationRequest | None = None  # extension (extra_body)
+    speculation: SpeculationRequest | str | None = None  # extension (extra_body); "ngram" = {"method": "ngram"}
     ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
     structured_outputs: Any = None  # extension (extra_body), vLLM's: {json | regex | grammar | choice}
     guided_json: Any = None  # vLLM's older names for the same

@@ -1,0 +1,95 @@
+"""Faults injected on purpose: how tests and `scripts/soak.py` reach the failure paths of a real server.
+
+Off unless the server process starts with SPECSERVE_FAULT_INJECT=1 in its environment; the
+server reads the variable in one place only (`create_app`). When on:
+
+- the engine's target backend is wrapped in a `FaultyBackend`;
+- `POST /debug/fault {"kind": "step" | "worker", "after": N}` arms one fault: the N-th target
+  pass from now (N >= 1, default 1) raises instead of running.
+
+    step    an `InjectedFault` (a ValueError, on purpose: a backend fault whose type validation
+            errors also use must still be a 500). The requests of that pass fail with a 500;
+            the engine serves on.
+    worker  an `InjectedWorkerDeath` (a BaseException): it escapes every handler in the step and
+            kills the engine's worker thread. Requests in flight fail with a 503, new ones get a
+            503, /health says unavailable (the server must be restarted).
+
+Every injected error's message contains "injected", so a soak can tell them from real faults.
+Never set the variable on a server that serves users: anyone who can reach it can break it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+ENV = "SPECSERVE_FAULT_INJECT"
+KINDS = ("step", "worker")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "") == "1"
+
+
+class InjectedFault(ValueError):
+    """A fault in a target pass, injected on purpose."""
+
+
+class InjectedWorkerDeath(BaseException):
+    """Kills the engine's worker thread, injected on purpose."""
+
+
+class FaultyBackend:
+    """A target backend whose next passes can be told to fail; everything else is the wrapped backend's."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._armed: list[tuple[int, str]] = []  # (passes left before it fires, kind)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def arm(self, kind: str, after: int = 1) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; choose one of {', '.join(KINDS)}")
+        with self._lock:
+            self._armed.append((max(1, after), kind))
+
+    def forward(self, inputs):
+        fire = None
+        with self._lock:
+            armed = []
+            for left, kind in self._armed:
+                if left <= 1 and fire is None:
+                    fire = kind
+                else:
+                    armed.append((left - 1, kind))
+            self._armed = armed
+        if fire == "worker":
+            raise InjectedWorkerDeath("injected worker death (SPECSERVE_FAULT_INJECT)")
+        if fire == "step":
+            raise InjectedFault("injected fault in a target pass (SPECSERVE_FAULT_INJECT)")
+        return self._inner.forward(inputs)
+
+
+def install(app: FastAPI, core) -> FaultyBackend:
+    """Wrap the engine core's target backend and add the POST /debug/fault route."""
+    backend = core.target if isinstance(core.target, FaultyBackend) else FaultyBackend(core.target)
+    core.target = backend
+
+    @app.post("/debug/fault", include_in_schema=False)
+    async def arm_fault(request: Request):
+        try:
+            body = await request.json()
+            kind, after = str(body.get("kind")), int(body.get("after", 1))
+            backend.arm(kind, after)
+        except (ValueError, TypeError, AttributeError) as e:  # not JSON, not an object, a bad kind or count
+            return JSONResponse({"error": {"message": f"bad fault: {e}", "type": "invalid_request_error",
+                                           "param": None, "code": None}}, 400)
+        return {"armed": kind, "after": after}
+
+    return backend

@@ -1,0 +1,311 @@
+"""The server's bad days: faults in a step, a dead worker, cancellation in the queue, a failing
+admit, streams that fail mid-way, gauges after the engine empties, and the speculation shorthand.
+
+Engine internals are driven in-process on a tiny random model (transformers); the HTTP answers
+come from a real `specserve serve` process started with SPECSERVE_FAULT_INJECT=1, whose faults
+are armed through POST /debug/fault (server/faults.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from server_proc import ServerProcess, free_port, metric_value
+from tiny import save_tiny, tiny_model, tiny_tokenizer
+
+import specserve.engine.request as request_module
+from specserve import SamplingParams, SpeculationConfig
+from specserve.backends.transformers import TransformersBackend
+from specserve.config import EngineLimits
+from specserve.engine.client import EngineDead, EngineWorker, QueueFull
+from specserve.engine.core import EngineFault
+from specserve.llm import LLM
+from specserve.server import faults
+from specserve.server.app import request_error
+
+MODEL = "tiny"
+PLAIN = SpeculationConfig(method="none")
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 24,
+        "temperature": 0}
+WAIT_S = 30.0  # how long a test waits for an answer that must come at once (a hang fails, never blocks)
+
+
+# -- in-process: the engine core and its worker ----------------------------------------------------
+class Counting(faults.FaultyBackend):
+    """A faulty backend that also says how many sequences are allocated."""
+
+    @property
+    def live(self) -> int:
+        return len(self._inner._caches)
+
+
+def engine_llm(max_num_seqs: int = 2) -> tuple[LLM, Counting]:
+    backend = Counting(TransformersBackend(tiny_model("qwen2", 0), max_sequences=max_num_seqs + 1))
+    limits = EngineLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=512, min_prefill_chunk=16)
+    return LLM.from_backends(backend, tiny_tokenizer(), name=MODEL, speculation="none", limits=limits), backend
+
+
+def make(llm: LLM, max_tokens: int = 16, cancel: threading.Event | None = None, on_event=None):
+    ids = tiny_tokenizer().encode("def add(a, b):")
+    return llm.engine.request(ids, SamplingParams(max_tokens=max_tokens, temperature=0), PLAIN,
+                              should_cancel=cancel.is_set if cancel else None, on_event=on_event)
+
+
+def test_a_fault_in_a_step_is_an_engine_fault_and_only_that_step_fails():
+    """A backend raising a ValueError mid-generation: the requests of that pass fail with an
+    EngineFault (a 500, not the 400 that validation errors get); the next request runs."""
+    llm, backend = engine_llm()
+    core = llm.engine.core
+    a, b = make(llm), make(llm)
+    core.add(a)
+    core.add(b)
+    core.step()  # both admitted and prefilled
+    backend.arm("step")
+    core.step()
+    for r in (a, b):
+        assert r.finished and isinstance(r.error, EngineFault)
+        assert isinstance(r.error.__cause__, faults.InjectedFault)
+        assert request_error(r.error).status == 500 and request_error(r.error).type == "server_error"
+    assert backend.live == 0 and core.num_running == 0 and core.cache_used == 0
+    (out,) = llm.engine.run([make(llm, max_tokens=8)])
+    assert len(out.token_ids) == 8
+
+
+def test_a_validation_error_is_still_a_400():
+    assert request_error(ValueError("bad value")).status == 400
+
+
+def test_the_sequence_of_a_failing_admit_is_freed(monkeypatch):
+    """Request.admit fails after the request got its cache sequence: the sequence goes back."""
+    llm, backend = engine_llm()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("output builder broke")
+
+    monkeypatch.setattr(request_module, "OutputBuilder", broken)
+    r = make(llm)
+    llm.engine.core.add(r)
+    llm.engine.core.step()
+    assert r.finished and isinstance(r.error, EngineFault)
+    assert backend.live == 0
+    monkeypatch.undo()
+    outs = llm.engine.run([make(llm, max_tokens=4) for _ in range(2)])  # every sequence is usable again
+    assert [len(o.token_ids) for o in outs] == [4, 4]
+
+
+def test_a_cancelled_request_leaves_the_queue_from_anywhere_and_frees_its_place():
+    """One running, two waiting (the queue is full): the second waiting one is cancelled. It no
+    longer counts toward max_queue (a new request is accepted, not a 429), and the next step drops
+    it although it is not at the head of the queue."""
+    llm, _ = engine_llm(max_num_seqs=1)
+    worker = EngineWorker(llm.engine.core, max_queue=2)  # not started: the test steps the core itself
+    core = llm.engine.core
+    running = make(llm, max_tokens=64)
+    worker.submit([running])
+    core.step()
+    assert core.num_running == 1
+    gone = threading.Event()
+    head, middle = make(llm), make(llm, cancel=gone)
+    worker.submit([head, middle])
+    with pytest.raises(QueueFull):
+        worker.submit([make(llm)])
+    gone.set()
+    assert core.num_waiting == 1
+    late = make(llm)
+    worker.submit([late])  # the cancelled request left a place
+    core.step()
+    assert middle.finished and middle.output.finish_reason == "abort"
+    assert not head.finished and not late.finished and core.num_waiting == 2
+
+
+def test_a_dead_worker_fails_everything_in_flight_and_refuses_new_requests():
+    """The worker thread dies (a BaseException from the backend escapes every handler): the
+    running and the waiting request both end with EngineDead, submit refuses at once, and the
+    worker says it is not alive."""
+    llm, backend = engine_llm(max_num_seqs=1)
+    worker = EngineWorker(llm.engine.core, max_queue=4)
+    backend.arm("worker", after=3)
+    worker.start()
+    try:
+        reqs = [make(llm, max_tokens=64) for _ in range(2)]
+        worker.submit(reqs)
+        deadline = time.monotonic() + WAIT_S
+        while not all(r.finished for r in reqs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(r.finished for r in reqs), "requests in flight were left hanging when the worker died"
+        assert all(isinstance(r.error, EngineDead) for r in reqs)
+        assert request_error(reqs[0].error).status == 503
+        assert not worker.alive
+        with pytest.raises(EngineDead):
+            worker.submit([make(llm)])
+        assert backend.live == 0 and llm.engine.core.num_waiting == 0
+    finally:
+        worker.stop(timeout=5)
+
+
+def test_a_bug_mid_stream_still_ends_with_an_error_event_and_done_and_is_recorded_500(monkeypatch):
+    """Not the engine: the server's own chunk building raises after the first chunk (an app in
+    this process, served by uvicorn on a loopback port). The client still gets an error event and
+    [DONE], and the request is recorded as a 500, not a 499."""
+    import uvicorn
+
+    from specserve.server import protocol
+    from specserve.server.app import create_app
+
+    llm, _ = engine_llm()
+    app = create_app(llm, MODEL)
+    calls = iter(range(1000))
+    real = protocol.ChatDialect.delta_chunk
+
+    def buggy(self, *args, **kwargs):
+        if next(calls) >= 1:
+            raise KeyError("a bug in the chunk builder")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(protocol.ChatDialect, "delta_chunk", buggy)
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not uv.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=WAIT_S) as r:
+            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["type"] == "server_error"
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        assert metric_value(text, "specserve_requests_total", endpoint="chat", status="500") == 1
+        assert metric_value(text, "specserve_requests_total", endpoint="chat", status="499") == 0
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+
+
+# -- a real server process ---------------------------------------------------------------------------
+def start_server(path: str, *args: str) -> ServerProcess:
+    """A server with fault injection on (the variable is read when the process starts)."""
+    old = os.environ.get(faults.ENV)
+    os.environ[faults.ENV] = "1"
+    try:
+        return ServerProcess(path, "--served-model-name", MODEL, "--speculation", "none", *args).start()
+    finally:
+        if old is None:
+            del os.environ[faults.ENV]
+        else:
+            os.environ[faults.ENV] = old
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return save_tiny(tmp_path_factory.mktemp("failures") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    srv = start_server(model_dir, "--max-num-seqs", "2", "--request-timeout", "60")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def arm(srv: ServerProcess, kind: str, after: int = 1) -> None:
+    r = httpx.post(f"{srv.url}/debug/fault", json={"kind": kind, "after": after}, timeout=10)
+    assert r.status_code == 200, r.text
+
+
+def chat(srv: ServerProcess, **fields) -> httpx.Response:
+    return httpx.post(f"{srv.base_url}/chat/completions", json={**CHAT, **fields}, timeout=WAIT_S)
+
+
+def sse_events(srv: ServerProcess, **fields) -> tuple[int, list]:
+    """Status and the decoded `data:` payloads of a streamed chat request ("[DONE]" kept as is)."""
+    with httpx.stream("POST", f"{srv.base_url}/chat/completions", json={**CHAT, "stream": True, **fields},
+                      timeout=WAIT_S) as r:
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+        return r.status_code, [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def test_server_answers_a_fault_in_a_step_with_500_and_serves_on(server):
+    arm(server, "step")
+    r = chat(server)
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and err["code"] == "engine_error" and "injected" in err["message"]
+    assert chat(server).status_code == 200
+
+
+def test_a_stream_that_fails_mid_way_ends_with_an_error_event_and_done_and_is_recorded_500(server):
+    before = metric_value(server.metrics(), "specserve_requests_total", endpoint="chat", status="500")
+    arm(server, "step", after=4)  # prefill, first token (the stream opens), one more, then the fault
+    status, events = sse_events(server)
+    assert status == 200
+    assert events[-1] == "[DONE]"
+    assert any(e != "[DONE]" and e.get("choices") and e["choices"][0]["delta"].get("content") for e in events)
+    err = events[-2]["error"]
+    assert err["type"] == "server_error" and "injected" in err["message"]
+    after = metric_value(server.metrics(), "specserve_requests_total", endpoint="chat", status="500")
+    assert after == before + 1
+    assert chat(server).status_code == 200
+
+
+def test_gauges_return_to_zero_when_the_engine_is_idle(server):
+    with ThreadPoolExecutor(2) as pool:
+        assert [r.status_code for r in pool.map(lambda _: chat(server), range(2))] == [200, 200]
+    text = server.metrics()
+    assert metric_value(text, "specserve_active_requests") == 0
+    assert metric_value(text, "specserve_kv_cache_usage") == 0
+    assert metric_value(text, "specserve_queue_depth") == 0
+    health = server.health()
+    assert health["active"] == 0 and health["queued"] == 0 and health["kv_cache_usage"] == 0
+
+
+def test_speculation_accepts_a_method_name_as_shorthand(server):
+    r = chat(server, speculation="ngram", max_tokens=48)  # the server's default is "none"
+    assert r.status_code == 200, r.text
+    assert set(r.json()["speculation"]["by_source"]) == {"ngram", "none"}  # the tiny model repeats itself
+    bad = chat(server, speculation="bogus")
+    assert bad.status_code == 400
+    err = bad.json()["error"]
+    assert err["param"] == "speculation" and "bogus" in err["message"] and "ngram" in err["message"]
+    assert chat(server, speculation={"method": "ngram", "num_speculative_tokens": 4}).status_code == 200
+
+
+def test_a_dead_worker_fails_waiting_requests_and_the_server_answers_503(model_dir):
+    """--request-timeout 0 (no deadline) and one sequence: one request runs, one waits; the worker
+    dies. Both are answered 503 at once (neither hangs), new requests get 503, /health says unavailable."""
+    srv = start_server(model_dir, "--max-num-seqs", "1", "--request-timeout", "0")
+    try:
+        assert chat(srv, max_tokens=2).status_code == 200
+        with ThreadPoolExecutor(2) as pool:
+            answers = [pool.submit(chat, srv, max_tokens=400) for _ in range(2)]
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline:  # one runs, the other waits for the only sequence
+                health = srv.health()
+                if health["active"] == 1 and health["queued"] == 1:
+                    break
+                time.sleep(0.01)
+            assert health["active"] == 1 and health["queued"] == 1, health
+            arm(srv, "worker")
+            answers = [a.result() for a in answers]  # an httpx timeout here means a request hung
+        for r in answers:
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert err["type"] == "server_error" and err["code"] == "unavailable" and "injected" in err["message"]
+        t = time.monotonic()
+        refused = chat(srv)
+        assert refused.status_code == 503 and time.monotonic() - t < 5
+        health = httpx.get(f"{srv.url}/health", timeout=5)
+        assert health.status_code == 503 and health.json()["status"] == "unavailable"
+        assert not health.json()["worker_alive"]
+    finally:
+        srv.stop()
