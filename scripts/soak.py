@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-from specserve.bench.load import SERVED_NAME, ServerLauncher
+from specserve.bench.load import SERVED_NAME, bench_server
 from specserve.server.faults import ENV as FAULT_ENV
 
 SAMPLES = Path(__file__).resolve().parents[1] / "src" / "specserve" / "bench" / "samples"
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ[FAULT_ENV] = "1"  # read by the server process at start
     engine_args = ["--max-queue", str(4 * args.workers), "--request-timeout", "300", *args.serve_args]
-    with ServerLauncher(["--model", args.model], args.max_num_seqs, args.log, engine_args) as server:
+    with bench_server(["--model", args.model], args.max_num_seqs, args.log, engine_args) as server:
         url, pid = server.url, server.proc.pid
         card = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
         mix = Mix(card.get("max_model_len") or 2048)
