@@ -15,9 +15,9 @@ import random
 import pytest
 
 from specserve.config import EngineLimits
+from specserve.engine import scheduler
 from specserve.engine.governor import CostModel
 from specserve.engine.request import PROBE_TOKENS
-from specserve.engine import scheduler
 from specserve.engine.scheduler import CorrectedCosts, prefill_allowance, trim_drafts
 
 CPU = CostModel(((1, 1.0), (2, 1.6), (4, 2.6), (8, 6.0), (16, 8.5), (32, 13.0), (64, 24.0), (128, 45.0)))
