@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Packs pulled by the tests live in the repo, so one CI run pulls SmolLM2 only once.
 TEST_HOME := $(CURDIR)/.cache/specserve
 
-.PHONY: venv test test-ray test-all lint demo bench-quick bench-load clean
+.PHONY: venv browser test test-ray test-all lint demo bench-quick bench-load clean
 
 venv: $(STAMP)
 
@@ -24,10 +24,20 @@ $(STAMP): pyproject.toml scripts/install_llama_cpp.sh
 	$(BIN)/pip check
 	touch $(STAMP)
 
-test: venv
+# Debian's chromium, for the HTML report's render test (tests/test_report_html.py fails without it):
+# installed when missing and we are root (CI; about 50 s), otherwise say how.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium (the HTML report's render test)" >&2; mkdir -p .cache; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium; } >.cache/apt-chromium.log 2>&1 || { cat .cache/apt-chromium.log >&2; exit 1; }; \
+	else echo "chromium is missing: install it (apt-get install chromium) or the HTML report's render test fails" >&2; fi
+
+test: venv browser
 	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q
 
-test-ray: venv  # the Ray Serve replica tests (about a minute on 2 cores; installs specserve[ray])
+test-ray: venv  # the Ray Serve replica tests (CI runs them; installs specserve[ray])
 	$(BIN)/pip install --quiet -e '.[test,ray]'
 	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -m ray
 

@@ -7,6 +7,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/tiny.py, tests/synthetic.
 torch.set_num_threads(1)  # tiny models: extra threads only add contention on a 2-core machine
 # llama.cpp reads this once per process; off from the start, exact (batch-invariant) models can
 # be loaded in any order next to fast ones (specserve refuses an exact one after a fast one).
+# It also hides the user's own setting from this process: the refusal of a GGML_CPU_TILED_MM that
+# breaks --exact is tested in child processes with their own environment (test_exact_check.py).
 os.environ["GGML_CPU_TILED_MM"] = "0"
 
 pytest_plugins = ["fixtures_packs"]  # the session fixture that pulls the SmolLM2 pack

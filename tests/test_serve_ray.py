@@ -1,11 +1,12 @@
 """Ray Serve: `specserve serve --ray` with 2 replicas of the tiny model behind one endpoint.
 
-The cluster tests (marker `ray`, excluded by default; run `pytest -m ray`, needs
-`pip install 'specserve[ray]'`) start the real command in a child process, which starts a local
-Ray cluster. They check that outputs equal a single server's, session affinity, per-replica
-metrics, and that 16 concurrent streams survive a replica killed mid-load (each completes or
-fails with an error a client retries), after which the service is back to 2 replicas.
-The pure helpers (metrics merging, rendezvous order) are tested without Ray.
+The tests that need Ray (marker `ray`, excluded by default; `make test-ray`, which CI runs,
+installs `specserve[ray]` and runs them with `pytest -m ray`; a missing Ray fails them) start
+the real command in a child process, which starts a local Ray cluster. They check that outputs
+equal a single server's, session affinity, per-replica metrics, and that 16 concurrent streams
+survive a replica killed mid-load (each completes or fails with an error a client retries),
+after which the service is back to 2 replicas.
+The pure helpers (metrics merging, rendezvous order, flag parsing) are tested without Ray.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def test_rendezvous_order_is_stable_and_moves_only_lost_sessions():
     assert all(after[s] == first[s] for s in sessions if first[s] != "r2")
 
 
+@pytest.mark.ray
 def test_scale_flags_become_ray_deployment_options():
-    pytest.importorskip("ray.serve")
     fixed = ScaleConfig(replicas=3).deployment_options(ReplicaConfig(max_queue=4))
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["max_ongoing_requests"] == 2 and fixed["max_queued_requests"] == 12
@@ -84,7 +85,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_server(models):
-    pytest.importorskip("ray.serve")
+    import ray.serve  # noqa: F401 - `-m ray` asks for these tests: a missing Ray fails them, never skips them
     with ServerProcess(models, "--ray", "--replicas", "2", "--replica-cpus", "1", "--served-model-name", MODEL,
                        "--max-queue", "16", "--request-timeout", "120") as srv:
         _wait_replicas(srv, 2, timeout=120)

@@ -149,15 +149,24 @@ def test_openapi_publishes_the_request_models(server, path, model):
 # The fuzzer's own pytest plugin (schemathesis.pytest.from_fixture) breaks on pytest 9.2 (it sets a
 # node attribute pytest no longer has), so each operation's hypothesis strategy is run directly.
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-REFUSED = ("n", "tools", "tool_choice", "functions", "function_call", "audio", "modalities", "response_format",
-           "logit_bias", "echo", "suffix", "best_of")  # documented 400s (unsupported parameters)
+REFUSED = ("functions", "function_call", "audio", "modalities", "logit_bias", "echo", "suffix",
+           "best_of")  # documented 400s (unsupported parameters)
+EXTENSION_GUIDES = ("structured_outputs", "guided_json", "guided_regex", "guided_grammar", "guided_choice")
+FUZZ_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 4}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+FUZZ_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                                                "maximum": 9}}, "required": ["ok"]}
 _turn = itertools.count()
+_servable_turn = itertools.count()
+reached: dict[str, int] = {}  # generation features the servable half got a 200 for
 
 
 def _small(case) -> None:
     """Keep fuzzed generations short; every other request is also made servable (the served
     model, no unsupported parameters, text-only messages, one prompt) so that half the examples
-    reach the engine with fuzzed sampling and speculation values instead of stopping at a 400/404."""
+    reach the engine with fuzzed sampling, speculation, grammar, tool and n values instead of
+    stopping at a 400/404."""
     if not isinstance(case.body, dict):
         return
     for key in ("max_tokens", "max_completion_tokens"):
@@ -168,7 +177,10 @@ def _small(case) -> None:
 
 
 def _servable(body: dict) -> None:
-    """Turn a schema-valid body into one the tiny model serves (what is left is fuzzed)."""
+    """Turn a schema-valid body into one the tiny model serves (what is left is fuzzed). Grammar,
+    tools and n are kept, made valid where the fuzzer's values cannot be, and one of them is
+    added in turn when the fuzzer left it out, so the engine's constrained, tool and n > 1
+    paths are fuzzed too."""
     body["model"] = MODEL
     for key in REFUSED:
         body.pop(key, None)
@@ -185,6 +197,42 @@ def _servable(body: dict) -> None:
         body["logprobs"] = True
     if isinstance(body.get("speculation"), dict) and body["speculation"].get("method") not in METHODS:
         body["speculation"].pop("method", None)
+    turn = next(_servable_turn) % 3
+    chat = "messages" in body
+    if isinstance(body.get("n"), int) or turn == 0:  # 1 ... 3 choices
+        body["n"] = 1 + (body.get("n", 2) - 1) % 3 if isinstance(body.get("n"), int) else 2
+    if chat and ("tools" in body or "tool_choice" in body or turn == 1):
+        body["tools"] = [FUZZ_TOOL]
+        choice = body.get("tool_choice")
+        if choice not in ("none", "auto", "required"):
+            choice = "required" if turn == 1 or not isinstance(choice, dict) else \
+                {"type": "function", "function": {"name": "get_weather"}}
+        body["tool_choice"] = choice
+    if chat and ("response_format" in body or turn == 2):
+        kind = body["response_format"].get("type") if isinstance(body.get("response_format"), dict) else None
+        kind = kind if kind in ("text", "json_object") else "json_schema"
+        body["response_format"] = {"type": kind} if kind != "json_schema" else \
+            {"type": kind, "json_schema": {"name": "fuzz", "schema": FUZZ_SCHEMA}}
+    guides = [k for k in EXTENSION_GUIDES if body.get(k) is not None]
+    for k in guides:
+        body.pop(k)
+    if guides or (not chat and turn == 2):  # one grammar from the extension fields
+        body["structured_outputs"] = {"regex": "[a-c]{1,4}"} if len(guides) % 2 else {"choice": ["yes", "no"]}
+    forced = body.get("tool_choice") not in (None, "none", "auto")
+    if forced or "structured_outputs" in body or body.get("response_format", {}).get("type", "text") != "text":
+        body.pop("ignore_eos", None)  # with a grammar: a documented 400
+
+
+def _record(body, response) -> None:
+    """Count the generation features a 200 reached."""
+    if not isinstance(body, dict) or response.status_code != 200:
+        return
+    fmt = body.get("response_format") or {}
+    features = {"n > 1": (body.get("n") or 1) > 1,
+                "tools": bool(body.get("tools")) and body.get("tool_choice") != "none",
+                "grammar": fmt.get("type", "text") != "text" or body.get("structured_outputs") is not None}
+    for name, on in features.items():
+        reached[name] = reached.get(name, 0) + on
 
 
 def test_schemathesis(server):
@@ -200,7 +248,8 @@ def test_schemathesis(server):
                   derandomize=FUZZ_DERANDOMIZE)
         def run(case):
             _small(case)
-            case.call_and_validate(base_url=server.url, checks=CHECKS, timeout=60)
+            _record(case.body, case.call_and_validate(base_url=server.url, checks=CHECKS, timeout=60))
 
         run()
     assert metric_value(server.metrics(), "specserve_requests_total", status="200") > 0  # the engine was reached
+    assert all(reached.get(f) for f in ("n > 1", "tools", "grammar")), reached

@@ -79,18 +79,21 @@ def test_schema_valid_and_identical_across_methods(llm, i):
 
 @pytest.mark.parametrize("i", [0, 7, 13])
 def test_sampled_output_is_valid(llm, i):
+    """Bounded schemas (strings of at most 6 characters, integers below 1000, at most 2 items):
+    the seeded samples complete well within MAX_TOKENS, so every run validates."""
     for method in ("none", "draft"):
         out = run(llm, i, method, temperature=1.0)
-        if out.finish_reason == "stop":
-            jsonschema.validate(json.loads(out.text), SCHEMAS[i])
+        assert out.finish_reason == "stop", (method, out.text)
+        jsonschema.validate(json.loads(out.text), SCHEMAS[i])
 
 
 def test_json_object_is_valid_json(llm):
-    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=64), speculation="ngram",
+    """json_object bounds nothing (the tiny model loops on whitespace after most prompts); after
+    this one its greedy output closes the object in 64 tokens."""
+    out = llm.generate("def get_user(self, user_id):", SamplingParams(max_tokens=96), speculation="ngram",
                        guide=GrammarSpec("json_object"))
-    assert out.text.lstrip().startswith("{")
-    if out.finish_reason == "stop":
-        assert isinstance(json.loads(out.text), dict)
+    assert out.finish_reason == "stop", out.text
+    assert isinstance(json.loads(out.text), dict), out.text
 
 
 def test_regex_constraint(llm):

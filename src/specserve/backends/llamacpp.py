@@ -17,7 +17,9 @@ than a near-tie. Three choices, each measured on the Qwen Q4_K_M and SmolLM2 Q4_
 - repacked weights (`use_extra_bufts`) use GEMM for groups of 4 rows and GEMV for the rest.
 `batch_invariant=True` sets all three (and scripts/install_llama_cpp.sh builds llama.cpp
 without llamafile's sgemm, the fourth cause), and then a chunk, token-by-token passes, and a
-chunk sharing its batch with other sequences give bit-identical logits. It costs throughput on
+chunk sharing its batch with other sequences give bit-identical logits. A build with llamafile's
+sgemm, or a GGML_CPU_TILED_MM the user set to anything atoi does not read as 0, is refused at
+load with a one-line error naming the fix (`exactness_problem`), not run inexactly. It costs throughput on
 a CPU (Qwen 1.5B Q4_K_M, 2 AVX-512 cores: prefill 42 instead of 101 tok/s, a 128-token
 verification 27 instead of 73 tok/s, decoding 21 instead of 26 tok/s), so it is opt-in
 (`--exact`); the default runs llama.cpp's fastest kernels and the benchmark reports every
@@ -40,7 +42,7 @@ from .base import SeqInput
 
 _init_lock = threading.Lock()
 _initialised = False
-_tiled_mm_off = False  # GGML_CPU_TILED_MM is read once per process: what the first model decided
+_tiled_mm: str | None = None  # GGML_CPU_TILED_MM is read once per process: what the first model left it at
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
 DEFAULT_MAX_CONTEXT = 8192  # holds the demo's 3.8k-token prompt + 4k-token answer
@@ -56,31 +58,72 @@ def _lib():
     return llama_cpp
 
 
+def _atoi(text: str) -> int:
+    """C's atoi, which is how ggml-cpu reads GGML_CPU_TILED_MM ("", "off" and "0x1" all read 0)."""
+    text = text.lstrip()
+    sign = -1 if text[:1] == "-" else 1
+    text = text[1:] if text[:1] in "+-" else text
+    digits = len(text) - len(text.lstrip("0123456789"))
+    return sign * int(text[:digits]) if digits else 0
+
+
+def tiled_mm_off(value: str | None) -> bool:
+    """Whether ggml-cpu turns its tiled K-quant matmul off for this GGML_CPU_TILED_MM value
+    (llama.cpp's tiled.cpp: on unless the variable is set and atoi reads 0)."""
+    return value is not None and _atoi(value) == 0
+
+
+def exactness_problem(system_info: str, tiled_mm: str | None) -> str | None:
+    """Why this llama.cpp build and environment cannot give the batch-invariant kernels `exact`
+    relies on, as a one-line error naming the fix; None when they can.
+
+    system_info: `llama_print_system_info()` ("CPU : SSE3 = 1 | ... | LLAMAFILE = 1 | ..." lists
+    llamafile's sgemm only when it is compiled in). tiled_mm: the GGML_CPU_TILED_MM that ggml-cpu
+    reads (or read) on its first matmul. The other two causes (KV cache type and repacked weights)
+    are set per model by this backend and cannot be overridden from outside."""
+    if "LLAMAFILE = 1" in system_info:
+        return ("--exact needs llama.cpp built without llamafile's sgemm, but this llama-cpp-python has it "
+                "(LLAMAFILE = 1): reinstall it with scripts/install_llama_cpp.sh (GGML_LLAMAFILE=OFF), "
+                "or run `make venv`")
+    if not tiled_mm_off(tiled_mm):
+        return (f"--exact needs GGML_CPU_TILED_MM=0, but the environment sets GGML_CPU_TILED_MM={tiled_mm}: "
+                "unset it (exact mode then sets 0) or set it to 0")
+    return None
+
+
 def _init_backend(batch_invariant: bool) -> None:
-    """Initialise llama.cpp once per process and route its log into a short buffer."""
-    global _initialised, _log_callback, _tiled_mm_off
+    """Initialise llama.cpp once per process and route its log into a short buffer; for an exact
+    model, refuse (ModelLoadError) unless the build and environment give batch-invariant kernels."""
+    global _initialised, _log_callback, _tiled_mm
     with _init_lock:
-        if _initialised:
-            if batch_invariant and not _tiled_mm_off:
-                raise ModelLoadError("batch-invariant (exact) llama.cpp models must be loaded before any other "
-                                     "llama.cpp model in a process (GGML_CPU_TILED_MM is read once); start a "
-                                     "fresh process")
-            return
-        if batch_invariant:  # read by ggml-cpu on its first matmul; a user's own setting wins
-            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
-        _tiled_mm_off = os.environ.get("GGML_CPU_TILED_MM") == "0"
-        ll = _lib()
+        if not _initialised:
+            if batch_invariant:  # read by ggml-cpu on its first matmul; a user's own setting wins (or is refused)
+                os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+            _tiled_mm = os.environ.get("GGML_CPU_TILED_MM")
+            if batch_invariant and not tiled_mm_off(_tiled_mm):  # refused before llama.cpp reads it
+                raise ModelLoadError(exactness_problem("", _tiled_mm))
+            ll = _lib()
 
-        @ll.llama_log_callback
-        def _log_callback(level, text, user_data):  # noqa: ARG001 - fixed C signature
-            line = text.decode("utf-8", "replace").strip() if text else ""
-            if len(line) > 1:  # skip the progress dots
-                _log_tail.append(line)
-                del _log_tail[:-_LOG_KEEP]
+            @ll.llama_log_callback
+            def _log_callback(level, text, user_data):  # noqa: ARG001 - fixed C signature
+                line = text.decode("utf-8", "replace").strip() if text else ""
+                if len(line) > 1:  # skip the progress dots
+                    _log_tail.append(line)
+                    del _log_tail[:-_LOG_KEEP]
 
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        ll.llama_backend_init()
-        _initialised = True
+            ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _initialised = True
+        elif batch_invariant and not tiled_mm_off(_tiled_mm):
+            raise ModelLoadError("batch-invariant (exact) llama.cpp models must be loaded before any other "
+                                 "llama.cpp model in a process (GGML_CPU_TILED_MM is read once); start a "
+                                 "fresh process")
+        if batch_invariant:  # and the build: llamafile's sgemm compiled out
+            info = _lib().llama_print_system_info()
+            problem = exactness_problem(info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info),
+                                        _tiled_mm)
+            if problem:
+                raise ModelLoadError(problem)
 
 
 def default_threads() -> int:

@@ -41,12 +41,14 @@ USAGE_SCHEMA = {
 def _completion_schema(obj: str, choice_required: list[str]) -> dict:
     """A chat.completion / text_completion body (the fields every answer carries)."""
     choice = {"type": "object", "required": ["index", "finish_reason", *choice_required],
-              "properties": {"index": {"type": "integer"}, "finish_reason": {"enum": ["stop", "length"]}}}
+              "properties": {"index": {"type": "integer"},
+                             "finish_reason": {"enum": ["stop", "length", "tool_calls"]}}}
     return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
             "properties": {"id": {"type": "string"}, "object": {"const": obj}, "created": {"type": "integer"},
                            "model": {"type": "string"}, "choices": {"type": "array", "items": choice},
                            "usage": {"$ref": REF.format(model="Usage")},
-                           "speculation": {"type": "object"}}}
+                           "speculation": {"anyOf": [{"type": "object"},  # one per choice when n > 1
+                                                     {"type": "array", "items": {"type": "object"}}]}}}
 
 
 # OpenAPI 3.1 (what FastAPI writes): the `schema` of an event stream describes one event. Ours are
