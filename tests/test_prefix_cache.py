@@ -22,6 +22,7 @@ from tiny import tiny_model, tiny_tokenizer
 from tiny_gguf import save_tiny_gguf, write_tiny_gguf
 
 from specserve import SamplingParams
+from specserve.backends import SeqInput
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.backends.transformers import TransformersBackend
 from specserve.config import EngineLimits
@@ -74,6 +75,34 @@ def test_a_hash_collision_is_not_a_match(monkeypatch):
     cache.keep(1, list(range(40)), 40)
     assert cache.match([5] * 41) is None
     assert cache.match(list(range(41))).length == 40
+
+
+# -- backends ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
+def test_copy_prefix_continues_like_a_cold_sequence(backend, tmp_path):
+    """A copied prefix gives the logits a sequence fed the same tokens gives, also once the
+    source is freed (llama.cpp: its cells stay while the copy holds them)."""
+    if backend == "llama.cpp":
+        b = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=3, batch_invariant=True)
+    else:
+        b = TransformersBackend(tiny_model("qwen2", 0), max_sequences=3)
+    ids = tiny_tokenizer().encode(FILE)[:60]
+    src, dst, ref = b.new_sequence(), b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(src, ids[:40], "none")])
+    with pytest.raises(ValueError):
+        b.copy_prefix(src, dst, 41)  # more than the source holds
+    b.copy_prefix(src, dst, 30)
+    assert b.length(dst) == 30 and b.length(src) == 40
+    with pytest.raises(ValueError):
+        b.copy_prefix(src, dst, 10)  # dst is not empty
+    b.free_sequence(src)
+    (got,) = b.forward([SeqInput(dst, ids[30:60], "all")])  # [30, V]
+    b.forward([SeqInput(ref, ids[:30], "none")])
+    (want,) = b.forward([SeqInput(ref, ids[30:60], "all")])
+    if backend == "llama.cpp":
+        assert (got == want).all()  # batch-invariant kernels: bit for bit
+    else:
+        assert (got - want).abs().max() < 1e-4 and (got.argmax(-1) == want.argmax(-1)).all()
 
 
 # -- engines -----------------------------------------------------------------------------------
