@@ -110,11 +110,11 @@ def tiny_llm(backend: str, prefix_caching: bool = True, limits: EngineLimits = L
              folder=None) -> LLM:
     limits = EngineLimits(**{**limits.__dict__, "prefix_caching": prefix_caching})
     if backend == "llama.cpp":
-        make = lambda: LlamaCppBackend(write_tiny_gguf(folder / "t.gguf", 0), max_sequences=limits.max_num_seqs + 1,  # noqa: E731
-                                       batch_invariant=True, cache_tokens=limits.kv_cache_tokens and
-                                       limits.kv_cache_tokens + SPARE_CELLS,
-                                       prefix_sequences=entries)
-        return LLM.from_backends(make(), tiny_tokenizer(), name="tiny", limits=limits)
+        cells = limits.kv_cache_tokens + SPARE_CELLS if limits.kv_cache_tokens else None
+        target = LlamaCppBackend(write_tiny_gguf(folder / f"t-{prefix_caching}.gguf", 0),
+                                 max_sequences=limits.max_num_seqs + 1,
+                                 batch_invariant=True, cache_tokens=cells, prefix_sequences=entries)
+        return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
     target = TransformersBackend(tiny_model("qwen2", 0), max_sequences=limits.max_num_seqs + 1 + entries)
     return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
 
