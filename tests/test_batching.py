@@ -130,6 +130,7 @@ def test_long_prompt_is_prefilled_in_chunks(llm):
     reqs = [dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=60), spec="none"),
             dict(prompt="import os\nimport", params=SamplingParams(max_tokens=60), spec="none"),
             dict(prompt=LONG_PROMPT, params=SamplingParams(max_tokens=8), spec="none")]
+    prefix, core.prefix = core.prefix, None  # every prompt prefilled in full (sharing: test_prefix_cache.py)
     try:
         expected = [alone(llm, r) for r in reqs]
         core.on_step = steps.append
@@ -143,6 +144,7 @@ def test_long_prompt_is_prefilled_in_chunks(llm):
     finally:
         core.scheduler.limits = saved
         core.on_step = None
+        core.prefix = prefix
     same(expected[2], out_long)
     for e, g in zip(expected, running):
         same(e, g.output)
@@ -156,10 +158,12 @@ def test_a_burst_of_prompts_fills_the_batch_at_once(llm):
     steps = []
     core = llm.engine.core
     core.on_step = steps.append
+    prefix, core.prefix = core.prefix, None  # four prefills, not one shared (that is test_prefix_cache.py's)
     try:
         batched(llm, [dict(prompt=LONG_PROMPT, params=SamplingParams(max_tokens=4), spec="none")] * 4)
     finally:
         core.on_step = None
+        core.prefix = prefix
     total = 4 * (len(llm.prompt_ids(LONG_PROMPT)) - 1)
     fill = next(i for i, s in enumerate(steps) if s.decoding == 4)  # the step all four decode in
     assert steps[0].tokens == min(total, LIMITS.max_num_batched_tokens)

@@ -126,6 +126,9 @@ class EngineLimits:
     prefill_slowdown: while other requests decode, a prompt is prefilled in chunks small enough
     that a step costs at most this many times a step without the chunk (measured prices).
     min_prefill_chunk: the smallest such chunk, so a long prompt still makes progress.
+    prefix_caching: a request whose prompt starts like a running or finished request's tokens
+    reuses their cache and prefills only the rest (engine/prefix_cache.py); finished requests'
+    prefixes stay cached until their cells are needed.
     """
 
     max_num_seqs: int = 8
@@ -133,6 +136,7 @@ class EngineLimits:
     max_num_batched_tokens: int = 2048
     prefill_slowdown: float = 2.0
     min_prefill_chunk: int = 4
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -58,6 +58,12 @@ class Backend(Protocol):
     def truncate(self, seq: int, length: int) -> None:
         """Forget every cached position of `seq` at or after `length`."""
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Make the empty sequence `dst` hold `src`'s first `length` cached positions, as if it had
+        been fed the same tokens (prefix caching; engine/prefix_cache.py). llama.cpp shares the
+        cells, transformers copies the cache slices. Optional: a backend without it (a one-sequence
+        `RunnerBackend`) runs with the prefix cache off."""
+
 
 class Runner(Protocol):
     """One sequence, as the engine and the draft proposer see it."""

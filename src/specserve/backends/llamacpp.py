@@ -46,6 +46,19 @@ _tiled_mm: str | None = None  # GGML_CPU_TILED_MM is read once per process: what
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
 DEFAULT_MAX_CONTEXT = 8192  # holds the demo's 3.8k-token prompt + 4k-token answer
+KV_MEMORY_SHARE = 0.25  # the default cache takes at most this share of the memory available at start-up
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return None
 
 
 def _lib():
@@ -158,6 +171,9 @@ class LlamaCppBackend:
     requests need: on the CPU a decoding step's attention cost follows the allocated context
     (Qwen 1.5B with 3.8k tokens cached: 17.3 tok/s at 16384, 18.5 at 8192, 19.5 at 4608).
     batch_invariant: kernels that round a chunk exactly as token-by-token passes (see above).
+    prefix_sequences: sequence ids beyond `max_sequences` for the prefix cache's entries
+    (finished requests' sequences kept for reuse); they add no cells: entries live in the same
+    `cache_tokens`, and the engine evicts them first when a request needs room.
     """
 
     name = "llama.cpp"
@@ -165,7 +181,7 @@ class LlamaCppBackend:
 
     def __init__(self, gguf_path: str | Path, max_context: int | None = None, max_sequences: int = 1,
                  cache_tokens: int | None = None, threads: int | None = None, batch_invariant: bool = False, n_batch: int = 512,
-                 gpu_layers: int | None = None):
+                 gpu_layers: int | None = None, prefix_sequences: int = 0):
         _init_backend(batch_invariant)
         ll = self._ll = _lib()
         self.path = Path(gguf_path)
@@ -179,14 +195,14 @@ class LlamaCppBackend:
         self._vocab = vocab
         train_ctx = ll.llama_model_n_ctx_train(self._model) or 2048
         self.max_context: int = min(max_context or min(train_ctx, DEFAULT_MAX_CONTEXT), train_ctx)
-        self.max_sequences = max_sequences
-        self.cache_tokens = cache_tokens or self.max_context * max_sequences
+        self.cache_tokens = cache_tokens or self._default_cells(max_sequences)
+        self.max_sequences = max_sequences + prefix_sequences
         self.n_batch = n_batch
         self._ctx = self._new_context()
         self._mem = ll.llama_get_memory(self._ctx)
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self._lengths: dict[int, int] = {}
-        self._free_ids = list(range(max_sequences - 1, -1, -1))
+        self._free_ids = list(range(self.max_sequences - 1, -1, -1))
 
     # -- set-up ---------------------------------------------------------------------------
     def _load_model(self, gpu_layers: int | None):
@@ -200,6 +216,29 @@ class LlamaCppBackend:
         if not model:
             raise ModelLoadError(f"cannot load {self.path.name} with llama.cpp: {_load_error(self.path)}")
         return model
+
+    def cell_bytes(self) -> int:
+        """Bytes one cache cell takes: keys and values of every layer, in the cache's type (f16,
+        or q8_0 with batch-invariant kernels: 34 bytes per 32 values)."""
+        ll, m = self._ll, self._model
+        width = ll.llama_model_n_embd(m) // max(1, ll.llama_model_n_head(m)) * ll.llama_model_n_head_kv(m)
+        per_value = 34 / 32 if self.batch_invariant else 2
+        return int(2 * ll.llama_model_n_layer(m) * width * per_value)
+
+    def _default_cells(self, sequences: int) -> int:
+        """`sequences` full contexts, but at most KV_MEMORY_SHARE of the available memory (and at
+        least two contexts: one request of full length plus room to measure prices)."""
+        want = self.max_context * sequences
+        free = available_memory()
+        if free is None:
+            return want
+        budget = int(KV_MEMORY_SHARE * free / self.cell_bytes())
+        return max(min(want, budget), min(want, 2 * self.max_context))
+
+    def describe_cache(self) -> str:
+        """What the cache was sized to, for the start-up log."""
+        mib = self.cache_tokens * self.cell_bytes() / 2**20
+        return f"KV cache {self.cache_tokens} cells ({mib:.0f} MiB), {self.max_sequences} sequence ids"
 
     def _new_context(self):
         ll = self._ll
@@ -269,6 +308,18 @@ class LlamaCppBackend:
         if length < self._lengths[seq]:
             self._ll.llama_memory_seq_rm(self._mem, seq, length, -1)
             self._lengths[seq] = length
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """`dst` (empty) shares `src`'s cells for positions [0, length): `llama_memory_seq_cp` tags
+        those cells with `dst` too; nothing is computed or copied, and a cell is free again once
+        no sequence holds it (the unified cache makes a range copy possible)."""
+        if self._lengths[dst]:
+            raise ValueError(f"sequence {dst} is not empty")
+        if not 0 <= length <= self._lengths[src]:
+            raise ValueError(f"sequence {src} holds {self._lengths[src]} positions, not {length}")
+        if length:
+            self._ll.llama_memory_seq_cp(self._mem, src, dst, 0, length)
+        self._lengths[dst] = length
 
     # -- the forward ------------------------------------------------------------------------
     def forward(self, inputs: Sequence[SeqInput]) -> list[torch.Tensor | None]:

@@ -63,6 +63,20 @@ class TransformersBackend:
         self._lengths[x.seq] += len(x.token_ids)
         return None if x.logits == "none" else out.logits[0].float().cpu()  # [T, V] or [1, V]
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """`dst` (empty) gets a copy of `src`'s first `length` positions, layer by layer (the same
+        keys and values its own prefill would have computed for those tokens alone)."""
+        if self._lengths[dst]:
+            raise ValueError(f"sequence {dst} is not empty")
+        if not 0 <= length <= self._lengths[src]:
+            raise ValueError(f"sequence {src} holds {self._lengths[src]} positions, not {length}")
+        cache = DynamicCache(config=self.model.config)
+        if length:
+            for i, layer in enumerate(self._caches[src].layers):  # keys/values [B, heads, T, head_dim]
+                cache.update(layer.keys[:, :, :length], layer.values[:, :, :length], i)  # cat: a copy
+        self._caches[dst] = cache
+        self._lengths[dst] = length
+
     def truncate(self, seq: int, length: int) -> None:
         cur = self._lengths[seq]
         if length < cur:

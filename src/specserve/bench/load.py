@@ -295,6 +295,7 @@ def run_inproc(llm, prompts: list[Prompt], mode: str, concurrency: int, max_toke
         by_request[id(req)] = timings[i]
         timings[i].prompt_tokens = len(p.ids)
         reqs.append(req)
+    llm.engine.clear_prefix_cache()  # each run starts cold (requests within it may share prefixes)
     start = time.perf_counter()
     for t in timings:
         t.submit = start

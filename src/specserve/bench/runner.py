@@ -185,6 +185,7 @@ def run_ours(llm, prompt_ids, max_tokens: int, mode: str, prediction: str | None
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     pred = prediction if mode in ("prediction", "auto") else None
     clock = _Clock(bar)
+    llm.engine.clear_prefix_cache()  # every run prefills its prompt, as the peers do
     gen = llm.stream(prompt_ids, params, prediction=pred, speculation=METHOD[mode])
     for event in gen:
         clock.emitted(len(event.token_ids))

@@ -70,13 +70,17 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 8) -> None:
                         "max_tokens fits (default: max-num-seqs full contexts)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="TOKENS",
                    help="tokens one engine step may feed the model: pending + drafts + prefill (default 2048)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt in full (default: reuse the cache of running and finished "
+                        "requests whose tokens start the same way)")
 
 
 def engine_limits(args) -> EngineLimits:
     """The EngineLimits that the flags of add_engine_args describe (one-line errors for bad values)."""
     try:
         return EngineLimits(max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens,
-                            max_num_batched_tokens=args.max_num_batched_tokens)
+                            max_num_batched_tokens=args.max_num_batched_tokens,
+                            prefix_caching=not getattr(args, "no_prefix_cache", False))
     except ValueError as e:
         raise InvalidRequestError(str(e)) from None
 

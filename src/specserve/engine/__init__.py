@@ -45,6 +45,12 @@ class Engine:
     def prices(self):
         return self.core.prices()
 
+    def clear_prefix_cache(self) -> None:
+        """Free every cached prefix of finished requests (benchmark runs start cold)."""
+        with self.core.lock:
+            if self.core.prefix is not None:
+                self.core.prefix.clear()
+
     @contextmanager
     def scratch(self) -> Iterator[SequenceRunner]:
         """A runner on a spare target sequence, for scoring outside any request (benchmarks);

@@ -25,7 +25,8 @@ from ..config import SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain
 from .governor import CostModel, Governor
-from .request import DECODE, FINISHED, Request
+from .prefix_cache import Hit, PrefixCache, common_prefix
+from .request import DECODE, FINISHED, PREFILL, Request
 from .scheduler import Scheduler, StepPlan
 
 log = logging.getLogger("specserve.engine")
@@ -53,6 +54,7 @@ class StepInfo:
     seconds: float
     cache_used: float  # share of cache cells reserved by running requests
     waiting: int
+    cached_cells: int = 0  # cells held by the prefix cache's entries (finished requests' prefixes)
 
 
 class EngineCore:
@@ -76,6 +78,11 @@ class EngineCore:
         if getattr(target, "cache_tokens", None):  # llama.cpp: cells allocated up front, a few kept spare
             cache = min(cache, target.cache_tokens - (SPARE_CELLS if target.max_sequences > 1 else 0))
         self.scheduler = Scheduler(self.limits, cache)
+        # Prefix caching: sequence ids beyond the running requests' and the spare one hold
+        # finished requests' prefixes (entries); running requests are shared in any case.
+        entries = max(0, target.max_sequences - 1 - self.limits.max_num_seqs)
+        self.prefix = PrefixCache(target.free_sequence, entries) \
+            if self.limits.prefix_caching and hasattr(target, "copy_prefix") else None
         self._prices: CostModel | None = None
         self._incoming: deque[Request] = deque()
         self.lock = threading.RLock()
@@ -121,6 +128,10 @@ class EngineCore:
         """Share of the cache cells reserved by running requests."""
         s = self.scheduler
         return s.reserved / s.cache_tokens if s.cache_tokens else 0.0
+
+    def prefix_stats(self) -> dict | None:
+        """The prefix cache's entries, cells, hit rate and prompt tokens saved (None: off)."""
+        return None if self.prefix is None else self.prefix.stats()
 
     def has_work(self) -> bool:
         return bool(self._incoming or self.scheduler.waiting or self.scheduler.running)
@@ -170,8 +181,15 @@ class EngineCore:
         while self._incoming:
             sched.waiting.append(self._incoming.popleft())
         self._drop_cancelled()
+        if self.prefix is not None:
+            self._track_running()
+        held = []  # requests waiting for a running prefill that will hold their prefix
         while sched.waiting:
             req = sched.waiting[0]
+            if self._awaits_prefill(req):
+                held.append(sched.waiting.popleft())
+                continue
+            hit = self._make_room(req)
             if not sched.can_admit(req):
                 break
             sched.waiting.popleft()
@@ -183,13 +201,77 @@ class EngineCore:
                     if req.spec.method == "auto" and req.chain:
                         governor = Governor(prices)
                 seq = self.target.new_sequence()
-                req.admit(seq, governor, self.tokenizer, self.eos_token_ids, self.target.vocab_size)
+                if hit is not None:
+                    self.target.copy_prefix(hit.seq, seq, hit.length)
+                req.admit(seq, governor, self.tokenizer, self.eos_token_ids, self.target.vocab_size,
+                          cached=hit.length if hit else 0)
             except Exception as e:  # noqa: BLE001 - this request fails; the others run on
                 self._fail(req, e)
                 if seq is not None:  # the request never ran: its sequence goes back
                     self.target.free_sequence(seq)
                 continue
             sched.start(req)
+            if self.prefix is not None:
+                self._reused(req, hit)
+        sched.waiting.extendleft(reversed(held))
+
+    # -- prefix caching (prefix_cache.py) ---------------------------------------------------------
+    def _valid(self, r: Request) -> int:
+        """Tokens of r.tokens its sequence holds (between steps: the prompt's prefilled part, or
+        every committed token but the pending one; a finished request may hold cut draft tokens)."""
+        return min(self.target.length(r.seq), len(r.tokens))
+
+    def _track_running(self) -> None:
+        """Running requests' new full blocks join the index, so later prompts can share them."""
+        for r in self.scheduler.running:
+            self.prefix.track(r.seq, r.tokens, self._valid(r))
+
+    def _awaits_prefill(self, req: Request) -> bool:
+        """Whether a running request still prefilling will hold at least a block more of this
+        prompt than is cached now (n > 1 choices, prompts with a common start arriving together):
+        the request then waits for that prefill and copies it instead of computing it again."""
+        if self.prefix is None:
+            return False
+        have = (hit.length if (hit := self.prefix.match(req.prompt_ids)) else 0) + self.prefix.block
+        limit = len(req.prompt_ids) - 1
+        return any(r.phase == PREFILL and common_prefix(r.prompt_ids, req.prompt_ids,
+                                                        min(limit, len(r.prompt_ids) - 1)) >= max(have, r.cached + 1)
+                   for r in self.scheduler.running)
+
+    def _make_room(self, req: Request) -> Hit | None:
+        """The cached prefix the request will start from; entries are evicted, least recently
+        used first, while their cells keep out a request that would fit an empty cache."""
+        p, s = self.prefix, self.scheduler
+        if p is None:
+            return None
+        hit = p.match(req.prompt_ids)
+        if len(s.running) >= s.limits.max_num_seqs or s.reserved + req.reserve > s.cache_tokens:
+            return hit  # it waits for running requests, not for the cache
+        mine = hit.held if hit is not None and hit.entry else 0  # may go once copied (see _reused)
+        while s.reserved + req.reserve + p.cells - mine > s.cache_tokens:
+            if not p.evict(keep=hit.seq if mine else None):
+                break
+        return hit
+
+    def _reused(self, req: Request, hit: Hit | None) -> None:
+        """Book an admitted request's reuse; an entry it copied entirely (a conversation's next
+        turn), or one whose cells are needed, goes: the request holds those cells now."""
+        p, s = self.prefix, self.scheduler
+        p.record(req.cached)
+        p.track(req.seq, req.tokens, req.cached, parent=hit.seq if hit else None)
+        if hit is not None and hit.entry and (hit.whole or s.reserved + p.cells > s.cache_tokens):
+            p.release(hit.seq)
+
+    def _free(self, r: Request) -> None:
+        """A request left the batch: keep its sequence as a prefix-cache entry, or free it."""
+        if self.prefix is not None and r.error is None:
+            n = self._valid(r)
+            self.target.truncate(r.seq, n)
+            if self.prefix.keep(r.seq, r.tokens, n):
+                return
+        elif self.prefix is not None:
+            self.prefix.drop(r.seq)
+        self.target.free_sequence(r.seq)
 
     def _drop_cancelled(self) -> None:
         """Waiting requests whose client left (or whose deadline passed) leave the queue, wherever
@@ -245,7 +327,7 @@ class EngineCore:
                 r.abort()
             if r.phase == FINISHED:
                 self.scheduler.stop(r)
-                self.target.free_sequence(r.seq)
+                self._free(r)
                 self._close(r)
 
     def _fail(self, req: Request, error: Exception) -> None:
@@ -253,7 +335,7 @@ class EngineCore:
         req.fail(error if isinstance(error, EngineFault) else EngineFault(error))
         if req in self.scheduler.running:
             self.scheduler.stop(req)
-            self.target.free_sequence(req.seq)
+            self._free(req)
         self._close(req)
 
     @staticmethod
@@ -289,5 +371,5 @@ class EngineCore:
 
     def _info(self, plan: StepPlan) -> StepInfo:
         return StepInfo(len(plan.decode), len(plan.prefill), plan.tokens, sum(len(r.draft_ids) for r in plan.decode),
-                        0.0, self.cache_used, self.num_waiting)
+                        0.0, self.cache_used, self.num_waiting, self.prefix.cells if self.prefix else 0)
 

@@ -90,12 +90,14 @@ class Request:
 
     # -- admit ----------------------------------------------------------------------------------
     def admit(self, seq: int, governor: Governor | None, tokenizer,
-              eos_token_ids: set[int], vocab_size: int) -> None:
+              eos_token_ids: set[int], vocab_size: int, cached: int = 0) -> None:
         """Take a cache sequence (the proposers were built with the request); start the clock of
-        the request's own stats."""
+        the request's own stats. cached: prompt tokens the sequence already holds (a prefix
+        copied from the prefix cache); only the rest is prefilled."""
         self.seq, self.governor = seq, governor
         self.t0 = time.perf_counter()
-        self.stats = SpecStats(prompt_tokens=len(self.prompt_ids))
+        self.stats = SpecStats(prompt_tokens=len(self.prompt_ids), cached_tokens=cached)
+        self.cached = cached
         self.builder = OutputBuilder(tokenizer, self.prompt_ids, self.params, eos_token_ids)
         self.counts = torch.zeros(vocab_size) if self.params.has_penalties else None  # [V]
         self.tokens = list(self.prompt_ids)

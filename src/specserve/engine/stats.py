@@ -58,6 +58,7 @@ class SpecStats(_Acceptance):
     prompt_tokens: int = 0
     output_tokens: int = 0
     steps: int = 0
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache (not prefilled)
     by_source: dict[str, SourceStats] = field(default_factory=lambda: {s: SourceStats() for s in SOURCES})
     tokens_per_step_hist: Counter = field(default_factory=Counter)  # tokens committed per step -> count
     prefill_time: float = 0.0
@@ -95,6 +96,7 @@ class SpecStats(_Acceptance):
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "output_tokens": self.output_tokens,
             "steps": self.steps,
             "proposed": self.proposed,
@@ -149,6 +151,11 @@ class RequestOutput:
     token_sources: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     steps: list[dict] = field(default_factory=list)  # per-step timeline: source, proposed, accepted, time
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens reused from the prefix cache (OpenAI's usage.prompt_tokens_details)."""
+        return self.stats.cached_tokens
 
     def to_dict(self) -> dict:
         d = {

@@ -72,7 +72,8 @@ def load(spec: str | None, role: str, options: LoadOptions | None = None,
         loaded = _load_transformers(source, options)
     what = ("GGUF as is" + (", exact" if options.exact else "")) if backend_name == "llama.cpp" \
         else (options.dtype or options.default_dtype)
-    print(f"loaded {source.display_name} on {backend_name} ({what}) in {time.perf_counter() - t0:.1f}s",
+    cache = f"; {loaded.backend.describe_cache()}" if hasattr(loaded.backend, "describe_cache") else ""
+    print(f"loaded {source.display_name} on {backend_name} ({what}) in {time.perf_counter() - t0:.1f}s{cache}",
           file=sys.stderr)
     return loaded
 
@@ -102,8 +103,11 @@ def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> Loaded
     path = Path(source.path) / source.gguf_file
     # One sequence more than the engine runs, and a few more cells: prices are measured on it.
     cache = limits.kv_cache_tokens + SPARE_CELLS if limits.kv_cache_tokens else None
+    # Prefix caching keeps up to max_num_seqs finished requests' sequences (ids only: their cells
+    # count against the same cache and are evicted first when a request needs room).
     backend = LlamaCppBackend(path, max_context=options.max_context, max_sequences=limits.max_num_seqs + 1,
-                              cache_tokens=cache, threads=options.threads, batch_invariant=options.exact)
+                              cache_tokens=cache, threads=options.threads, batch_invariant=options.exact,
+                              prefix_sequences=limits.max_num_seqs if limits.prefix_caching else 0)
     tokenizer = load_tokenizer(source)
     eos = backend.eog_token_ids()
     if tokenizer.eos_token_id is not None:

@@ -380,6 +380,7 @@ class Server:
         body = {"status": "ok" if s.alive else "unavailable", "model": self.model_name,
                 "queued": s.num_waiting, "active": s.num_running, "max_queue": s.max_queue,
                 "kv_cache_usage": round(self.llm.engine.core.cache_used, 4),
+                "prefix_cache": self.llm.engine.core.prefix_stats(),
                 "worker_alive": s.alive, "threads": threading.active_count(),
                 "thread_names": sorted(t.name for t in threading.enumerate())}
         return body, 200 if s.alive else 503

@@ -3,6 +3,8 @@
 Acceptance rate per source = rate(specserve_spec_accepted_tokens_total) /
 rate(specserve_spec_proposed_tokens_total); mean accepted length per step =
 rate(accepted) / rate(specserve_spec_steps_total); tokens per step = that + 1.
+Prefix cache hit rate (in tokens, as vLLM's) = rate(specserve_prompt_tokens_cached_total) /
+rate(specserve_prompt_tokens_total).
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ class Metrics:
         self.e2e = Histogram("specserve_e2e_request_latency_seconds", "Arrival to last byte",
                              ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("specserve_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.cached_tokens = Counter("specserve_prompt_tokens_cached", "Prompt tokens reused from the prefix "
+                                     "cache instead of prefilled", registry=r)
+        self.prefix_hits = Counter("specserve_prefix_cache_hit_requests", "Requests that started from a cached "
+                                   "prefix", registry=r)
+        self.prefix_cells = Gauge("specserve_prefix_cache_cells", "KV cache cells held by cached prefixes of "
+                                  "finished requests (evicted first when a request needs room)", registry=r)
         self.completion_tokens = Counter("specserve_completion_tokens", "Output tokens generated", registry=r)
         self.queue_depth = Gauge("specserve_queue_depth", "Requests waiting for a place in the running batch",
                                  registry=r)
@@ -69,6 +77,7 @@ class Metrics:
         self.step_tokens.observe(info.tokens)
         self.step_draft_tokens.inc(info.draft_tokens)
         self.step_seconds.observe(info.seconds)
+        self.prefix_cells.set(getattr(info, "cached_cells", 0))
 
     def set_engine_state(self, waiting: int, running: int, cache_used: float) -> None:
         """The gauges, read from the engine when /metrics is scraped (not from the last step: after
@@ -84,6 +93,9 @@ class Metrics:
         """Token counts, latencies and per-source speculation counters of one generation."""
         stats = output.stats
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
+        if stats.cached_tokens:
+            self.prefix_hits.inc()
         self.completion_tokens.inc(stats.output_tokens)
         self.e2e.labels(endpoint=endpoint).observe(e2e)
         if ttft is not None:

@@ -29,7 +29,7 @@ def usage(outputs: RequestOutput | list[RequestOutput]) -> dict:
     preds = [o.stats.by_source["prediction"] for o in outputs]
     return {
         "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": outputs[0].stats.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
                                       "accepted_prediction_tokens": sum(p.accepted for p in preds),
                                       "rejected_prediction_tokens": sum(p.rejected for p in preds)},

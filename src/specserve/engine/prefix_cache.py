@@ -1,0 +1,194 @@
+"""Automatic prefix caching: a request starts from the longest prefix of its prompt that some
+target cache sequence already holds, and prefills only the rest.
+
+    owners   every target sequence whose cached tokens we know: a running request's (what it has
+             prefilled and committed so far) and a finished request's, kept after it ends as a
+             cache *entry* (its sequence and cells stay allocated until evicted)
+    index    each full block of BLOCK tokens an owner holds is keyed by a hash chained with its
+             parent block's hash (vLLM's scheme): one key names a whole prefix, so walking the
+             prompt's blocks finds the deepest block some owner shares; the match then extends
+             token by token into the next block, and is checked against the owner's tokens
+             (a hash collision can never make a wrong prefix)
+    evict    entries, least recently used first, when admission needs their cells or their
+             sequence ids; running requests are never evicted (their cells are theirs)
+
+The engine core asks `match`, copies the prefix into the new request's sequence with the
+backend's `copy_prefix` (llama.cpp: the cells are shared, nothing is computed; transformers: the
+cache slices are copied), and prefills the rest. Everything here is bookkeeping on token ids;
+the backend is touched only through the `free` callback that releases an evicted sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+BLOCK = 16  # tokens per hashed block; a prefix shorter than one block is not worth a lookup
+
+
+def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
+    """Length of the longest common prefix of a and b (at most `limit`). Prefix equality is
+    monotone in the length, so a binary search over slice comparisons (C speed) finds it."""
+    lo, hi = 0, min(len(a), len(b), limit if limit is not None else len(a))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class Owner:
+    """A target sequence whose first `length` cached tokens are `tokens[:length]`."""
+
+    seq: int
+    tokens: list[int]
+    length: int
+    live: bool  # a running request's sequence (never evicted here) or a cache entry
+    hashes: list[int] = field(default_factory=list)  # chained hash of each indexed full block
+    used: int = 0  # LRU clock: the last lookup that chose it (or when it was kept)
+
+
+@dataclass(frozen=True)
+class Hit:
+    seq: int  # the sequence to copy from
+    length: int  # prompt tokens it holds (what the new request need not prefill)
+    entry: bool  # a finished request's entry (not a running request)
+    held: int  # tokens the owner holds; length == held: a copy makes an entry redundant
+
+    @property
+    def whole(self) -> bool:
+        return self.length == self.held
+
+
+class PrefixCache:
+    """Cached prefixes of target sequences, found by token ids.
+
+    free: releases an evicted entry's sequence in the backend. max_entries: finished requests'
+    sequences kept at most (the backend's spare sequence ids; 0 keeps none, and then only running
+    requests are shared)."""
+
+    def __init__(self, free: Callable[[int], None], max_entries: int, block: int = BLOCK):
+        self.free, self.max_entries, self.block = free, max_entries, block
+        self.owners: dict[int, Owner] = {}
+        self._index: dict[int, dict[int, None]] = {}  # block hash -> owner seqs (insertion ordered)
+        self._clock = itertools.count(1)
+        self.lookups = self.hits = self.tokens_saved = 0  # requests looked up, with a hit, tokens reused
+
+    # -- what is cached ---------------------------------------------------------------------------
+    @property
+    def entries(self) -> int:
+        return sum(not o.live for o in self.owners.values())
+
+    @property
+    def cells(self) -> int:
+        """Cells held by entries (an upper bound: entries may share cells with each other and with
+        running requests). Admission counts them against the cache and evicts them first."""
+        return sum(o.length for o in self.owners.values() if not o.live)
+
+    def stats(self) -> dict:
+        return {"entries": self.entries, "cells": self.cells, "lookups": self.lookups, "hits": self.hits,
+                "hit_rate": round(self.hits / self.lookups, 4) if self.lookups else 0.0,
+                "tokens_saved": self.tokens_saved}
+
+    # -- owners -----------------------------------------------------------------------------------
+    def track(self, seq: int, tokens: list[int], length: int, parent: int | None = None) -> None:
+        """A running sequence holds tokens[:length]: index its full blocks not yet indexed.
+        parent: the sequence its first blocks were copied from (their hashes are reused)."""
+        owner = self.owners.get(seq)
+        if owner is not None and length < len(owner.hashes) * self.block:  # rolled back: index afresh
+            self.drop(seq)
+            owner = None
+        if owner is None:
+            owner = self.owners[seq] = Owner(seq, tokens, 0, live=True)
+            if parent is not None and parent in self.owners:
+                for h in self.owners[parent].hashes[: length // self.block]:
+                    owner.hashes.append(h)
+                    self._index.setdefault(h, {})[seq] = None
+        owner.tokens, owner.length = tokens, length
+        b = self.block
+        h = owner.hashes[-1] if owner.hashes else 0
+        for start in range(len(owner.hashes) * b, length - b + 1, b):
+            h = hash((h, *tokens[start : start + b]))
+            owner.hashes.append(h)
+            self._index.setdefault(h, {})[seq] = None
+
+    def keep(self, seq: int, tokens: list[int], length: int) -> bool:
+        """A request ended and its sequence holds tokens[:length]: keep it as an entry (evicting
+        the least recently used entry when all entry slots are taken). False: not kept (nothing
+        worth keeping, or no slots); the caller frees the sequence."""
+        if self.max_entries <= 0 or length < self.block:
+            self.drop(seq)
+            return False
+        self.track(seq, tokens, length)
+        owner = self.owners[seq]
+        owner.tokens, owner.live, owner.used = list(tokens[:length]), False, next(self._clock)
+        while self.entries > self.max_entries:
+            self.evict(keep=seq)
+        return True
+
+    def drop(self, seq: int) -> None:
+        """Forget a sequence (the caller frees it, or already has)."""
+        owner = self.owners.pop(seq, None)
+        if owner is None:
+            return
+        for h in owner.hashes:
+            seqs = self._index.get(h)
+            if seqs is not None:
+                seqs.pop(seq, None)
+                if not seqs:
+                    del self._index[h]
+
+    def evict(self, keep: int | None = None) -> bool:
+        """Free the least recently used entry (not `keep`). False when there is none."""
+        entries = [o for o in self.owners.values() if not o.live and o.seq != keep]
+        if not entries:
+            return False
+        self.release(min(entries, key=lambda o: o.used).seq)
+        return True
+
+    def clear(self) -> None:
+        """Free every entry (running requests' sequences stay indexed)."""
+        while self.evict():
+            pass
+
+    # -- lookup -----------------------------------------------------------------------------------
+    def match(self, prompt: list[int]) -> Hit | None:
+        """The owner holding the longest prefix of prompt[:-1] (the last prompt token is always
+        computed: its logits choose the first output token), or None below one block."""
+        limit, b = len(prompt) - 1, self.block
+        h, depth, candidates = 0, 0, None
+        for start in range(0, limit - b + 1, b):
+            h = hash((h, *prompt[start : start + b]))
+            seqs = self._index.get(h)
+            if not seqs:
+                break
+            depth, candidates = start + b, seqs
+        best: Owner | None = None
+        best_n = 0
+        for seq in candidates or ():
+            o = self.owners[seq]
+            if o.tokens[:depth] != prompt[:depth]:  # a hash collision: not this one
+                continue
+            n = depth + common_prefix(o.tokens[depth : o.length], prompt[depth:limit])
+            if n > best_n or (n == best_n and best is not None and o.used > best.used):
+                best, best_n = o, n
+        if best is None:
+            return None
+        best.used = next(self._clock)
+        return Hit(best.seq, best_n, entry=not best.live, held=best.length)
+
+    def release(self, seq: int) -> None:
+        """Forget an entry and free its sequence (its cells stay with whoever shares them)."""
+        self.drop(seq)
+        self.free(seq)
+
+    def record(self, tokens: int) -> None:
+        """A request was admitted with `tokens` prompt tokens reused."""
+        self.lookups += 1
+        if tokens:
+            self.hits += 1
+            self.tokens_saved += tokens

@@ -1,0 +1,331 @@
+"""Automatic prefix caching (engine/prefix_cache.py): reuse is exact, bounded, and never leaks.
+
+- The index alone: the longest prefix by chained block hashes, extended into a partial block,
+  checked against the tokens, LRU eviction.
+- Exactness: greedy float32 (tiny models on transformers, the tiny f32 GGUF on llama.cpp with
+  its batch-invariant kernels, and the SmolLM2 pack with exact=True): a conversation's next turn
+  started from a cached prefix, and n = 4 copies of one prompt, give the outputs of cold runs,
+  with `cached_tokens` equal to the reused prefix and only the rest prefilled.
+- Pressure: more distinct prefixes than the cache holds; every request finishes, a request the
+  size of the whole cache is admitted at once, and afterwards the cache holds the entries alone
+  (llama.cpp: no cell held by any other sequence; dropping them leaves an empty cache).
+- Concurrency: requests sharing a prefix with a request that is cancelled mid-way.
+- The server: a two-turn conversation through the openai SDK reports cached_tokens on turn 2.
+"""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from server_proc import ServerProcess, metric_value
+from tiny import tiny_model, tiny_tokenizer
+from tiny_gguf import save_tiny_gguf, write_tiny_gguf
+
+from specserve import SamplingParams
+from specserve.backends import SeqInput
+from specserve.backends.llamacpp import LlamaCppBackend
+from specserve.backends.transformers import TransformersBackend
+from specserve.config import EngineLimits
+from specserve.engine import prefix_cache
+from specserve.engine.core import SPARE_CELLS
+from specserve.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
+from specserve.llm import LLM
+
+LIMITS = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, min_prefill_chunk=16)
+FILE = ("class UserController:\n    def get_user(self, user_id):\n        return self.db.find(user_id)\n"
+        "import os\nimport sys\n\nprint('hello world')\n") * 3
+GREEDY = SamplingParams(max_tokens=24)
+
+
+# -- the index alone ---------------------------------------------------------------------------
+def test_common_prefix():
+    assert common_prefix([1, 2, 3, 4], [1, 2, 5]) == 2
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert common_prefix([1, 2, 3], [1, 2, 3], limit=2) == 2
+    assert common_prefix([], [1]) == 0 and common_prefix([9], [1]) == 0
+
+
+def test_index_finds_the_longest_prefix_and_evicts_lru():
+    freed = []
+    cache = PrefixCache(freed.append, max_entries=2)
+    a = list(range(100))
+    b = list(range(40)) + [999] * 60  # shares 40 tokens with a: two blocks and 8 more
+    assert cache.keep(1, a, 70) and cache.keep(2, b, 100)
+    hit = cache.match(list(range(90)) + [5])  # a holds 70 of its 90 shared tokens
+    assert (hit.seq, hit.length, hit.entry, hit.whole) == (1, 70, True, True)
+    hit = cache.match(list(range(40)) + [999] * 5 + [7])
+    assert (hit.seq, hit.length, hit.whole) == (2, 45, False)
+    assert cache.match(list(range(60))).length == 59  # never the last prompt token
+    assert cache.match(list(range(BLOCK - 1)) + [5]) is None  # less than a block
+    assert cache.match([7] + list(range(1, 40))) is None  # differs in the first block
+    # a live sequence is found too, and never evicted
+    cache.track(3, list(range(200, 300)), 50)
+    assert cache.match(list(range(200, 260))).seq == 3
+    assert cache.keep(4, list(range(500, 600)), 100)  # a third entry: the least recently used (2) goes
+    assert freed == [2] and set(cache.owners) == {1, 3, 4} and cache.cells == 170
+    hit = cache.match(list(range(40)) + [999] * 5 + [7])  # 2's blocks left the index; 1 shares 40 tokens
+    assert (hit.seq, hit.length) == (1, 40)
+    cache.clear()
+    assert sorted(freed) == [1, 2, 4] and set(cache.owners) == {3} and cache.cells == 0
+
+
+def test_a_hash_collision_is_not_a_match(monkeypatch):
+    monkeypatch.setattr(prefix_cache, "hash", lambda t: 0, raising=False)  # every block collides
+    cache = PrefixCache(lambda seq: None, max_entries=1)
+    cache.keep(1, list(range(40)), 40)
+    assert cache.match([5] * 41) is None
+    assert cache.match(list(range(41))).length == 40
+
+
+# -- backends ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
+def test_copy_prefix_continues_like_a_cold_sequence(backend, tmp_path):
+    """A copied prefix gives the logits a sequence fed the same tokens gives, also once the
+    source is freed (llama.cpp: its cells stay while the copy holds them)."""
+    if backend == "llama.cpp":
+        b = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=3, batch_invariant=True)
+    else:
+        b = TransformersBackend(tiny_model("qwen2", 0), max_sequences=3)
+    ids = tiny_tokenizer().encode(FILE)[:60]
+    src, dst, ref = b.new_sequence(), b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(src, ids[:40], "none")])
+    with pytest.raises(ValueError):
+        b.copy_prefix(src, dst, 41)  # more than the source holds
+    b.copy_prefix(src, dst, 30)
+    assert b.length(dst) == 30 and b.length(src) == 40
+    with pytest.raises(ValueError):
+        b.copy_prefix(src, dst, 10)  # dst is not empty
+    b.free_sequence(src)
+    (got,) = b.forward([SeqInput(dst, ids[30:60], "all")])  # [30, V]
+    b.forward([SeqInput(ref, ids[:30], "none")])
+    (want,) = b.forward([SeqInput(ref, ids[30:60], "all")])
+    if backend == "llama.cpp":
+        assert (got == want).all()  # batch-invariant kernels: bit for bit
+    else:
+        assert (got - want).abs().max() < 1e-4 and (got.argmax(-1) == want.argmax(-1)).all()
+
+
+# -- engines -----------------------------------------------------------------------------------
+def tiny_llm(backend: str, prefix_caching: bool = True, limits: EngineLimits = LIMITS, entries: int = 4,
+             folder=None) -> LLM:
+    limits = EngineLimits(**{**limits.__dict__, "prefix_caching": prefix_caching})
+    if backend == "llama.cpp":
+        cells = limits.kv_cache_tokens + SPARE_CELLS if limits.kv_cache_tokens else None
+        target = LlamaCppBackend(write_tiny_gguf(folder / f"t-{prefix_caching}.gguf", 0),
+                                 max_sequences=limits.max_num_seqs + 1,
+                                 batch_invariant=True, cache_tokens=cells, prefix_sequences=entries)
+        return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+    target = TransformersBackend(tiny_model("qwen2", 0), max_sequences=limits.max_num_seqs + 1 + entries)
+    return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+
+
+@pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
+def pair(request, tmp_path_factory):
+    """(with the prefix cache, without it) on the same weights."""
+    folder = tmp_path_factory.mktemp("gguf")
+    return tiny_llm(request.param, True, folder=folder), tiny_llm(request.param, False, folder=folder)
+
+
+def prefilled_tokens(llm) -> list[int]:
+    """Counts the prompt tokens the target is fed as prefill chunks (logits "none")."""
+    fed = [0]
+    backend = llm.engine.core.target
+    forward = backend.forward
+
+    def counting(inputs):
+        fed[0] += sum(len(x.token_ids) for x in inputs if x.logits == "none")
+        return forward(inputs)
+
+    backend.forward = counting
+    return fed
+
+
+def same(a, b) -> None:
+    assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+
+
+def test_next_turn_equals_a_cold_run(pair):
+    warm, cold = pair
+    warm.engine.core.prefix.clear()
+    turn1 = warm.encode(FILE + "Question one?")
+    out1 = warm.generate(turn1, GREEDY)
+    assert out1.cached_tokens == 0
+    turn2 = turn1 + out1.token_ids + warm.encode("\nAnd a follow-up question:")
+    fed = prefilled_tokens(warm)
+    out2 = warm.generate(turn2, GREEDY)
+    same(out2, cold.generate(turn2, GREEDY))
+    # turn 1's cache: its prompt and output, but the last token (never fed) unless it came in an accepted draft
+    held = len(turn1) + len(out1.token_ids)
+    assert out2.cached_tokens == out2.stats.cached_tokens in (held - 1, held)
+    assert fed[0] == len(turn2) - 1 - out2.cached_tokens  # only the new part was prefilled
+    # the prefix of an earlier, partly shared prompt: a branch from the middle of turn 1
+    branch = turn1[: len(turn1) // 2] + warm.encode(" something else entirely")
+    out3 = warm.generate(branch, GREEDY)
+    same(out3, cold.generate(branch, GREEDY))
+    assert out3.cached_tokens == common_prefix(branch, turn1, len(branch) - 1) >= BLOCK
+
+
+def test_n_copies_prefill_once(pair):
+    warm, cold = pair
+    warm.engine.core.prefix.clear()
+    prompt = warm.encode(FILE + "Summarise the file.")
+    fed = prefilled_tokens(warm)
+    outs = warm.generate([prompt] * 4, GREEDY)
+    expected = cold.generate(prompt, GREEDY)
+    for o in outs:
+        same(o, expected)
+    assert [o.cached_tokens for o in outs] == [0] + [len(prompt) - 1] * 3
+    assert fed[0] == len(prompt) - 1  # one prefill for all four
+    # a batch with a common system prompt: the shared part is prefilled once too
+    prompts = [prompt + warm.encode(q) for q in (" First?", " Second one?", " Third, longer question here?")]
+    warm.engine.core.prefix.clear()
+    fed[0] = 0
+    outs = warm.generate(prompts, GREEDY)
+    for p, o in zip(prompts, outs):
+        same(o, cold.generate(p, GREEDY))
+    assert fed[0] < 2 * len(prompt)
+
+
+def test_sampled_choices_fork_from_one_prefill(pair):
+    warm, cold = pair
+    warm.engine.core.prefix.clear()
+    prompt = warm.encode(FILE + "Write more.")
+    params = [SamplingParams(max_tokens=16, temperature=1.0, seed=s) for s in range(3)]
+    outs = warm.generate([prompt] * 3, params)
+    for p, o in zip(params, outs):
+        same(o, cold.generate(prompt, p))
+    assert all(o.cached_tokens == len(prompt) - 1 for o in outs[1:])
+
+
+def test_cancel_the_request_others_share(pair):
+    warm, cold = pair
+    warm.engine.core.prefix.clear()
+    params = SamplingParams(max_tokens=40)
+    prompts = [warm.encode(FILE + q) for q in ("One?", "Two, please?", "Three!")]
+    expected = [cold.generate(p, params) for p in prompts]
+    cancel = {"now": False}
+    gens = [warm.stream(p, params, should_cancel=(lambda: cancel["now"]) if i == 0 else None)
+            for i, p in enumerate(prompts)]
+    for g in gens:  # request 0 prefills the shared prefix and decodes; 1 and 2 start from its cache
+        next(g)
+    cancel["now"] = True  # the request whose cells the others share is cancelled
+    warm.engine.core.step()
+    assert gens[0].output.finish_reason == "abort" and not gens[1].request.finished
+    warm.engine.core.prefix.clear()  # its sequence is freed too, while 1 and 2 still use the shared cells
+    for g in gens:
+        list(g)
+    same(gens[1].output, expected[1])
+    same(gens[2].output, expected[2])
+    assert gens[1].output.cached_tokens > BLOCK and gens[2].output.cached_tokens > BLOCK
+    core = warm.engine.core
+    assert core.scheduler.reserved == 0 and not any(o.live for o in core.prefix.owners.values())
+
+
+def test_cancel_while_others_wait_for_its_prefill(pair, tmp_path):
+    cold = pair[1]
+    warm = tiny_llm(cold.backend_name, limits=EngineLimits(max_num_seqs=4, max_num_batched_tokens=64,
+                                                           min_prefill_chunk=16), folder=tmp_path)
+    prompt = warm.encode(FILE * 2 + "Cancelled before its prefill ends.")
+    stop = {"now": False}
+    first = warm.request(prompt, GREEDY, should_cancel=lambda: stop["now"])
+    others = [warm.request(prompt, GREEDY) for _ in range(2)]
+    core = warm.engine.core
+    for r in [first] + others:
+        core.add(r)
+    core.step()  # the first prefills a chunk; the others wait for it
+    assert first.phase == "prefill" and all(r.phase == "waiting" for r in others)
+    stop["now"] = True
+    while not all(r.finished for r in [first] + others):
+        core.step()
+    expected = cold.generate(prompt, GREEDY)
+    assert first.output.finish_reason == "abort"
+    for r in others:
+        same(r.output, expected)
+    assert others[0].output.cached_tokens >= 64 and others[1].output.cached_tokens == len(prompt) - 1
+
+
+# -- capacity ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
+def test_eviction_under_pressure(backend, tmp_path):
+    limits = EngineLimits(max_num_seqs=2, kv_cache_tokens=300, max_num_batched_tokens=512, min_prefill_chunk=16)
+    llm = tiny_llm(backend, limits=limits, entries=8, folder=tmp_path)
+    cold = tiny_llm(backend, False, limits=limits, folder=tmp_path)
+    core = llm.engine.core
+    cap = core.scheduler.cache_tokens
+    assert cap == 300
+    prompts = [llm.encode(f"Prompt number {i}: " + FILE[:110]) for i in range(12)]  # ~40 tokens each
+    params = SamplingParams(max_tokens=16)
+    outs = llm.generate(prompts, params)
+    for p, o in zip(prompts, outs):
+        same(o, cold.generate(p, params))
+    assert core.prefix.cells <= cap and 0 < core.prefix.entries < 8  # cells, not entry slots, bound it
+    # a request that needs the whole cache joins at once: the entries go, it never waits for them
+    head = llm.encode(FILE[:110])
+    big = llm.request(head, SamplingParams(max_tokens=cap - len(head)))
+    core.add(big)
+    core.step()
+    assert big.phase in ("prefill", "decode") and core.prefix.entries == 0
+    big.should_cancel = lambda: True
+    core.step()
+    # no leak: the sequences left are the entries' alone; dropping them leaves an empty cache
+    assert core.scheduler.reserved == 0 and not core.scheduler.running
+    assert core.prefix.entries == 1 and not any(o.live for o in core.prefix.owners.values())
+    entries = {o.seq: o.length for o in core.prefix.owners.values()}
+    target = core.target
+    held = {s: target.length(s) for s in (target._lengths if backend == "llama.cpp" else target._caches)}
+    assert held == entries
+    if backend == "llama.cpp":
+        mem, ll = target._mem, target._ll
+        assert {s: ll.llama_memory_seq_pos_max(mem, s) + 1 for s in range(target.max_sequences)
+                if ll.llama_memory_seq_pos_max(mem, s) >= 0} == entries
+    core.prefix.clear()
+    assert not target._lengths
+    if backend == "llama.cpp":
+        assert all(ll.llama_memory_seq_pos_max(mem, s) == -1 for s in range(target.max_sequences))
+
+
+# -- a real pack, exact kernels ------------------------------------------------------------------
+def test_smollm2_exact_next_turn(smol_gguf):
+    def make(prefix_caching):
+        backend = LlamaCppBackend(smol_gguf, max_context=2048, max_sequences=3, batch_invariant=True,
+                                  prefix_sequences=2)
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(smol_gguf.parent)
+        limits = EngineLimits(max_num_seqs=2, prefix_caching=prefix_caching)
+        return LLM.from_backends(backend, tok, name="smol", limits=limits, eos_token_ids=backend.eog_token_ids())
+
+    warm, cold = make(True), make(False)
+    messages = [{"role": "user", "content": "Explain this code:\n" + FILE}]
+    turn1 = warm.apply_chat_template(messages)
+    params = SamplingParams(max_tokens=32)
+    out1 = warm.generate(turn1, params)
+    messages += [{"role": "assistant", "content": out1.text}, {"role": "user", "content": "Shorter, please."}]
+    turn2 = warm.apply_chat_template(messages)
+    out2 = warm.generate(turn2, params)
+    same(out2, cold.generate(turn2, params))
+    assert out2.cached_tokens >= len(turn1) - 1
+
+
+# -- the server ----------------------------------------------------------------------------------
+def test_server_reports_cached_tokens(tmp_path):
+    target = save_tiny_gguf(tmp_path / "target")
+    with ServerProcess(target, "--served-model-name", "tiny", "--exact", dtype=None) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "Explain this code:\n" + FILE}]
+        r1 = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
+        assert r1.usage.prompt_tokens_details.cached_tokens == 0
+        messages += [{"role": "assistant", "content": r1.choices[0].message.content},
+                     {"role": "user", "content": "And now?"}]
+        r2 = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
+        assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1
+        chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1
+        c = client.completions.create(model="tiny", prompt=FILE, max_tokens=4, temperature=0)
+        c2 = client.completions.create(model="tiny", prompt=FILE + "more", max_tokens=4, temperature=0)
+        assert c2.usage.prompt_tokens_details.cached_tokens > 0
+        health = srv.health()["prefix_cache"]
+        assert health["hits"] >= 3 and health["tokens_saved"] > 0 and health["entries"] >= 1
+        metrics = srv.metrics()
+        assert metric_value(metrics, "specserve_prompt_tokens_cached_total") == health["tokens_saved"]
+        assert metric_value(metrics, "specserve_prefix_cache_cells") > 0  # as of the last step
