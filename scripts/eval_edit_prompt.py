@@ -196,7 +196,7 @@ def applied(pair: Pair, code: str) -> bool:
 
 
 def renamed(pair: Pair, code: str) -> bool:
-    return not re.search(rf"\b{re.escape(pair.old)}\b", code) and re.search(rf"\b{re.escape(pair.new)}\b", code)
+    return not re.search(rf"\b{re.escape(pair.old)}\b", code) and bool(re.search(rf"\b{re.escape(pair.new)}\b", code))
 
 
 def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
