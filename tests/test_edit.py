@@ -14,8 +14,10 @@ import pytest
 
 from specserve.cli.main import main
 from specserve.edit import (
+    PROMPTS,
     EditError,
     build_messages,
+    check_answer,
     make_client,
     refactor_with_predicted_outputs,
     strip_fence,
@@ -108,6 +110,99 @@ def test_strip_fence(answer, expected):
     assert strip_fence(answer, "y = 0\n") == expected
 
 
+# A 20-line module: the rules below are checked against it (they scale with the file's size).
+MODULE = """import math
+
+
+def area(radius):
+    \"\"\"The area of a circle.\"\"\"
+    return math.pi * radius ** 2
+
+
+def perimeter(radius):
+    return 2 * math.pi * radius
+
+
+class Circle:
+    def __init__(self, radius):
+        self.radius = radius
+
+    def area(self):
+        return area(self.radius)
+
+    def perimeter(self):
+        return perimeter(self.radius)
+"""
+RENAMED = MODULE.replace("perimeter", "circumference")
+LATER = MODULE.split("class Circle:")[1]
+
+
+def test_check_answer_accepts_real_edits():
+    assert check_answer(MODULE, RENAMED, "Rename perimeter to circumference.", "python") == []
+    hinted = MODULE.replace("def area(radius):", "def area(radius: float) -> float:")
+    assert check_answer(MODULE, hinted, "Add type hints to area.", "python") == []
+    assert check_answer(MODULE, MODULE, "Rename perimeter to circumference.", "python") == []  # no-op: not broken
+    # A removal asked for: a much shorter answer is what was wanted.
+    only_area = MODULE.split("def perimeter")[0]
+    assert check_answer(MODULE, only_area, "Delete perimeter and the Circle class.", "python") == []
+    assert check_answer(MODULE, only_area, "Simplify the module to area only.") == []
+    # A Python body `...` and a comment the original already had are not elisions.
+    stub = MODULE.replace("        return perimeter(self.radius)", "        ...")
+    assert check_answer(MODULE, stub, "Make Circle.perimeter a stub.", "python") == []
+    kept = "# ... rest of the file ...\n" + MODULE
+    assert check_answer(kept, kept.replace("area", "surface"), "Rename area to surface.") == []
+    # Markdown: a fence or a sentence is content, not chatter.
+    doc = "# Circles\n\nArea and perimeter.\n"
+    answer = "Here is how to use it:\n\n```python\narea(1.0)\n```\n\n# Circles\n\nArea and perimeter.\n"
+    assert check_answer(doc, answer, "Add a usage example.", "markdown") == []
+
+
+@pytest.mark.parametrize("answer, instruction, expected", [
+    ("", "Rename perimeter to circumference.", "empty"),
+    ("obj['updated_code']\n", "Rename perimeter to circumference.", "placeholder"),
+    ("obj['updated_code']\n", "Remove the Circle class.", "placeholder"),  # a removal does not excuse it
+    ("updated_code\n", "Remove the Circle class.", "placeholder"),
+    (MODULE.split("class Circle:")[0], "Add type hints to area.", "far shorter"),  # 9 of 15 lines
+    ("import math\n\n\ndef area(radius):\n    return math.pi * radius ** 2\n", "Add a docstring.", "far shorter"),
+    ("Here is the updated file with perimeter renamed to circumference as requested.\n" * 20,
+     "Rename perimeter to circumference.", "prose"),
+    ("Sure! Here it is:\n```python\n" + RENAMED + "```\n", "Rename perimeter to circumference.", "prose"),
+    ("The code:\n```python\n" + RENAMED + "```\nDone.\n", "Rename perimeter to circumference.", "fenced"),
+    ("x = 1\ny = 2\nz = 3\nw = 4\n" * 6, "Remove the comments.", "none of the original's lines"),
+    (MODULE.split("class Circle:")[0] + "# ... rest of the file ...\n", "Remove unused imports.", "leaves code out"),
+    (MODULE.split("class Circle:")[0] + "class Circle:\n    # existing code\n", "Delete perimeter.",
+     "leaves code out"),
+    (MODULE.split("class Circle:")[0] + "// ... unchanged\n", "Drop area.", "leaves code out"),
+    (MODULE.split("class Circle:")[0] + "<rest of code>\n", "Shorten it.", "leaves code out"),
+    (MODULE.split("class Circle:")[0] + "class Circle:\n    ...\n\n...\n", "Trim it.", "leaves code out"),
+    (MODULE.replace("return 2 * math.pi * radius", "return 2 * math.pi * radius +"), "Fix it.", "not valid Python"),
+])
+def test_check_answer_refuses(answer, instruction, expected):
+    problems = check_answer(MODULE, answer, instruction, "python")
+    assert problems and any(expected in p for p in problems), problems
+
+
+def test_check_answer_rules_are_separate():
+    """Each rule fires on its own: a removal instruction silences only the length rule."""
+    short = MODULE.split("class Circle:")[0]
+    assert check_answer(MODULE, short, "Add type hints.") and not check_answer(MODULE, short, "Remove Circle.")
+    # A rewrite instruction silences only the keeps-nothing rule.
+    other = "import cmath\n\n\ndef disc(r):\n    return cmath.pi * r * r\n" * 3
+    assert any("none of" in p for p in check_answer(MODULE, other, "Make it shorter."))
+    assert not check_answer(MODULE, other, "Rewrite it from scratch, shorter.")
+    # Syntax is checked for Python only, and only when the original itself compiles.
+    broken = MODULE + "def oops(:\n"
+    assert check_answer(MODULE, broken, "Add oops.", "") == []
+    assert check_answer(broken, broken + "x = 1\n", "Add x.", "python") == []
+
+
+def test_prompts_share_one_layout():
+    for p in PROMPTS.values():
+        msgs = build_messages(ORIGINAL, "Rename greet to hello.", "python", p.name)
+        assert [m["role"] for m in msgs] == ["system", "user"]
+        assert f"```python\n{ORIGINAL}" in msgs[1]["content"] and "Rename greet to hello." in msgs[1]["content"]
+
+
 def test_refactor_function(server):
     client = make_client(server.base_url, "k")
     deltas = []
@@ -149,6 +244,55 @@ def test_dry_run_writes_nothing(server, src, tmp_path, capsys):
     assert "+def greet(name: str) -> str:" in capsys.readouterr().out
     assert edit_cli(server, src) == 0  # no destination: same as a dry run
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+# The issue's case (issue 17, item 10): on a real framework file the default 1.5B pack answered
+# "Rename <function> to <new name>." with 9 tokens, a fenced `obj['updated_code']`, finish_reason stop.
+PLACEHOLDER = "```python\nobj['updated_code']\n```"
+
+
+def test_placeholder_answer_is_refused_in_place(server, src, capsys):
+    server.answer = PLACEHOLDER
+    assert edit_cli(server, src, "--in-place") == 2
+    assert src.read_text() == ORIGINAL
+    assert not (src.parent / "greet.py.bak").exists()
+    out, err = capsys.readouterr()
+    assert out == ""  # no diff deleting the file is shown as if it were the edit
+    error = [ln for ln in err.splitlines() if ln.startswith("specserve: error:")]
+    assert len(error) == 1 and "cannot be the updated file" in error[0] and "--force" in error[0]
+    assert "obj['updated_code']" in err  # the answer itself is shown
+
+
+def test_placeholder_answer_is_refused_for_output(server, src, tmp_path):
+    server.answer = PLACEHOLDER
+    out = tmp_path / "new.py"
+    out.write_text("keep me\n")
+    assert edit_cli(server, src, "--output", str(out)) == 2
+    assert out.read_text() == "keep me\n" and src.read_text() == ORIGINAL
+
+
+def test_force_writes_a_refused_answer(server, src, capsys):
+    server.answer = PLACEHOLDER
+    assert edit_cli(server, src, "--in-place", "--force") == 0
+    assert src.read_text() == "obj['updated_code']\n"
+    assert (src.parent / "greet.py.bak").read_text() == ORIGINAL
+    assert "written because of --force" in capsys.readouterr().err
+
+
+def test_force_does_not_write_a_truncated_answer(server, src):
+    server.answer, server.finish = "```python\ndef greet(name: str) -> str:\n", "length"
+    assert edit_cli(server, src, "--in-place", "--force") != 0
+    assert src.read_text() == ORIGINAL and not (src.parent / "greet.py.bak").exists()
+
+
+def test_dry_run_warns_about_a_broken_answer(server, src, tmp_path, capsys):
+    server.answer = PLACEHOLDER
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert edit_cli(server, src, "--dry-run") == 0
+    assert src.read_text() == ORIGINAL and sorted(p.name for p in tmp_path.iterdir()) == before
+    out, err = capsys.readouterr()
+    assert "+obj['updated_code']" in out and "-def greet(name):" in out
+    assert "warning: the answer may not be the updated file" in err and "placeholder" in err
 
 
 def test_output_and_html(server, src, tmp_path):

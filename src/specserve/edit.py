@@ -23,7 +23,6 @@ from .errors import SpecServeError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
-SYSTEM_PROMPT = "You are a coding assistant. Reply with the complete updated file only, no explanations."
 LANGUAGES = {".py": "python", ".ts": "typescript", ".tsx": "tsx", ".js": "javascript", ".jsx": "jsx",
              ".go": "go", ".rs": "rust", ".java": "java", ".rb": "ruby", ".php": "php", ".c": "c", ".h": "c",
              ".cpp": "cpp", ".cs": "csharp", ".kt": "kotlin", ".swift": "swift", ".sql": "sql",
@@ -79,10 +78,186 @@ def strip_fence(text: str, original: str = "") -> str:
     return code
 
 
-def build_messages(original_code: str, instruction: str, language: str = "") -> list[dict]:
-    """The refactor prompt: a system rule and the instruction followed by the fenced file."""
-    return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{instruction}\n\n```{language}\n{original_code}\n```"}]
+# An answer far shorter than the file is a lost file, unless the instruction asks to take code out.
+SHORT_FRACTION = 0.5
+_REMOVAL = re.compile(r"\b(delet|remov|drop|strip|shorten|simplif|trim|cut|eliminat|get rid|condens|minif|collaps"
+                      r"|reduc|dedup|clean ?up|keep only|only keep|extract|split|move)", re.I)
+_REWRITE = re.compile(r"\b(rewrite|translate|port|convert the (whole )?file|from scratch)\b", re.I)
+# Names the model invents for "the updated file" instead of writing it (the issue's `obj['updated_code']`).
+_PLACEHOLDER_NAME = re.compile(r"\b(updated|modified|edited|refactored|new|complete|full|final|your)_?"
+                               r"(code|file|source|content|contents|version)\b", re.I)
+_COMMENT = re.compile(r"^(#+|//+|/\*+|\*+|<!--|--|;+|%+|'|rem\b)\s*(?P<body>.*?)\s*(\*+/|-->)?$", re.I)
+# The text of a comment (or of a <bracketed> line), ellipses and brackets taken out, that stands for code
+# the model left out: "rest of the file", "existing code here", "code unchanged", "same as before", ...
+_ELISION = re.compile(
+    r"^(?:"
+    r"(the )?(rest|remainder) of (the |your |this )?(\w+ )?"
+    r"(code|file|class|module|functions?|implementation|methods?|body|script|program)"
+    r"|(\w+ )?(existing|unchanged|remaining|previous|original|other|same) (\w+ )?"
+    r"(code|methods?|functions?|imports?|lines?|content|implementation|logic|body|definitions?|tests?|classes)"
+    r"|(code|everything|the rest|rest|body|implementation|file)"
+    r"|unchanged|omitted|elided|truncated|snip|same as (before|above)|as before"
+    r")( (here|below|above|unchanged|omitted|elided|as before|goes here|follows|for brevity|(remains?|stays?|is|are) "
+    r"(the )?(same|unchanged|as before)))*$", re.I)
+_PROSE_START = re.compile(r"^(here(\'s| is| are)|sure\b|certainly\b|okay\b|ok,|below\b|the following\b|i have\b|"
+                          r"i\'ve\b|i will\b|this (code|file|version)\b|to (rename|add|change|do)\b|"
+                          r"as requested\b|the updated\b|updated (code|file)\b)", re.I)
+
+
+def _is_elision(line: str, prev: str) -> bool:
+    """A line standing for left-out code: `# ... rest of the file ...`, `// existing code`, `# ...`,
+    `<rest of code>`, or a bare `...` that is not a Python body (a body follows a line ending in ':')."""
+    s = line.strip()
+    if s in ("...", "…"):
+        return s == "…" or not prev.rstrip().endswith(":")
+    if len(s) >= 3 and s[0] + s[-1] in ("<>", "[]", "{}") and _elision_text(s[1:-1]):
+        return True
+    m = _COMMENT.match(s)
+    if not m:
+        return False
+    body = m.group("body")
+    if not body.strip(".… "):
+        return "..." in body or "…" in body  # `# ...`, `// …`
+    return _elision_text(body)
+
+
+def _elision_text(text: str) -> bool:
+    words = re.sub(r"\.\.\.+|…|[()\[\]<>{}:;,.!-]", " ", text).lower().split()
+    if not words or len(words) > 10 or words in (["code"], ["file"], ["rest"], ["everything"], ["body"],
+                                                  ["the", "rest"], ["implementation"]):
+        return False
+    return bool(_ELISION.match(" ".join(words)))
+
+
+def check_answer(original: str, answer: str, instruction: str = "", language: str = "") -> list[str]:
+    """Why `answer` (fence already stripped) cannot be `original` with `instruction` applied; [] when none.
+
+    A pure function, so `specserve edit` can refuse to write such an answer and the prompt evaluation
+    can count well-formed answers with the same rules. Each problem is one short sentence:
+    - empty, or no code at all: prose (a sentence such as "Here is ..." opening it, or a ``` fence
+      inside it; not checked for markdown), or not one of the original's lines kept (unless the
+      instruction asks for a rewrite);
+    - a placeholder instead of code: a name such as `obj['updated_code']` that the original does not
+      have, or an elision (`# ... rest of the file ...`, `// existing code`, `<rest of code>`, a bare
+      `...` that is not a Python body) on a line the original does not have;
+    - far shorter than the original (under SHORT_FRACTION of its non-blank lines or characters) when
+      the instruction asks for no removal (delete, remove, drop, strip, shorten, simplify, ...);
+    - for Python (language "python"): the original compiles and the answer does not.
+    """
+    problems: list[str] = []
+    old_lines = [ln for ln in original.splitlines() if ln.strip()]
+    new_lines = [ln for ln in answer.splitlines() if ln.strip()]
+    if not new_lines:
+        return ["the answer is empty"]
+    old_set = {ln.strip() for ln in old_lines}
+    new_set = {ln.strip() for ln in new_lines}
+    first = new_lines[0].strip()
+    prose_ok = language in ("markdown", "text")  # there prose and fences are the content
+    if not prose_ok and first not in old_set and _PROSE_START.match(first) and not _COMMENT.match(first):
+        problems.append(f"the answer is prose, not code: {_clip(first)!r}")
+    elif not prose_ok and any(ln.lstrip().startswith("```") for ln in new_lines) and not any(
+            ln.lstrip().startswith("```") for ln in old_lines):
+        problems.append("the answer mixes prose and a ``` fenced block")
+    names = {m.group(0) for m in _PLACEHOLDER_NAME.finditer(answer)} - {
+        m.group(0) for m in _PLACEHOLDER_NAME.finditer(original)}
+    if names and len(new_lines) <= 3:
+        problems.append(f"the answer is a placeholder, not the file: {_clip(new_lines[0].strip())!r}")
+    else:
+        prev = ""
+        for ln in answer.splitlines():
+            if ln.strip() and ln.strip() not in old_set and _is_elision(ln, prev):
+                problems.append(f"the answer leaves code out: {_clip(ln.strip())!r}")
+                break
+            if ln.strip():
+                prev = ln
+    meaningful = {ln for ln in old_set if len(ln) >= 4 and any(c.isalnum() for c in ln)}
+    if len(meaningful) >= 3 and not (meaningful & new_set) and not _REWRITE.search(instruction):
+        problems.append("the answer keeps none of the original's lines")
+    if not _REMOVAL.search(instruction):
+        old_chars = sum(len(ln.strip()) for ln in old_lines)
+        new_chars = sum(len(ln.strip()) for ln in new_lines)
+        if len(new_lines) < SHORT_FRACTION * len(old_lines) or new_chars < SHORT_FRACTION * old_chars:
+            problems.append(f"the answer is far shorter than the file ({len(new_lines)} of {len(old_lines)} "
+                            f"non-blank lines, {new_chars} of {old_chars} characters) and the instruction "
+                            "asks for no removal")
+    if language == "python" and not problems:
+        err = _syntax_error(answer)
+        if err and not _syntax_error(original):
+            problems.append(f"the answer is not valid Python ({err})")
+    return problems
+
+
+def _syntax_error(code: str) -> str | None:
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(code, "<answer>", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"line {e.lineno}: {e.msg}"
+    except ValueError as e:  # null bytes
+        return str(e)
+    return None
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+@dataclass(frozen=True)
+class EditPrompt:
+    """One way to ask for an edit: a system message and a user-message template.
+
+    `user` is formatted with {instruction}, {language} and {code}. The candidates live here so that
+    `specserve edit`, the benchmarks and scripts/eval_edit_prompt.py (which chose the default by
+    measurement, docs/server.md) all send exactly the same text.
+    """
+
+    name: str
+    system: str
+    user: str
+
+    def messages(self, original_code: str, instruction: str, language: str = "") -> list[dict]:
+        return [{"role": "system", "content": self.system},
+                {"role": "user", "content": self.user.format(instruction=instruction, language=language,
+                                                             code=original_code)}]
+
+
+PROMPTS: dict[str, EditPrompt] = {p.name: p for p in (
+    # The first prompt specserve shipped: instruction first, then the file.
+    EditPrompt("instruction-first",
+               "You are a coding assistant. Reply with the complete updated file only, no explanations.",
+               "{instruction}\n\n```{language}\n{code}\n```"),
+    # The file first and the instruction last, nearest to the answer, with the reply's shape spelled out.
+    EditPrompt("file-first",
+               "You are a coding assistant that edits source files.",
+               "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
+               "after this change, in one ```{language} code block, and nothing else."),
+    # Explicit rules against the failures seen: shortened files, elisions, placeholders.
+    EditPrompt("rules",
+               "You are an expert programmer who edits code. When asked to change a file, you write out the "
+               "entire file with the change applied: every line, in order, from the first to the last, "
+               "including the lines that do not change. Never shorten the file, never write placeholders "
+               "such as '...' or '# rest of the code', and do not explain.",
+               "Instruction: {instruction}\n\nFile:\n```{language}\n{code}\n```"),
+    # The same rules, with the file first and the instruction last.
+    EditPrompt("rules-file-first",
+               "You are an expert programmer who edits code. When asked to change a file, you write out the "
+               "entire file with the change applied: every line, in order, from the first to the last, "
+               "including the lines that do not change. Never shorten the file, never write placeholders "
+               "such as '...' or '# rest of the code', and do not explain.",
+               "```{language}\n{code}\n```\n\n{instruction}\nWrite the full updated file."),
+)}
+DEFAULT_PROMPT = "instruction-first"
+SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
+
+
+def build_messages(original_code: str, instruction: str, language: str = "",
+                   prompt: str | EditPrompt = DEFAULT_PROMPT) -> list[dict]:
+    """The edit prompt (`PROMPTS[prompt]`, by default the measured best) for this file and instruction."""
+    p = prompt if isinstance(prompt, EditPrompt) else PROMPTS[prompt]
+    return p.messages(original_code, instruction, language)
 
 
 def make_client(base_url: str | None = None, api_key: str | None = None):

@@ -1,7 +1,10 @@
 """`specserve edit FILE --instruction "..."`: edit a file through an OpenAI-compatible server.
 
 Shows a unified diff and the Predicted Outputs figures. Writes (with --in-place or --output)
-only after the answer completed: a response cut by max_tokens is refused, never written.
+only an answer that can be the updated file: a response cut by max_tokens is refused, and so is
+one that `edit.check_answer` finds broken (far shorter than the file without a removal asked
+for, no code, a placeholder such as `obj['updated_code']`) unless --force is given. A refused
+answer never touches the file: no write, no .bak.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from tqdm import tqdm
 from ..edit import (
     EditError,
     EditResult,
+    check_answer,
     language_for,
     make_client,
     refactor_with_predicted_outputs,
@@ -39,6 +43,9 @@ def add_parser(subparsers) -> None:
     dest.add_argument("--in-place", action="store_true", help="overwrite FILE (the original is kept as FILE.bak)")
     dest.add_argument("--dry-run", action="store_true", help="show the diff, write nothing (the default "
                                                               "without --output / --in-place)")
+    p.add_argument("--force", action="store_true",
+                   help="write the answer even when it does not look like the updated file (far shorter than "
+                        "the original, no code, a placeholder); a truncated answer is never written")
     p.add_argument("--max-tokens", type=int, default=None, help="cap on the answer's length")
     p.add_argument("--html", type=Path, help="also write an HTML report of the edit (lines kept vs changed)")
     p.set_defaults(func=run)
@@ -79,6 +86,14 @@ def summary(result: EditResult) -> dict:
     return d
 
 
+def shown(text: str, max_lines: int = 40) -> str:
+    """The answer as a user should see it in an error: whole if short, else its head and a count."""
+    lines = text.splitlines()
+    if len(lines) <= max_lines:
+        return text.rstrip("\n")
+    return "\n".join(lines[:max_lines]) + f"\n[... {len(lines) - max_lines} more lines]"
+
+
 def target_path(args) -> Path | None:
     if args.dry_run:
         return None
@@ -104,11 +119,20 @@ def run(args) -> int:
     if not result.complete:
         raise EditError(f"the answer is incomplete (finish_reason={result.finish_reason!r}); nothing written"
                         + (" — raise --max-tokens" if result.finish_reason == "length" else ""))
+    problems = check_answer(original, result.code, args.instruction, language_for(args.file))
+    dest = target_path(args)
+    if problems and dest is not None and not args.force:
+        print(f"--- the answer ({len(result.raw)} characters) ---\n{shown(result.raw)}\n--- end of the answer ---",
+              file=sys.stderr)
+        raise EditError(f"the answer cannot be the updated file: {'; '.join(problems)}; nothing written "
+                        "(--force writes it anyway)")
     diff = unified_diff(original, result.code, args.file.name)
     print(colorize(diff) if sys.stdout.isatty() else diff, end="")
     if not diff:
         print("no changes", file=sys.stderr)
-    dest = target_path(args)
+    if problems:
+        print(f"warning: the answer may not be the updated file: {'; '.join(problems)}"
+              + (" (written because of --force)" if dest is not None else ""), file=sys.stderr)
     if dest is None:
         return 0
     if args.in_place:

@@ -1,0 +1,334 @@
+"""Choose `specserve edit`'s prompt by measurement: how often does each candidate get a complete updated file?
+
+    PYTHONPATH=src SPECSERVE_HOME=/work/main/.cache/specserve .venv/bin/python scripts/eval_edit_prompt.py \
+        --out docs/results/edit_prompt_eval.json
+
+Runs every (instruction, file) pair below with every prompt in `specserve.edit.PROMPTS` (system message +
+user-message layout; the CLI sends exactly these) through the in-process API on the default target pack
+(Qwen2.5-Coder 1.5B Q4_K_M on llama.cpp), greedy, with the file as the prediction (Predicted Outputs), as
+`specserve edit` asks a server to. An answer is **well-formed** when
+
+- the model finished on its own (finish_reason "stop", not cut by max_tokens),
+- `edit.check_answer` finds nothing wrong (not far shorter than the file, code rather than prose, no
+  placeholder or elision, and it compiles, since every excerpt is Python), and
+- for a rename: the old name is gone (as a word) and the new one is there.
+
+**Applied** is stricter and reported beside it: for type hints every parameter and the return of the named
+functions are annotated, for a docstring the named function has one, for the logic changes the strings the
+change must add are there and those it must remove are gone.
+
+The files are real public source: excerpts of the CPython standard library this interpreter runs and of
+Jinja2 from the same environment. An excerpt is chosen deterministically: from the named top-level
+definition on, whole top-level statements until it holds at least MIN_LINES lines (never more than
+MAX_LINES). The JSON records the Python and Jinja2 versions and each excerpt's sha256, so a rerun can tell
+whether it measured the same text. Results are appended to a JSONL cache as they come, so an interrupted
+run resumes where it stopped (--cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import platform
+import re
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIN_LINES, MAX_LINES = 60, 150
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One edit task: the excerpt of `file` that starts at top-level `start`, and what to do to it."""
+
+    name: str
+    file: str  # "stdlib:<path>" or "jinja2:<path>"
+    start: str  # the top-level def/class the excerpt begins with
+    kind: str  # rename | hints | docstring | logic
+    instruction: str
+    old: str = ""  # rename: the name that must be gone
+    new: str = ""  # rename: the name that must be there
+    targets: tuple[str, ...] = ()  # hints / docstring: the functions that must have them
+    present: tuple[str, ...] = ()  # logic: text the edit must add
+    absent: tuple[str, ...] = ()  # logic: text the edit must remove
+
+
+PAIRS = [
+    # -- renames (a function, variable or parameter used more than once in the excerpt) --
+    Pair("colorsys-rename", "stdlib:colorsys.py", "rgb_to_hls", "rename",
+         "Rename the function _v to _hue_to_channel.", old="_v", new="_hue_to_channel"),
+    Pair("heapq-rename", "stdlib:heapq.py", "heappush", "rename",
+         "Rename the variable lastelt to last_item.", old="lastelt", new="last_item"),
+    Pair("textwrap-rename", "stdlib:textwrap.py", "dedent", "rename",
+         "Rename the variable margin to common_margin in dedent.", old="margin", new="common_margin"),
+    Pair("genericpath-rename", "stdlib:genericpath.py", "exists", "rename",
+         "Rename the parameter filename to file_path in every function.", old="filename", new="file_path"),
+    Pair("linecache-rename", "stdlib:linecache.py", "clearcache", "rename",
+         "Rename updatecache to update_cache.", old="updatecache", new="update_cache"),
+    Pair("copy-rename", "stdlib:copy.py", "deepcopy", "rename",
+         "Rename _deepcopy_atomic to _copy_atomic.", old="_deepcopy_atomic", new="_copy_atomic"),
+    Pair("jsondecoder-rename", "stdlib:json/decoder.py", "_decode_uXXXX", "rename",
+         "Rename _decode_uXXXX to _decode_unicode_escape.", old="_decode_uXXXX", new="_decode_unicode_escape"),
+    Pair("getopt-rename", "stdlib:getopt.py", "gnu_getopt", "rename",
+         "Rename the function do_longs to parse_long_options.", old="do_longs", new="parse_long_options"),
+    Pair("quopri-rename", "stdlib:quopri.py", "needsquoting", "rename",
+         "Rename needsquoting to needs_quoting.", old="needsquoting", new="needs_quoting"),
+    Pair("sndhdr-rename", "stdlib:sndhdr.py", "what", "rename",
+         "Rename the function whathdr to what_header.", old="whathdr", new="what_header"),
+    Pair("bisect-rename", "stdlib:bisect.py", "insort_right", "rename",
+         "Rename the parameter hi to high in every function.", old="hi", new="high"),
+    Pair("imghdr-rename", "stdlib:imghdr.py", "what", "rename",
+         "Rename the list tests to TESTS.", old="tests", new="TESTS"),
+    Pair("jinja-rename", "jinja2:utils.py", "is_undefined", "rename",
+         "Rename the function import_string to import_object.", old="import_string", new="import_object"),
+    # -- type hints (on functions that have none) --
+    Pair("colorsys-hints", "stdlib:colorsys.py", "rgb_to_hls", "hints",
+         "Add type hints to hls_to_rgb and _v.", targets=("hls_to_rgb", "_v")),
+    Pair("base64-hints", "stdlib:base64.py", "b64encode", "hints",
+         "Add type hints to standard_b64encode and standard_b64decode.",
+         targets=("standard_b64encode", "standard_b64decode")),
+    Pair("genericpath-hints", "stdlib:genericpath.py", "exists", "hints",
+         "Add type hints to commonprefix.", targets=("commonprefix",)),
+    Pair("posixpath-hints", "stdlib:posixpath.py", "_get_sep", "hints",
+         "Add type hints to the function split.", targets=("split",)),
+    Pair("getopt-hints", "stdlib:getopt.py", "gnu_getopt", "hints",
+         "Add type hints to do_longs.", targets=("do_longs",)),
+    Pair("tempfile-hints", "stdlib:tempfile.py", "_exists", "hints",
+         "Add type hints to the function _exists.", targets=("_exists",)),
+    Pair("statistics-hints", "stdlib:statistics.py", "median", "hints",
+         "Add type hints to median_low.", targets=("median_low",)),
+    # -- docstrings (on functions that have none) --
+    Pair("heapq-doc", "stdlib:heapq.py", "_siftdown", "docstring",
+         "Add a docstring to _siftup.", targets=("_siftup",)),
+    Pair("copy-doc", "stdlib:copy.py", "deepcopy", "docstring",
+         "Add a one-line docstring to _deepcopy_atomic.", targets=("_deepcopy_atomic",)),
+    Pair("getopt-doc", "stdlib:getopt.py", "gnu_getopt", "docstring",
+         "Add a docstring to do_longs explaining what it returns.", targets=("do_longs",)),
+    Pair("imghdr-doc", "stdlib:imghdr.py", "what", "docstring",
+         "Add a docstring to test_png.", targets=("test_png",)),
+    Pair("posixpath-doc", "stdlib:posixpath.py", "_get_sep", "docstring",
+         "Write a docstring for _get_sep.", targets=("_get_sep",)),
+    Pair("colorsys-doc", "stdlib:colorsys.py", "rgb_to_hls", "docstring",
+         "Add docstrings to rgb_to_hls and hls_to_rgb.", targets=("rgb_to_hls", "hls_to_rgb")),
+    # -- small logic changes (what they must add is not in the excerpt yet) --
+    Pair("textwrap-logic", "stdlib:textwrap.py", "dedent", "logic",
+         "Make indent raise TypeError if prefix is not a str.", present=("TypeError",)),
+    Pair("base64-logic", "stdlib:base64.py", "b64encode", "logic",
+         "In b64encode, replace the assert on altchars with a ValueError.", present=("ValueError",),
+         absent=("assert len(altchars)",)),
+    Pair("linecache-logic", "stdlib:linecache.py", "clearcache", "logic",
+         "Make getline return None instead of an empty string when the line does not exist.",
+         present=("return None",), absent=("return ''",)),
+    Pair("heapq-logic", "stdlib:heapq.py", "heappush", "logic",
+         "Make heappop raise IndexError('pop from an empty heap') when the heap is empty.",
+         present=("pop from an empty heap",)),
+    Pair("quopri-logic", "stdlib:quopri.py", "needsquoting", "logic",
+         "In quote, raise TypeError instead of the assert.", present=("TypeError",), absent=("assert isinstance",)),
+    Pair("genericpath-logic", "stdlib:genericpath.py", "exists", "logic",
+         "Make getsize raise ValueError('negative size') when the size is negative.", present=("negative size",)),
+    Pair("jinja-logic", "jinja2:utils.py", "is_undefined", "logic",
+         "Make is_undefined also return True when obj is None.", present=("is None",)),
+]
+
+
+def source_root(spec: str) -> Path:
+    kind, _, rel = spec.partition(":")
+    if kind == "stdlib":
+        return Path(sysconfig.get_paths()["stdlib"]) / rel
+    if kind == "jinja2":
+        import jinja2
+
+        return Path(jinja2.__file__).parent / rel
+    raise ValueError(f"unknown source {spec!r}")
+
+
+def excerpt(spec: str, start: str) -> str:
+    """Whole top-level statements from `start`'s definition on, until there are at least MIN_LINES lines."""
+    text = source_root(spec).read_text(encoding="utf-8")
+    lines = text.splitlines(True)
+    body = ast.parse(text).body
+    first = next(i for i, n in enumerate(body)
+                 if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == start)
+    begin = min([body[first].lineno] + [d.lineno for d in getattr(body[first], "decorator_list", [])]) - 1
+    end = begin
+    for node in body[first:]:
+        end = node.end_lineno
+        if end - begin >= MIN_LINES:
+            break
+    if not MIN_LINES <= end - begin <= MAX_LINES:
+        raise ValueError(f"{spec} from {start}: {end - begin} lines, outside {MIN_LINES}..{MAX_LINES}")
+    return "".join(lines[begin:end])
+
+
+def _functions(tree: ast.AST, name: str) -> list[ast.FunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+
+
+def applied(pair: Pair, code: str) -> bool:
+    """Whether the answer visibly makes the change asked for (see the module docstring)."""
+    if pair.kind == "rename":
+        return renamed(pair, code)
+    if pair.kind == "logic":
+        return all(s in code for s in pair.present) and not any(s in code for s in pair.absent)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    for name in pair.targets:
+        fns = _functions(tree, name)
+        if not fns:
+            return False
+        for fn in fns:
+            if pair.kind == "docstring" and not ast.get_docstring(fn):
+                return False
+            if pair.kind == "hints":
+                a = fn.args
+                params = [p for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg not in ("self", "cls")]
+                params += [p for p in (a.vararg, a.kwarg) if p is not None]
+                if fn.returns is None or any(p.annotation is None for p in params):
+                    return False
+    return True
+
+
+def renamed(pair: Pair, code: str) -> bool:
+    return not re.search(rf"\b{re.escape(pair.old)}\b", code) and bool(re.search(rf"\b{re.escape(pair.new)}\b", code))
+
+
+def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
+    from specserve.edit import check_answer, strip_fence
+
+    code = strip_fence(raw, original)
+    problems = check_answer(original, code, pair.instruction, "python")
+    if finish_reason != "stop":
+        problems.append(f"finish_reason {finish_reason}")
+    if pair.kind == "rename" and not problems and not renamed(pair, code):
+        problems.append(f"rename not done ({pair.old} -> {pair.new})")
+    return {"well_formed": not problems, "applied": not problems and applied(pair, code),
+            "unchanged": code == original, "problems": problems}
+
+
+def write_report(out: Path, llm, pairs: list[Pair], prompts: list[str], codes: dict[str, str],
+                 done: dict[tuple[str, str], dict]) -> dict:
+    """Write the JSON report of what has been measured so far; return its per-prompt summary."""
+    import jinja2
+
+    from specserve.edit import DEFAULT_PROMPT, PROMPTS
+
+    results = [done[(p.name, name)] for p in pairs for name in prompts if (p.name, name) in done]
+    summary = {}
+    for name in prompts:
+        rs = [r for r in results if r["prompt"] == name]
+        summary[name] = {"pairs": len(rs), "well_formed": sum(r["well_formed"] for r in rs),
+                         "well_formed_rate": round(sum(r["well_formed"] for r in rs) / max(1, len(rs)), 4),
+                         "applied": sum(r["applied"] for r in rs),
+                         "applied_rate": round(sum(r["applied"] for r in rs) / max(1, len(rs)), 4),
+                         "by_kind": {k: f"{sum(r['well_formed'] for r in rs if r['kind'] == k)}/"
+                                        f"{sum(1 for r in rs if r['kind'] == k)}"
+                                     for k in ("rename", "hints", "docstring", "logic")},
+                         "system": PROMPTS[name].system, "user": PROMPTS[name].user}
+    report = {"model": llm.model_name, "backend": llm.backend_name, "default_prompt": DEFAULT_PROMPT,
+              "sampling": "temperature 0, prediction = the file, max_tokens = 1.5 x file tokens + 64",
+              "python": platform.python_version(), "jinja2": jinja2.__version__,
+              "excerpt_lines": {"min": MIN_LINES, "max": MAX_LINES},
+              "measured": f"{len(results)} of {len(pairs) * len(prompts)} (pair, prompt) runs",
+              "pairs": [{"name": p.name, "file": p.file, "start": p.start, "kind": p.kind,
+                         "instruction": p.instruction, "lines": codes[p.name].count("\n")} for p in pairs],
+              "summary": summary, "results": results}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specserve.edit import PROMPTS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", default=",".join(PROMPTS), help="comma-separated names from edit.PROMPTS")
+    ap.add_argument("--pairs", default=None, help="comma-separated pair names (default: all)")
+    ap.add_argument("--model", default=None, help="target model (default: the default target pack)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=Path("docs/results/edit_prompt_eval.json"))
+    ap.add_argument("--cache", type=Path, default=Path("bench-out/edit_prompt_eval.jsonl"),
+                    help="one line per finished (pair, prompt): a rerun skips those already there")
+    ap.add_argument("--list", action="store_true", help="print the pairs and their excerpts' sizes, run nothing")
+    args = ap.parse_args(argv)
+
+    pairs = [p for p in PAIRS if args.pairs is None or p.name in args.pairs.split(",")]
+    # Round-robin over the kinds, so that a run stopped early has measured every kind of edit.
+    kinds = {k: [p for p in pairs if p.kind == k] for k in dict.fromkeys(p.kind for p in pairs)}
+    pairs = [p for group in zip(*[g + [None] * (len(pairs) - len(g)) for g in kinds.values()]) for p in group if p]
+    prompts = args.prompts.split(",")
+    unknown = [p for p in prompts if p not in PROMPTS]
+    if unknown:
+        ap.error(f"unknown prompt(s) {unknown}; choose from {list(PROMPTS)}")
+    codes = {p.name: excerpt(p.file, p.start) for p in pairs}
+    for p in pairs:  # a pair whose check already passes on the original would measure nothing
+        if p.kind == "rename" and not re.search(rf"\b{re.escape(p.old)}\b", codes[p.name]):
+            raise SystemExit(f"{p.name}: {p.old!r} is not in the excerpt")
+        if p.kind != "rename" and applied(p, codes[p.name]):
+            raise SystemExit(f"{p.name}: the excerpt already passes the check")
+    if args.list:
+        for p in pairs:
+            print(f"{p.name:22s} {p.kind:9s} {codes[p.name].count(chr(10)):4d} lines  {p.instruction}")
+        return 0
+
+    from specserve import LLM, SamplingParams
+    from specserve.edit import build_messages
+
+    done: dict[tuple[str, str], dict] = {}
+    if args.cache.exists():
+        for line in args.cache.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            if r.get("sha256") == hashlib.sha256(codes.get(r["pair"], "").encode()).hexdigest():
+                done[(r["pair"], r["prompt"])] = r
+    args.cache.parent.mkdir(parents=True, exist_ok=True)
+    t_load = time.perf_counter()
+    llm = LLM(args.model, draft_model="none", speculation="prediction", threads=args.threads,
+              max_num_seqs=len(prompts), max_context=4096)
+    print(f"loaded {llm.model_name} on {llm.backend_name} in {time.perf_counter() - t_load:.0f} s", file=sys.stderr)
+    total, n = len(pairs) * len(prompts), 0
+    t0 = time.perf_counter()
+    for pair in pairs:
+        code = codes[pair.name]
+        sha = hashlib.sha256(code.encode()).hexdigest()
+        todo = [name for name in prompts if (pair.name, name) not in done]
+        n += len(prompts) - len(todo)
+        if not todo:
+            continue
+        # One batch per pair: the candidates decode together (continuous batching), which on a CPU
+        # gets more done per second than one after the other; greedy answers do not depend on it.
+        max_tokens = int(len(llm.encode(code)) * 1.5) + 64
+        t = time.perf_counter()
+        outs = llm.generate([llm.apply_chat_template(build_messages(code, pair.instruction, "python", name))
+                             for name in todo], SamplingParams(max_tokens=max_tokens, temperature=0), prediction=code)
+        seconds = round(time.perf_counter() - t, 1)
+        for name, out in zip(todo, outs):
+            n += 1
+            r = {"pair": pair.name, "prompt": name, "kind": pair.kind, "sha256": sha,
+                 "finish_reason": out.finish_reason, "completion_tokens": len(out.token_ids),
+                 "prompt_tokens": len(out.prompt_token_ids), "batch_seconds": seconds,
+                 **judge(pair, code, out.text, out.finish_reason)}
+            if not r["well_formed"]:
+                r["answer_head"] = out.text[:300]
+            done[(pair.name, name)] = r
+            with args.cache.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(r) + "\n")
+            mark = "ok " if r["well_formed"] else "BAD"
+            print(f"[{n}/{total}] {time.perf_counter() - t0:6.0f}s {mark} {name:18s} {pair.name:20s} "
+                  f"{r['completion_tokens']:5d} tok {'; '.join(r['problems'])[:100]}", file=sys.stderr, flush=True)
+        write_report(args.out, llm, pairs, prompts, codes, done)  # a run stopped early still leaves its figures
+
+    summary = write_report(args.out, llm, pairs, prompts, codes, done)
+    for name, s in summary.items():
+        print(f"{name:20s} well-formed {s['well_formed']}/{s['pairs']} ({s['well_formed_rate']:.0%})  "
+              f"applied {s['applied']}/{s['pairs']}  {s['by_kind']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
