@@ -16,6 +16,7 @@ from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
 from .engine import Engine, Generation
 from .engine.constrain import CompiledGuide, GrammarSpec, factory_for
 from .engine.stats import RequestOutput
+from .engine.tokenizer import per_thread
 from .errors import InvalidRequestError, ModelLoadError
 from .models.loader import eos_ids, load
 from .server.tools import template_messages, template_supports_tools
@@ -87,7 +88,7 @@ class LLM:
     def _init(self, target, tokenizer, draft, name: str, speculation: SpeculationConfig, eos: set[int],
               limits: EngineLimits | None) -> None:
         self.model_name = name
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = per_thread(tokenizer)  # one copy per thread (engine/tokenizer.py)
         self.speculation = speculation
         self.target_backend, self.draft_backend = target, draft
         self.engine = Engine(target, tokenizer, draft, eos, limits)

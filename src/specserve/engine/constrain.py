@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import xgrammar as xgr
 
+from .tokenizer import shared
+
 # JSON-schema keywords the constraint enforces; anything else is refused (400), not ignored.
 SUPPORTED_SCHEMA_KEYWORDS = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
@@ -258,4 +260,5 @@ def _cached_factory(tokenizer_key: int, tokenizer, vocab_size: int, stops: tuple
 
 def factory_for(tokenizer, vocab_size: int, stop_token_ids: set[int]) -> ConstraintFactory:
     """One factory per (tokenizer, vocab size, stop tokens): TokenizerInfo is costly on big vocabularies."""
+    tokenizer = shared(tokenizer)  # xgrammar reads the vocabulary once, and needs the real object
     return _cached_factory(id(tokenizer), tokenizer, vocab_size, tuple(sorted(stop_token_ids)))
