@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..config import SamplingParams, SpeculationConfig
-from ..engine.constrain import CompiledGuide, ConstraintError
+from ..engine.constrain import CompiledGuide, ConstraintError, GrammarBusy, PendingGuide
 from ..engine.stats import RequestOutput, TokenLogprob
 from ..errors import ContextLengthError, InvalidRequestError
 from .structured import (
@@ -26,6 +26,7 @@ from .structured import (
     check_guided,
     check_n,
     extension_guide,
+    json_whitespace,
     response_format_guide,
     tool_guide,
     tool_setup,
@@ -68,6 +69,8 @@ def engine_error(exc: Exception) -> APIError:
     """Map an engine exception raised for a request onto an OpenAI error."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, GrammarBusy):
+        return APIError(503, str(exc), "server_error", exc.param, "grammar_busy", headers={"Retry-After": "5"})
     if isinstance(exc, ConstraintError):
         return bad_request(str(exc), exc.param)
     if isinstance(exc, ContextLengthError):
@@ -206,6 +209,7 @@ class _Common(_Strict):
     guided_regex: Any = None
     guided_grammar: Any = None
     guided_choice: Any = None
+    strict_whitespace: bool | None = None  # extension (extra_body): JSON outputs in one layout (structured.py)
 
 
 class ChatCompletionRequest(_Common):
@@ -244,7 +248,7 @@ class Prepared:
     prediction: str | None
     stream: bool
     include_usage: bool
-    guide: CompiledGuide | None = None  # structured output / forced tool call grammar
+    guide: CompiledGuide | PendingGuide | None = None  # structured output / forced tool call grammar
     tools: ToolSetup | None = None  # chat requests with tools: parse <tool_call> blocks
     n: int = 1  # independent choices
 
@@ -355,10 +359,12 @@ def _extension_fields(req: _Common) -> dict:
     return {k: getattr(req, k) for k in ("structured_outputs", *GUIDED_FIELDS)}
 
 
-def _compile(spec, llm, req: _Common) -> CompiledGuide | None:
-    """Compile the request's grammar now, so a bad one is a 400 before the request is queued."""
+def _compile(spec, llm, req: _Common) -> PendingGuide | None:
+    """Start compiling the request's grammar (on the grammar threads); the server awaits it before
+    queueing the request, so a bad or too slow one is a 400 and never holds up the prep thread."""
     check_guided(spec, req.ignore_eos)
-    return None if spec is None else llm.compile_guide(spec)
+    spec = json_whitespace(spec, req.strict_whitespace)
+    return None if spec is None else llm.compile_guide(spec, wait=False)
 
 
 def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
