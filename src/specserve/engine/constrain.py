@@ -254,6 +254,7 @@ class PendingGuide:
         done, _ = await asyncio.wait({wrapped}, timeout=max(0.0, self.deadline - time.monotonic()))
         if not done:  # the compilation goes on (or is dropped, if still queued)
             raise self._overdue()
+        wrapped.exception()  # retrieved here, so asyncio does not log it as never retrieved
         return self.result()
 
     def _overdue(self) -> ConstraintError:
