@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from server_proc import ServerProcess, free_port, metric_value
+from server_proc import ServerProcess, metric_value
+
+from specserve.server.launch import free_port
 from tiny import save_tiny, tiny_model, tiny_tokenizer
 
 import specserve.engine.request as request_module
@@ -155,7 +157,7 @@ def test_a_bug_mid_stream_still_ends_with_an_error_event_and_done_and_is_recorde
     [DONE], and the request is recorded as a 500, not a 499."""
     import uvicorn
 
-    from specserve.server import protocol
+    from specserve.server import responses as protocol
     from specserve.server.app import create_app
 
     llm, _ = engine_llm()

@@ -15,8 +15,9 @@ from .backends.transformers import TransformersBackend
 from .chat import template_messages, template_supports_tools
 from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
 from .engine import Engine, Generation
-from .engine.constrain import CompiledGuide, GrammarSpec, factory_for
+from .engine.constrain import CompiledGuide, GrammarSpec, PendingGuide, factory_for
 from .engine.stats import RequestOutput
+from .engine.tokenizer import per_thread
 from .errors import InvalidRequestError, ModelLoadError
 from .models.loader import eos_ids, load
 
@@ -87,7 +88,7 @@ class LLM:
     def _init(self, target, tokenizer, draft, name: str, speculation: SpeculationConfig, eos: set[int],
               limits: EngineLimits | None) -> None:
         self.model_name = name
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = per_thread(tokenizer)  # one copy per thread (engine/tokenizer.py)
         self.speculation = speculation
         self.target_backend, self.draft_backend = target, draft
         self.engine = Engine(target, tokenizer, draft, eos, limits)
@@ -144,11 +145,14 @@ class LLM:
     def _factory(self):
         return factory_for(self.tokenizer, self.vocab_size, self.engine.eos_token_ids)
 
-    def compile_guide(self, spec: GrammarSpec) -> CompiledGuide:
-        """Compile a grammar for this model's vocabulary (raises ConstraintError when it cannot)."""
-        return self._factory().prepare(spec)
+    def compile_guide(self, spec: GrammarSpec, wait: bool = True) -> CompiledGuide | PendingGuide:
+        """Compile a grammar for this model's vocabulary (raises ConstraintError when it cannot, or
+        when it takes longer than the time limit). wait=False: a PendingGuide, compiling on the
+        grammar threads (the server awaits it on its event loop; see engine/constrain.py)."""
+        pending = self._factory().submit(spec)
+        return pending.result() if wait else pending
 
-    def constraint(self, guide: GrammarSpec | CompiledGuide | None):
+    def constraint(self, guide: GrammarSpec | CompiledGuide | PendingGuide | None):
         """A fresh grammar Constraint for one request (None: unconstrained)."""
         return None if guide is None else self._factory()(guide)
 

@@ -16,6 +16,7 @@ from ..config import EngineLimits, SamplingParams, SpeculationConfig
 from .core import EngineCore, StepInfo
 from .request import Request
 from .stats import RequestOutput, StepEvent
+from .tokenizer import per_thread
 
 
 class Engine:
@@ -28,7 +29,7 @@ class Engine:
                  limits: EngineLimits | None = None):
         target = as_backend(target)
         draft = as_backend(draft) if draft is not None else None
-        self.core = EngineCore(target, tokenizer, draft, eos_token_ids, limits)
+        self.core = EngineCore(target, per_thread(tokenizer), draft, eos_token_ids, limits)
 
     @property
     def eos_token_ids(self) -> set[int]:

@@ -19,16 +19,42 @@ Why xgrammar (not llguidance): both were tried on our tokenizers. llguidance 1.9
 tiny test tokenizer (its `Fuse` decoder: "can't determine decoder type"); xgrammar 0.2.9 reads
 it, and byte-level BPE ones, from the Hugging Face tokenizer directly, compiles JSON schemas,
 regexes and EBNF, and its matcher rolls back, which verification of a draft needs.
+
+Compiling, off the request path and with a time limit. xgrammar's compile time is not bounded
+by the size of the request: measured on SmolLM2's 49k-token vocabulary, an `anyOf` of 100 short
+string patterns takes ~3 s and of 1000 ~32 s, and ten levels of nested objects ~1.5 s. So a
+`ConstraintFactory` compiles on its own small pool of threads (`GRAMMAR_WORKERS`), never
+on the caller's thread: `submit` returns a `PendingGuide` at once, and whoever waits for it (the
+server's event loop, or `prepare` for the Python API) gives up after `GRAMMAR_TIME_LIMIT_S` with
+a ConstraintError that says so (a 400). A thread cannot be killed: a compilation that overran
+keeps its pool thread until it finishes, and its result then goes into the cache, so a retry of
+the same grammar is instant. At most `GRAMMAR_WORKERS` compilations run at once, overrunning or
+not; a grammar still queued when its time is up is dropped without being compiled, and the
+caller gets `GrammarBusy` (a 503: the server, not the request, is at fault). The same grammar
+asked for again while it compiles joins that compilation instead of starting another. The pool
+threads are not daemons: a process that exits while an overrunning compilation runs waits for
+it (a daemon thread inside xgrammar's C++ at interpreter exit aborts the process instead:
+"terminate called without an active exception", measured).
+
+Compiled grammars are kept in an LRU cache bounded in bytes (`GRAMMAR_CACHE_BYTES`, counted with
+xgrammar's `memory_size_bytes`); xgrammar's own (unbounded) cache is off.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
+
+from .tokenizer import shared
 
 # JSON-schema keywords the constraint enforces; anything else is refused (400), not ignored.
 SUPPORTED_SCHEMA_KEYWORDS = frozenset({
@@ -44,12 +70,21 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")  # keyword -> [subschema]
 _SCHEMA_ONE = ("items", "additionalProperties")  # keyword -> subschema (or a bool)
 
 
+GRAMMAR_TIME_LIMIT_S = 10.0  # how long a request waits for its grammar to compile
+GRAMMAR_WORKERS = 2  # compilations at once (overrunning ones included) per tokenizer
+GRAMMAR_CACHE_BYTES = 256 << 20  # compiled grammars kept (LRU), per tokenizer
+
+
 class ConstraintError(ValueError):
     """A grammar or schema we cannot enforce; `param` names the request field at fault."""
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class GrammarBusy(ConstraintError):
+    """Every grammar compiler was busy for the whole time limit: retry later (a 503, not a 400)."""
 
 
 def check_schema(schema, path: str = "schema") -> None:
@@ -91,6 +126,10 @@ class GrammarSpec:
     source: object = None
     banned: str = ""
     param: str | None = None  # the request field it came from, named by errors
+    # JSON kinds: False ("strict whitespace") writes JSON one way only, `{"a": 1, "b": [2, 3]}`
+    # (json.dumps' separators); True lets the model put any whitespace between tokens, which
+    # small models can fill forever. Regex, EBNF and tool grammars ignore it.
+    any_whitespace: bool = False
 
     def __post_init__(self):
         if self.kind == "json_schema" and not self.banned:
@@ -100,9 +139,12 @@ class GrammarSpec:
         """The xgrammar Grammar for this spec; a compile error is a ConstraintError."""
         try:
             if self.kind == "json_object":
-                return xgr.Grammar.builtin_json_grammar()
+                if self.any_whitespace:
+                    return xgr.Grammar.builtin_json_grammar()
+                return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
             if self.kind == "json_schema":
-                return xgr.Grammar.from_json_schema(json.dumps(self.source), any_whitespace=False, strict_mode=True)
+                return xgr.Grammar.from_json_schema(json.dumps(self.source), any_whitespace=self.any_whitespace,
+                                                    strict_mode=True)
             if self.kind == "regex":
                 return xgr.Grammar.from_regex(self.source)
             if self.kind == "ebnf":
@@ -113,22 +155,131 @@ class GrammarSpec:
             raise ConstraintError(f"cannot compile the {self.kind} constraint: {e}", self.param) from None
         raise ConstraintError(f"unknown constraint kind {self.kind!r}", self.param)
 
+    def cache_key(self) -> tuple:
+        """What makes two specs compile to the same grammar (the request field they came from does not)."""
+        if self.kind == "json_schema":
+            source = json.dumps(self.source, sort_keys=True)
+        elif self.kind == "grammar":
+            source = str(self.source)  # an xgrammar Grammar prints as its EBNF
+        else:
+            source = self.source
+        ws = self.any_whitespace if self.kind in ("json_object", "json_schema") else None
+        return self.kind, source, self.banned, ws
+
 
 def literal(text: str) -> xgr.Grammar:
     """A grammar that matches exactly `text`."""
     return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
 
 
+class GrammarCache:
+    """Compiled grammars by spec key, least recently used first out once over `max_bytes`.
+
+    A grammar larger than the whole budget is not kept. Thread-safe (compile threads put, request
+    threads get)."""
+
+    def __init__(self, max_bytes: int = GRAMMAR_CACHE_BYTES):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[tuple, tuple["CompiledGuide", int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._items
+
+    def get(self, key: tuple) -> "CompiledGuide | None":
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0]
+
+    def put(self, key: tuple, guide: "CompiledGuide", nbytes: int) -> None:
+        with self._lock:
+            if key in self._items:
+                self.bytes -= self._items.pop(key)[1]
+            if nbytes > self.max_bytes:
+                return
+            self._items[key] = (guide, nbytes)
+            self.bytes += nbytes
+            while self.bytes > self.max_bytes:
+                self.bytes -= self._items.popitem(last=False)[1][1]
+
+
+class _CompilePool:
+    """`workers` threads compiling in order; `running` counts compilations under way (overrunning
+    ones included). A job cancelled while queued is never started (Future.cancel)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="specserve-grammar")
+        self._lock = threading.Lock()
+        self.running = 0
+
+    def submit(self, fn) -> Future:
+        return self._executor.submit(self._run, fn)
+
+    def _run(self, fn):
+        with self._lock:
+            self.running += 1
+        try:
+            return fn()
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+class PendingGuide:
+    """A grammar being compiled for one request: wait with `result()` (any thread) or
+    `await wait_async()` (an event loop); both give up at the same deadline, set at submission."""
+
+    def __init__(self, future: Future, spec: "GrammarSpec", limit_s: float, pool: _CompilePool | None):
+        self.future, self.spec, self.limit_s, self.pool = future, spec, limit_s, pool
+        self.deadline = time.monotonic() + limit_s
+
+    def result(self) -> "CompiledGuide":
+        try:
+            return self.future.result(max(0.0, self.deadline - time.monotonic()))
+        except TimeoutError:
+            raise self._overdue() from None
+        except CancelledError:
+            raise self._overdue() from None
+
+    async def wait_async(self) -> "CompiledGuide":
+        wrapped = asyncio.wrap_future(self.future)
+        done, _ = await asyncio.wait({wrapped}, timeout=max(0.0, self.deadline - time.monotonic()))
+        if not done:  # the compilation goes on (or is dropped, if still queued)
+            raise self._overdue()
+        wrapped.exception()  # retrieved here, so asyncio does not log it as never retrieved
+        return self.result()
+
+    def _overdue(self) -> ConstraintError:
+        """The error for a deadline that passed: queued (busy, dropped) or compiling (too slow)."""
+        if self.future.done() and not self.future.cancelled() and self.future.exception() is not None:
+            return self.future.exception()  # it failed just as time ran out: the real reason
+        if self.future.cancel() or self.future.cancelled():  # still queued: drop it, it never runs
+            running = self.pool.running if self.pool is not None else 0
+            return GrammarBusy(f"the server's grammar compilers were busy ({running} compilations running) for "
+                               f"the whole {self.limit_s:g} s limit; retry later", self.spec.param)
+        return ConstraintError(f"compiling the {self.spec.kind} constraint exceeded the server's limit of "
+                               f"{self.limit_s:g} s; simplify it (fewer anyOf/enum alternatives, less nesting, "
+                               f"smaller repetition bounds)", self.spec.param)
+
+
 class ConstraintFactory:
-    """Per-tokenizer compiler: turns a GrammarSpec into a fresh Constraint for one request."""
+    """Per-tokenizer compiler: turns a GrammarSpec into a fresh Constraint for one request.
+
+    time_limit_s, cache (a GrammarCache) and the pool's size can be changed on an instance."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int]):
         self.vocab_size = vocab_size
         stops = sorted(stop_token_ids) or None
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1)
-        self.decoded = info.decoded_vocab
-        self._bans: dict[str, torch.Tensor] = {}
+        self._setup(info)
 
     @classmethod
     def from_vocab(cls, vocab: list[str], stop_token_ids: set[int]) -> "ConstraintFactory":
@@ -137,23 +288,35 @@ class ConstraintFactory:
         self.vocab_size = len(vocab)
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=len(vocab),
                                  stop_token_ids=sorted(stop_token_ids))
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1)
-        self.decoded, self._bans = info.decoded_vocab, {}
+        self._setup(info)
         return self
+
+    def _setup(self, info: xgr.TokenizerInfo) -> None:
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # ours is bounded
+        self.decoded = info.decoded_vocab
+        self._bans: dict[str, torch.Tensor] = {}
+        self._bans_lock = threading.Lock()
+        self.time_limit_s = GRAMMAR_TIME_LIMIT_S
+        self.cache = GrammarCache(GRAMMAR_CACHE_BYTES)
+        self.pool = _CompilePool(GRAMMAR_WORKERS)
+        self._inflight: dict[tuple, Future] = {}  # key -> its compilation, so repeats join it
+        self._lock = threading.Lock()
 
     def banned(self, chars: str) -> torch.Tensor | None:
         """[V] bool: tokens whose text contains any of `chars` (cached per set of chars)."""
         if not chars:
             return None
-        if chars not in self._bans:
-            bad = set(chars.encode())
-            ban = torch.zeros(self.vocab_size, dtype=torch.bool)  # [V]
-            for i, piece in enumerate(self.decoded[: self.vocab_size]):
-                ban[i] = any(b in bad for b in piece)
-            self._bans[chars] = ban
-        return self._bans[chars]
+        with self._bans_lock:
+            if chars not in self._bans:
+                bad = set(chars.encode())
+                ban = torch.zeros(self.vocab_size, dtype=torch.bool)  # [V]
+                for i, piece in enumerate(self.decoded[: self.vocab_size]):
+                    ban[i] = any(b in bad for b in piece)
+                self._bans[chars] = ban
+            return self._bans[chars]
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        """Compile now, on this thread, with no time limit (the pool's jobs call this)."""
         try:
             return self.compiler.compile_grammar(spec.to_grammar())
         except ConstraintError:
@@ -161,13 +324,43 @@ class ConstraintFactory:
         except Exception as e:  # noqa: BLE001
             raise ConstraintError(f"cannot compile the {spec.kind} constraint: {e}", spec.param) from None
 
-    def prepare(self, spec: "GrammarSpec | CompiledGuide") -> "CompiledGuide":
-        """Compile once (e.g. while validating a request); make many Constraints from it."""
+    def submit(self, spec: GrammarSpec) -> PendingGuide:
+        """Start compiling `spec` on the pool (or find it cached, or join its running compilation)."""
+        key = spec.cache_key()
+        cached = self.cache.get(key)
+        if cached is not None:
+            fut: Future = Future()
+            fut.set_result(cached)
+            return PendingGuide(fut, spec, self.time_limit_s, None)
+        with self._lock:
+            fut = self._inflight.get(key)
+            if fut is None or fut.cancelled():
+                fut = self.pool.submit(functools.partial(self._compile_and_keep, spec, key))
+                self._inflight[key] = fut
+                fut.add_done_callback(lambda f, key=key: self._forget(key, f))
+        return PendingGuide(fut, spec, self.time_limit_s, self.pool)
+
+    def _forget(self, key: tuple, fut: Future) -> None:
+        with self._lock:
+            if self._inflight.get(key) is fut:
+                del self._inflight[key]
+
+    def _compile_and_keep(self, spec: GrammarSpec, key: tuple) -> "CompiledGuide":
+        """Runs on a pool thread; the result is cached even if its caller stopped waiting."""
+        compiled = self.compile(spec)
+        guide = CompiledGuide(compiled, self.banned(spec.banned))
+        self.cache.put(key, guide, compiled.memory_size_bytes)
+        return guide
+
+    def prepare(self, spec: "GrammarSpec | CompiledGuide | PendingGuide") -> "CompiledGuide":
+        """Compile once (e.g. while validating a request), within the time limit; make many Constraints from it."""
         if isinstance(spec, CompiledGuide):
             return spec
-        return CompiledGuide(self.compile(spec), self.banned(spec.banned))
+        if isinstance(spec, GrammarSpec):
+            spec = self.submit(spec)
+        return spec.result()
 
-    def __call__(self, spec: "GrammarSpec | CompiledGuide") -> "Constraint":
+    def __call__(self, spec: "GrammarSpec | CompiledGuide | PendingGuide") -> "Constraint":
         guide = self.prepare(spec)
         return Constraint(guide.compiled, self.vocab_size, guide.banned)
 
@@ -258,4 +451,5 @@ def _cached_factory(tokenizer_key: int, tokenizer, vocab_size: int, stops: tuple
 
 def factory_for(tokenizer, vocab_size: int, stop_token_ids: set[int]) -> ConstraintFactory:
     """One factory per (tokenizer, vocab size, stop tokens): TokenizerInfo is costly on big vocabularies."""
+    tokenizer = shared(tokenizer)  # xgrammar reads the vocabulary once, and needs the real object
     return _cached_factory(id(tokenizer), tokenizer, vocab_size, tuple(sorted(stop_token_ids)))

@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..engine.client import EngineClient, EngineDead, EngineWorker, QueueFull, ShuttingDown
+from ..engine.constrain import PendingGuide
 from ..engine.core import EngineFault
 from . import faults
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
@@ -232,7 +233,10 @@ class Server:
     async def _prepare(self, dialect: Dialect, req) -> Prepared:
         """Tokenize and validate on the prep thread, so long prompts never stall the event loop."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.prep, dialect.prepare, req, self.llm)
+            prepared = await asyncio.get_running_loop().run_in_executor(self.prep, dialect.prepare, req, self.llm)
+            if isinstance(prepared.guide, PendingGuide):  # compiling on the grammar threads, time-limited
+                prepared.guide = await prepared.guide.wait_async()
+            return prepared
         except Exception as e:  # noqa: BLE001
             raise engine_error(e) from None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ValidationError
 
-from ..engine.constrain import ConstraintError
+from ..engine.constrain import ConstraintError, GrammarBusy
 from ..errors import ContextLengthError, InvalidRequestError
 
 
@@ -39,6 +39,8 @@ def engine_error(exc: Exception) -> APIError:
     """Map an engine exception raised for a request onto an OpenAI error."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, GrammarBusy):
+        return APIError(503, str(exc), "server_error", exc.param, "grammar_busy", headers={"Retry-After": "5"})
     if isinstance(exc, ConstraintError):
         return bad_request(str(exc), exc.param)
     if isinstance(exc, ContextLengthError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import SamplingParams, SpeculationConfig
-from ..engine.constrain import CompiledGuide
+from ..engine.constrain import CompiledGuide, PendingGuide
 from ..errors import ContextLengthError, InvalidRequestError
 from .errors import bad_request, unsupported
 from .schemas import (
@@ -30,6 +30,7 @@ from .structured import (
     check_guided,
     check_n,
     extension_guide,
+    json_whitespace,
     response_format_guide,
     tool_guide,
     tool_setup,
@@ -49,7 +50,7 @@ class Prepared:
     prediction: str | None
     stream: bool
     include_usage: bool
-    guide: CompiledGuide | None = None  # structured output / forced tool call grammar
+    guide: CompiledGuide | PendingGuide | None = None  # structured output / forced tool call grammar
     tools: ToolSetup | None = None  # chat requests with tools: parse <tool_call> blocks
     n: int = 1  # independent choices
 
@@ -166,10 +167,12 @@ def _extension_fields(req: _Common) -> dict:
     return {k: getattr(req, k) for k in ("structured_outputs", *GUIDED_FIELDS)}
 
 
-def _compile(spec, llm, req: _Common) -> CompiledGuide | None:
-    """Compile the request's grammar now, so a bad one is a 400 before the request is queued."""
+def _compile(spec, llm, req: _Common) -> PendingGuide | None:
+    """Start compiling the request's grammar (on the grammar threads); the server awaits it before
+    queueing the request, so a bad or too slow one is a 400 and never holds up the prep thread."""
     check_guided(spec, req.ignore_eos)
-    return None if spec is None else llm.compile_guide(spec)
+    spec = json_whitespace(spec, req.strict_whitespace)
+    return None if spec is None else llm.compile_guide(spec, wait=False)
 
 
 def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:

@@ -99,6 +99,7 @@ class _Common(_Strict):
     guided_regex: Any = None
     guided_grammar: Any = None
     guided_choice: Any = None
+    strict_whitespace: bool | None = None  # extension (extra_body): JSON outputs in one layout (structured.py)
 
 
 class ChatCompletionRequest(_Common):

@@ -7,6 +7,8 @@
                      guided_grammar / guided_choice are accepted as well)
     tools            tools, tool_choice, parallel_tool_calls (see tools.py)
     n                independent choices; per-choice seeds derived from `seed`
+    strict_whitespace  extension: JSON outputs in one canonical layout (true, the default) or with
+                     any whitespace between tokens (false); see `json_whitespace`
 
 Every refusal is a ConstraintError naming the request parameter at fault (the caller turns
 it into a 400).
@@ -103,6 +105,23 @@ def extension_guide(extra: dict) -> GrammarSpec | None:
             raise ConstraintError(f"{param} must be a non-empty string", param)
         return GrammarSpec("regex" if kind == "regex" else "ebnf", value, param=param)
     raise ConstraintError(f"{param}: unknown structured output {kind!r} (json, regex, grammar, choice)", param)
+
+
+STRICT_WHITESPACE = True  # the default when a request does not say
+
+
+def json_whitespace(spec: GrammarSpec | None, strict: bool | None) -> GrammarSpec | None:
+    """Apply the request's `strict_whitespace` to a JSON constraint.
+
+    strict (the default): JSON in one layout only, `{"a": 1, "b": [2, 3]}`, so a small model
+    cannot loop on spaces and newlines between tokens; false: any whitespace there (xgrammar's
+    any_whitespace). Given with no JSON constraint, it is refused rather than ignored."""
+    if strict is None:
+        strict = STRICT_WHITESPACE
+    elif spec is None or spec.kind not in ("json_object", "json_schema"):
+        raise ConstraintError("strict_whitespace applies to JSON outputs only (response_format json_object or "
+                              "json_schema, structured_outputs.json, guided_json)", "strict_whitespace")
+    return replace(spec, any_whitespace=not strict) if spec is not None else None
 
 
 def tool_setup(tools, tool_choice, parallel_tool_calls) -> ToolSetup:

@@ -1,0 +1,188 @@
+"""Grammar compilation off the request path (issue 17, item 8): a time limit, a bounded pool of
+compile threads, a bounded cache, and JSON's strict-whitespace option."""
+
+from __future__ import annotations
+
+import json
+import string
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import xgrammar as xgr
+from fastapi.testclient import TestClient
+from tiny import tiny_model, tiny_tokenizer
+
+from specserve import LLM
+from specserve.backends.transformers import TransformersBackend
+from specserve.engine.constrain import (
+    ConstraintError,
+    ConstraintFactory,
+    GrammarBusy,
+    GrammarCache,
+    GrammarSpec,
+    _CompilePool,
+)
+from specserve.server.app import ServerOptions, create_app
+from specserve.server.structured import json_whitespace
+
+# A 185-byte schema that xgrammar needs ~2 s per alternative to compile on the tiny 400-token
+# vocabulary (measured: 1 alternative 2.0 s, 3 alternatives 6.2 s; ~4 s each on SmolLM2's 49k):
+# nested bounded repetitions expand into a huge automaton.
+SLOW_SCHEMA = {"anyOf": [{"type": "string", "pattern": "((a%d|b){1,100}x){1,100}" % i} for i in range(3)]}
+SIMPLE_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+VOCAB = list(string.printable) + ["<eos>"]  # one token per character, for the synthetic tests
+
+
+def chat(client, **extra):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 8,
+            "temperature": 0, **extra}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def schema_format(schema) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+def wait_for(condition, what: str, limit_s: float = 180.0) -> None:
+    """Poll until `condition()` holds (a liveness guard, not a timing assertion)."""
+    end = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < end, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_slow_schema_is_a_400_while_other_requests_flow():
+    llm = LLM.from_backends(TransformersBackend(tiny_model()), tiny_tokenizer(), name="tiny")
+    factory = llm._factory()
+    factory.time_limit_s = 1.0
+    slow_key = GrammarSpec("json_schema", SLOW_SCHEMA).cache_key()
+    with TestClient(create_app(llm, "tiny", ServerOptions())) as client, ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(chat, client, **schema_format(SLOW_SCHEMA))
+        wait_for(lambda: factory.pool.running == 1, "the slow compilation to start")
+        plain, simple = chat(client), chat(client, **schema_format(SIMPLE_SCHEMA))
+        assert plain.status_code == 200 and simple.status_code == 200, (plain.text, simple.text)
+        r = slow.result()
+        assert slow_key in factory._inflight  # answered while xgrammar was still compiling it
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert "exceeded the server's limit of 1 s" in err["message"]
+        assert err["param"] == "response_format.json_schema.schema"
+        # The compilation could not be stopped: it finishes in the background, into the cache.
+        wait_for(lambda: slow_key in factory.cache, "the overrunning compilation to finish")
+        again = chat(client, **schema_format(SLOW_SCHEMA))
+        assert again.status_code == 200, again.text
+
+
+class GatedCompiles:
+    """A factory whose compilations wait for `release` (a stand-in for slow schemas)."""
+
+    def __init__(self, workers: int = 2, limit_s: float = 0.2):
+        self.factory = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+        self.factory.time_limit_s = limit_s
+        self.factory.pool = _CompilePool(workers)
+        self.release = threading.Event()
+        self.started: list[str] = []
+        self.at_once = self.max_at_once = 0
+        self.lock = threading.Lock()
+        real = self.factory.compile
+
+        def gated(spec):
+            with self.lock:
+                self.started.append(spec.source)
+                self.at_once += 1
+                self.max_at_once = max(self.max_at_once, self.at_once)
+            self.release.wait(60)
+            try:
+                return real(spec)
+            finally:
+                with self.lock:
+                    self.at_once -= 1
+
+        self.factory.compile = gated
+
+
+def test_overrunning_compilations_are_bounded_dropped_when_queued_and_cached_when_done():
+    g = GatedCompiles(workers=2)
+    f = g.factory
+    a, b, c = (GrammarSpec("regex", r, param="structured_outputs.regex") for r in ("a+", "b+", "c+"))
+    pa, pb = f.submit(a), f.submit(b)
+    wait_for(lambda: len(g.started) == 2, "both workers to start")
+    pc = f.submit(c)  # both workers are busy: queued
+    assert f.submit(a).future is pa.future  # the same grammar joins its running compilation
+    for p in (pa, pb):
+        with pytest.raises(ConstraintError, match=r"exceeded the server's limit of 0.2 s") as e:
+            p.result()
+        assert not isinstance(e.value, GrammarBusy) and e.value.param == "structured_outputs.regex"
+    with pytest.raises(GrammarBusy, match="busy"):
+        pc.result()
+    g.release.set()
+    wait_for(lambda: a.cache_key() in f.cache and b.cache_key() in f.cache, "the overrunning compilations")
+    assert g.started == ["a+", "b+"] and g.max_at_once == 2  # c was dropped unstarted; never more than 2
+    assert f.prepare(a).compiled is f.cache.get(a.cache_key()).compiled  # from the cache
+    assert f.prepare(c) is not None and g.started == ["a+", "b+", "c+"]  # compiled when asked again
+
+
+def test_compile_errors_still_name_the_field():
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    with pytest.raises(ConstraintError, match="cannot compile the regex") as e:
+        f.prepare(GrammarSpec("regex", "(unclosed", param="structured_outputs.regex"))
+    assert e.value.param == "structured_outputs.regex" and len(f.cache) == 0
+
+
+def test_cache_is_lru_by_bytes():
+    cache = GrammarCache(max_bytes=100)
+    for key in "abc":
+        cache.put((key,), key, 40)  # the third one pushes "a" (least recently used) out
+    assert ("a",) not in cache and len(cache) == 2 and cache.bytes == 80
+    assert cache.get(("b",)) == "b"  # b is now the most recent: c goes next
+    cache.put(("d",), "d", 40)
+    assert ("c",) not in cache and ("b",) in cache and ("d",) in cache and cache.bytes == 80
+    cache.put(("huge",), "huge", 101)  # larger than the whole budget: not kept, nothing evicted
+    assert ("huge",) not in cache and len(cache) == 2
+
+
+def test_factory_cache_evicts_compiled_grammars():
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    specs = [GrammarSpec("regex", r) for r in ("[a-f]+x", "[g-m]+y", "[n-z]+z")]
+    sizes = [f.compile(s).memory_size_bytes for s in specs]
+    f.cache = GrammarCache(max_bytes=sizes[0] + sizes[1] + min(sizes) // 2)  # room for two of them
+    first = f.prepare(specs[0])
+    f.prepare(specs[1])
+    assert f.prepare(specs[0]) is first  # a hit (and now the most recent)
+    f.prepare(specs[2])
+    assert specs[1].cache_key() not in f.cache and specs[0].cache_key() in f.cache
+    assert f.cache.bytes <= f.cache.max_bytes
+
+
+def accepts(factory: ConstraintFactory, spec: GrammarSpec, text: str) -> bool:
+    m = xgr.GrammarMatcher(factory.compile(spec))
+    return m.accept_string(text) and m.is_completed()
+
+
+@pytest.mark.parametrize("kind,schema", [("json_schema", {"type": "object", "properties": {
+    "a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}}, "required": ["a", "b"]}),
+    ("json_object", None)])
+def test_strict_whitespace_rejects_free_whitespace(kind, schema):
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    strict, free = GrammarSpec(kind, schema), GrammarSpec(kind, schema, any_whitespace=True)
+    canonical = json.dumps({"a": 1, "b": [2, 3]})  # '{"a": 1, "b": [2, 3]}'
+    loose = ['{"a":1,"b":[2,3]}', '{ "a": 1, "b": [2, 3]}', '{"a": 1,\n "b": [2, 3]}', '{"a": 1, "b": [2,   3]}']
+    assert accepts(f, strict, canonical) and accepts(f, free, canonical)
+    for text in loose:
+        assert not accepts(f, strict, text), text
+        assert accepts(f, free, text), text
+    assert strict.cache_key() != free.cache_key()
+
+
+def test_strict_whitespace_request_option():
+    spec = GrammarSpec("json_schema", SIMPLE_SCHEMA, param="response_format.json_schema.schema")
+    assert json_whitespace(spec, None).any_whitespace is False  # the default: strict
+    assert json_whitespace(spec, True).any_whitespace is False
+    assert json_whitespace(spec, False).any_whitespace is True
+    assert json_whitespace(None, None) is None
+    for other in (None, GrammarSpec("regex", "a+")):
+        with pytest.raises(ConstraintError, match="JSON outputs only") as e:
+            json_whitespace(other, False)
+        assert e.value.param == "strict_whitespace"
