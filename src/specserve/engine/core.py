@@ -81,7 +81,7 @@ class EngineCore:
                                      f"engine's cache holds {self.scheduler.cache_tokens}; lower max_tokens")
         req.draft_runner = SequenceRunner(self.draft) if self.draft is not None else None
         req.chain = build_chain(ProposerContext(spec, params, len(req.prompt_ids), self.tokenizer, prediction,
-                                                req.draft_runner, req.generator))
+                                                req.draft_runner, req.generator, prices=lambda: self._prices))
         return req
 
     def add(self, req: Request) -> None:

@@ -68,6 +68,7 @@ class ProposerContext:
     prediction: str | list[int] | None
     draft_runner: object | None
     generator: torch.Generator | None
+    prices: Callable[[], object] | None = None  # () -> the engine's CostModel, or None while unmeasured
 
 
 Factory = Callable[[ProposerContext], "Proposer | None"]
