@@ -16,7 +16,10 @@ Two refinements use what the request has shown so far:
   drafts all work on this *working text*; the caller's prediction is kept to rebuild it.
 - *K comes from prices* when the engine has measured them (governor.CostModel): the draft
   length that maximises expected committed tokens per unit of cost, with the chance of
-  following the prediction one more token taken from the request's own divergences so far.
+  following the prediction one more token taken from the request's own divergences so far
+  (so K may pass 128 where the curve makes a longer pass cheaper per token). Only an anchor
+  not yet confirmed (shorter than TRUST_CHARS, or the very start) drafts k_init tokens first:
+  short anchors are often wrong, and a wrong long draft wastes a pass of its length.
   Without prices K doubles from k_init up to FALLBACK_K_MAX, as it always did.
 """
 
@@ -30,7 +33,8 @@ from .substitutions import Span, learn, rewrite
 
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
 FALLBACK_K_MAX = 128  # K's ceiling when no prices are known (a verified token's cost is unknown)
-PRIOR = (1.0, 128.0)  # (divergences, prediction tokens) assumed before the request has shown any
+PRIOR = (1.0, 256.0)  # (divergences, followed tokens) assumed before the request has shown any
+TRUST_CHARS = 16  # an anchor this long is trusted at once; a shorter one is probed with a k_init draft first
 
 
 def priced_k(prices, follow: float, k_max: int) -> int:
@@ -63,6 +67,8 @@ class PredictionProposer:
         self.prompt_len = prompt_len
         self.k_max = k_max
         self.k = AdaptiveK(k_init, 1, min(k_max, FALLBACK_K_MAX))
+        self.k_init = k_init
+        self.trusted = False  # whether the current anchor has been confirmed (then K comes from the prices alone)
         self.prices = prices or (lambda: None)  # () -> CostModel | None (measured by the engine, maybe later)
         self.min_anchor_chars = min_anchor_chars
         self.need = min_anchor_chars  # anchor length required now: doubles after each wasted draft
@@ -90,7 +96,7 @@ class PredictionProposer:
         # counts once the output has followed on from it: a wrong anchor must not move it)
         self.sync = self.base = (0, 0)
         self.followed = 0  # output tokens that followed the prediction
-        self.divergences = 0  # times the output left it
+        self.divergences = 0  # times the output left a confirmed anchor
 
     def prefill(self, prompt_ids: list[int]) -> None:
         pass  # the prediction was tokenized in __init__
@@ -112,8 +118,11 @@ class PredictionProposer:
         prices = self.prices()
         if prices is None:
             return min(self.k.k, max_k)
+        if max_k <= 0:
+            return 0
         follow = 1.0 - (self.divergences + PRIOR[0]) / (self.followed + PRIOR[1])
-        return priced_k(prices, follow, min(self.k_max, max_k)) if max_k > 0 else 0
+        k = priced_k(prices, follow, min(self.k_max, max_k))
+        return k if self.trusted else min(k, self.k_init)
 
     # -- following the output ---------------------------------------------------------------
     def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
@@ -133,8 +142,9 @@ class PredictionProposer:
             self._advance(same)  # up to where the output left the prediction (if it did)
             self.followed += same
             if same == len(new):
+                self.trusted = True
                 return
-            self.divergences += 1
+            self.divergences += self.trusted  # a wrong anchor is not the output leaving the prediction
         self._reanchor(tokens)
 
     def _hear(self, tokens: list[int]) -> None:
@@ -173,6 +183,7 @@ class PredictionProposer:
             if learned:
                 self._rebuild(end)
         self.base = (end, len(self.out_text))  # becomes the sync point once the output follows on from it
+        self.trusted = length >= TRUST_CHARS
         idx = bisect_left(self.starts, end)  # first token starting at or after the anchor
         nxt = self.starts[idx] if idx < len(self.starts) else len(self.text)
         self.bridge = self.tok.encode(self.text[end:nxt], add_special_tokens=False) if nxt > end else []
