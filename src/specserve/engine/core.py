@@ -24,6 +24,7 @@ from ..config import EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain
 from .governor import CALIBRATION_CONTEXT, CALIBRATION_SIZES, CostModel, Governor
+from .prices import measured
 from .request import DECODE, FINISHED, Request
 from .scheduler import Scheduler, StepPlan
 
@@ -107,12 +108,15 @@ class EngineCore:
 
     # -- prices -----------------------------------------------------------------------------------
     def prices(self) -> CostModel:
-        """What a pass costs on this machine, measured once on a spare sequence (governor.py)."""
+        """What a pass costs on this machine, measured once on a spare sequence (governor.py), or
+        read from the price cache (prices.py)."""
         with self.lock:
             if self._prices is None:
                 target, draft = SequenceRunner(self.target), SequenceRunner(self.draft) if self.draft else None
                 try:
-                    self._prices = CostModel.calibrate(target, draft, self.target.batches_sequences)
+                    batched = self.target.batches_sequences
+                    self._prices = measured(self.target, self.draft, batched,
+                                            lambda: CostModel.calibrate(target, draft, batched))
                 finally:
                     target.close()
                     if draft is not None:
