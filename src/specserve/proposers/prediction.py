@@ -73,13 +73,11 @@ class PredictionProposer:
         self.min_anchor_chars = min_anchor_chars
         self.need = min_anchor_chars  # anchor length required now: doubles after each wasted draft
         if isinstance(prediction, str):
-            self.text = prediction
-            enc = tokenizer(prediction, add_special_tokens=False, return_offsets_mapping=True)
-            self.ids: list[int] = list(enc["input_ids"])
-            self.starts = _token_starts(enc["offset_mapping"])
+            self.set_text(prediction)
         else:
             self.ids = list(prediction)
             self.text, self.starts = _decode_with_starts(tokenizer, self.ids)
+            self.orig = self.text
         self.pos = 0  # next prediction token we expect the output to produce
         self.bridge: list[int] = []  # tokens expected before ids[pos] (re-tokenized partial token)
         self.char_pos = 0  # where in self.text the output currently is
@@ -87,7 +85,6 @@ class PredictionProposer:
         # Edit learning: the working text (self.text) is the caller's prediction (self.orig) with
         # the learned substitutions applied after the point where each was learned.
         self.learn_edits = learn_edits and bool(getattr(tokenizer, "is_fast", False))  # needs offsets
-        self.orig = self.text
         self.subs: dict[str, str] = {}  # old -> new, in the order learned
         self.spans: list[Span] = []  # rewritten regions of the working text, in order
         self.out_text = ""  # the output so far, decoded
@@ -97,6 +94,13 @@ class PredictionProposer:
         self.sync = self.base = (0, 0)
         self.followed = 0  # output tokens that followed the prediction
         self.divergences = 0  # times the output left a confirmed anchor
+
+    def set_text(self, text: str) -> None:
+        """Follow `text` (tokenized with character offsets) from its start."""
+        self.text = self.orig = text
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        self.ids: list[int] = list(enc["input_ids"])
+        self.starts = _token_starts(enc["offset_mapping"])
 
     def prefill(self, prompt_ids: list[int]) -> None:
         pass  # the prediction was tokenized in __init__
