@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 GOVERNED = ("ngram", "draft")
 CALIBRATION_CONTEXT = 32  # tokens cached before timing, so attention is not free
-CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # tokens per timed pass (256: long prediction drafts)
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per timed pass
 SMALL_REPEATS = 3  # passes of <= 8 tokens are short and noisy: take the median of a few
 
 

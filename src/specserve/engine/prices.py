@@ -1,6 +1,6 @@
 """The measured prices (governor.CostModel), kept on disk so that no request waits for them.
 
-Calibration times passes of 1 ... 256 tokens: about 25 s for a 1.5B model on 2 CPU cores. It
+Calibration times passes of 1 ... 128 tokens: about 25 s for a 1.5B model on 2 CPU cores. It
 runs once per machine and model setup, at load (`LLM` measures before it returns, so the server
 reports ready only after), and its result is stored under `$SPECSERVE_HOME/prices/`, keyed by
 everything a price depends on:
