@@ -5,9 +5,12 @@ The pairs are the same .py files in two released versions of pure-Python package
 PyPI, read as zips; nothing is installed or imported). Each pair is an "edit" a model could be
 asked to make with the old file as the prediction. We replay every pair through the real engine
 (`specserve.bench.replay`) and print aggregate acceptance, tokens per step and projected speedup,
-optionally over a grid of re-anchoring parameters to tune `PredictionProposer`.
+optionally over a grid of re-anchoring parameters to tune `PredictionProposer`. With --curve
+(a backend's measured cost curve, e.g. the llama.cpp 2-core one) the engine drafts with those
+prices and the projected speedup is paid in them.
 
-    python scripts/replay_corpus.py [--model smollm2-135m-instruct] [--grid] [--json out.json]
+    python scripts/replay_corpus.py [--model smollm2-135m-instruct] [--curve 1:1,8:6.6,32:15.4,128:44.9]
+                                    [--grid] [--json out.json]
 
 Wheels are cached in $SPECSERVE_REPLAY_CORPUS (default: <tmp>/specserve-replay-corpus).
 Downloaded third-party source never enters the repository.
@@ -26,7 +29,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specserve.bench.replay import DEFAULT_COST_RATIO, aggregate, replay
+from specserve.bench.replay import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE, aggregate, parse_curve, replay
 from specserve.config import SpeculationConfig
 from specserve.proposers.base import REGISTRY
 from specserve.proposers.prediction import PredictionProposer
@@ -90,7 +93,8 @@ def prediction_params(min_anchor_chars: int, k_init: int, k_max: int):
     def factory(ctx):
         if not ctx.prediction:
             return None
-        return PredictionProposer(ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, k_max, min_anchor_chars)
+        return PredictionProposer(ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, k_max, min_anchor_chars,
+                                  ctx.prices)
 
     REGISTRY["prediction"] = factory
     try:
@@ -99,17 +103,18 @@ def prediction_params(min_anchor_chars: int, k_init: int, k_max: int):
         REGISTRY["prediction"] = original
 
 
-def run_corpus(tokenizer, corpus, cost_ratio: float, params: tuple[int, int, int] | None = None) -> tuple[dict, list]:
+def run_corpus(tokenizer, corpus, cost_ratio: float, params: tuple[int, int, int] | None = None,
+               prices=None) -> tuple[dict, list]:
     ctx = prediction_params(*params) if params else contextlib.nullcontext()
     with ctx:
-        results = [replay(tokenizer, a, b, cost_ratio, SpeculationConfig("prediction")) for _, a, b in corpus]
-    return aggregate(results, cost_ratio), results
+        results = [replay(tokenizer, a, b, cost_ratio, SpeculationConfig("prediction"), prices) for _, a, b in corpus]
+    return aggregate(results, cost_ratio, prices), results
 
 
 GRID = {"min_anchor_chars": (4, 8, 16, 32), "k_max": (32, 64, 96, 128, 192), "k_init": (4, 8, 16)}
 
 
-def tune(tokenizer, corpus, cost_ratio: float) -> list[dict]:
+def tune(tokenizer, corpus, cost_ratio: float, prices=None) -> list[dict]:
     """Coordinate search over GRID (one parameter at a time, keeping the best so far)."""
     best = {"min_anchor_chars": 8, "k_init": 8, "k_max": 96}  # the engine's defaults
     seen: dict[tuple, dict] = {}
@@ -118,7 +123,7 @@ def tune(tokenizer, corpus, cost_ratio: float) -> list[dict]:
             cand = {**best, name: v}
             key = (cand["min_anchor_chars"], cand["k_init"], cand["k_max"])
             if key not in seen:
-                agg, _ = run_corpus(tokenizer, corpus, cost_ratio, key)
+                agg, _ = run_corpus(tokenizer, corpus, cost_ratio, key, prices)
                 seen[key] = {**cand, **agg}
                 print(f"anchor {key[0]:2d} k_init {key[1]:2d} k_max {key[2]:3d}: {fmt(agg)}", flush=True)
         best = {k: v for k, v in max(seen.values(), key=lambda g: g["projected_speedup"]).items() if k in best}
@@ -135,6 +140,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="tokenizer source: pack name or folder (default: target pack)")
     ap.add_argument("--cost-ratio", type=float, default=DEFAULT_COST_RATIO)
+    ap.add_argument("--curve", default=None, help="a measured cost curve, tokens:cost,... (e.g. "
+                    + ",".join(f"{n}:{c:g}" for n, c in LLAMACPP_2CORE_CURVE) + ")")
     ap.add_argument("--grid", action="store_true", help="tune min_anchor_chars, k_init, k_max")
     ap.add_argument("--json", type=Path, help="write results here")
     args = ap.parse_args()
@@ -142,15 +149,16 @@ def main() -> int:
     from specserve.cli.replay import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
+    prices = parse_curve(args.curve) if args.curve else None
     corpus = pairs()
-    agg, results = run_corpus(tokenizer, corpus, args.cost_ratio)
+    agg, results = run_corpus(tokenizer, corpus, args.cost_ratio, prices=prices)
     print(f"engine defaults: {fmt(agg)}")
     report = {"defaults": agg, "per_pair": [dict(name=n, **r.to_dict()) for (n, _, _), r in zip(corpus, results)]}
     worst = sorted(zip(corpus, results), key=lambda cr: cr[1].tokens_per_step)[:5]
     for (name, _, _), r in worst:
         print(f"  low: {name}: tokens/step {r.tokens_per_step:.1f}, acceptance {r.acceptance_rate:.2f}")
     if args.grid:
-        report["grid"] = tune(tokenizer, corpus, args.cost_ratio)
+        report["grid"] = tune(tokenizer, corpus, args.cost_ratio, prices)
         best = max(report["grid"], key=lambda g: g["projected_speedup"])
         print(f"best: min_anchor_chars={best['min_anchor_chars']} k_init={best['k_init']} k_max={best['k_max']}: "
               f"{fmt(best)}")

@@ -58,7 +58,7 @@ def test_the_prediction_source_is_never_governed():
 def test_a_source_that_cannot_pay_even_when_always_right_sits_out_from_the_start():
     cpu = CostModel.linear(0.7, 0.4)  # llama.cpp on 2 cores: 8 verified tokens ~ 6 steps
     ks = drive(Governor(cpu, probe_every=16), rate=1.0, steps=64)
-    assert ks[:15] == [0] * 15 and sum(k > 0 for k in ks) == 4  # probes only
+    assert ks == [0] * 64  # not even probes: a probe of a draft model that cannot pay could only lose
     # n-gram drafts cost no passes: after a probe shows it right, it drafts again
     assert drive(Governor(cpu), rate=1.0, steps=40, source="ngram")[-1] > 0
 

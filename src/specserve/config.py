@@ -73,8 +73,9 @@ class SpeculationConfig:
 
     method: str = "auto"
     num_speculative_tokens: int | None = None
-    prediction_k_max: int = 128
+    prediction_k_max: int = 1024  # with measured prices K is priced up to this (without, at most 128)
     prediction_min_anchor_chars: int = 4  # tuned by replay on 73 real file edits (docs/benchmarks.md)
+    prediction_learn_edits: bool = True  # learn substitutions at re-anchors and draft them later on
     ngram_n_min: int = 2
     ngram_n_max: int = 4
     ngram_k_max: int = 16

@@ -59,6 +59,8 @@ class LLM:
         except ModelLoadError as e:  # name both files: the engine only knows the two backends
             raise ModelLoadError(f"{draft.name} cannot draft for {target.name}: {e}") from None
         self.draft_model_name = draft.name if draft else None
+        if self.speculation.method != "none":
+            self.engine.prices()  # measured (or read from the price cache) now, so no request waits for it
 
     @classmethod
     def from_options(cls, model: str | None, draft_model: str | None, options: LoadOptions,

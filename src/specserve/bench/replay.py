@@ -8,7 +8,9 @@ accept. The counts therefore come from the production loop, not from a re-implem
 A cost model turns the step trace into a projected speedup: plain decoding costs one target
 pass per token; a speculative step that verifies K + 1 tokens costs c(K + 1) passes, with
 c(n) = 1 + (r - 1) (n - 1) / 7, where r is the measured (or given) cost of verifying 8 tokens
-relative to 1 (DESIGN.md: 1.16 for the 1.5B target in bf16 on CPU).
+relative to 1 (DESIGN.md: 1.16 for the 1.5B target in bf16 on CPU). Given a backend's measured
+cost curve instead (`prices`, a governor.CostModel), the engine drafts with those prices, as
+it would on that backend (the prediction drafter picks K from them), and c(n) is the curve.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ import torch
 
 from ..config import SamplingParams, SpeculationConfig
 from ..engine import Engine
+from ..engine.governor import CostModel
 from ..engine.stats import RequestOutput
 
 DEFAULT_COST_RATIO = 1.16  # cost of verifying 8 tokens / cost of 1 (DESIGN.md, 1.5B bf16 CPU)
 COST_REF_TOKENS = 8
+# Qwen2.5-Coder 1.5B Q4_K_M on llama.cpp's default kernels, 2 threads, AVX-512, a 1024-token
+# cache (docs/benchmarks.md, "The backend's own costs"): a pass of n tokens in decoding steps.
+LLAMACPP_2CORE_CURVE = ((1, 1.0), (8, 6.6), (32, 15.4), (128, 44.9))
 
 
 class OracleRunner:
@@ -103,40 +109,63 @@ def step_cost(n_verified: int, cost_ratio: float) -> float:
     return 1.0 + (cost_ratio - 1.0) * (n_verified - 1) / (COST_REF_TOKENS - 1)
 
 
-def projected_speedup(output_tokens: int, step_sizes: list[int], cost_ratio: float) -> float:
-    """Plain decoding cost (one pass per token) over the speculative steps' cost."""
-    cost = sum(step_cost(n, cost_ratio) for n in step_sizes)
+def projected_speedup(output_tokens: int, step_sizes: list[int], cost_ratio: float,
+                      prices: CostModel | None = None) -> float:
+    """Plain decoding cost (one pass per token) over the speculative steps' cost (the linear
+    model of cost_ratio, or the measured curve of `prices`)."""
+    cost = sum(prices.target(n) if prices is not None else step_cost(n, cost_ratio) for n in step_sizes)
     return output_tokens / cost if cost else 0.0
 
 
-def replay_ids(tokenizer, prediction: str, output_ids: list[int],
-               spec: SpeculationConfig | None = None) -> RequestOutput:
-    """Run the real engine with an oracle target that writes exactly `output_ids`."""
-    prompt = [output_ids[0] if output_ids else 0]  # one token: no prefill; the prompt is never read
+def parse_curve(text: str) -> CostModel:
+    """'1:1,8:6.6,128:44.9' (tokens in a pass : its cost in decoding steps) -> a CostModel."""
+    try:
+        points = sorted((int(n), float(c)) for n, c in (p.split(":") for p in text.split(",") if p.strip()))
+    except ValueError:
+        raise ValueError(f"a cost curve is 'tokens:cost,...' such as 1:1,8:6.6,128:44.9; got {text!r}") from None
+    if len(points) < 2 or points[0] != (1, 1.0) or any(c1 < c0 for (_, c0), (_, c1) in zip(points, points[1:])):
+        raise ValueError("a cost curve starts at 1:1, has at least two points and never gets cheaper")
+    return CostModel(tuple(points))
+
+
+def replay_ids(tokenizer, prediction: str | None, output_ids: list[int],
+               spec: SpeculationConfig | None = None, prices: CostModel | None = None,
+               prompt_ids: list[int] | None = None) -> RequestOutput:
+    """Run the real engine with an oracle target that writes exactly `output_ids` (after
+    `prompt_ids`, by default one token: no prefill), drafting with `prices` when given."""
+    prompt = list(prompt_ids) if prompt_ids else [output_ids[0] if output_ids else 0]
     oracle = OracleRunner(len(prompt), output_ids)
     engine = Engine(oracle, tokenizer)
+    if prices is not None:
+        engine.use_prices(prices)
     params = SamplingParams(max_tokens=max(1, len(output_ids)), temperature=0.0, ignore_eos=True)
     return engine.generate(prompt, params, spec or SpeculationConfig("prediction"), prediction=prediction).run()
 
 
 def replay(tokenizer, prediction: str, output: str, cost_ratio: float = DEFAULT_COST_RATIO,
-           spec: SpeculationConfig | None = None) -> ReplayResult:
-    """Replay the prediction drafter against `output`; see the module docstring."""
+           spec: SpeculationConfig | None = None, prices: CostModel | None = None,
+           prompt: str | None = None) -> ReplayResult:
+    """Replay the prediction drafter against `output`; see the module docstring. prompt: a
+    prompt the oracle target reads first (what `auto`'s prompt drafting can copy from)."""
     output_ids = tokenizer.encode(output, add_special_tokens=False)
     if not output_ids:
         raise ValueError("the output is empty: nothing to replay")
-    out = replay_ids(tokenizer, prediction, output_ids, spec)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False) if prompt else None
+    out = replay_ids(tokenizer, prediction, output_ids, spec, prices, prompt_ids)
     s = out.stats
     sizes = [st["proposed"] + 1 for st in out.steps]
     return ReplayResult(
-        output_tokens=s.output_tokens, prediction_tokens=len(tokenizer.encode(prediction, add_special_tokens=False)),
+        output_tokens=s.output_tokens,
+        prediction_tokens=len(tokenizer.encode(prediction, add_special_tokens=False)) if prediction else 0,
         steps=s.steps, proposed=s.proposed, accepted=s.accepted, rejected=s.rejected,
-        tokens_per_step=s.tokens_per_step, acceptance_rate=s.acceptance_rate, cost_ratio=cost_ratio,
-        projected_speedup=projected_speedup(s.output_tokens, sizes, cost_ratio),
+        tokens_per_step=s.tokens_per_step, acceptance_rate=s.acceptance_rate,
+        cost_ratio=prices.target(COST_REF_TOKENS) if prices is not None else cost_ratio,
+        projected_speedup=projected_speedup(s.output_tokens, sizes, cost_ratio, prices),
         exact=out.token_ids == output_ids, step_sizes=sizes)
 
 
-def aggregate(results: list[ReplayResult], cost_ratio: float = DEFAULT_COST_RATIO) -> dict:
+def aggregate(results: list[ReplayResult], cost_ratio: float = DEFAULT_COST_RATIO,
+              prices: CostModel | None = None) -> dict:
     """Corpus totals: sums of counts, ratios of sums (long files weigh more, as in real time)."""
     tokens = sum(r.output_tokens for r in results)
     steps = sum(r.steps for r in results)
@@ -148,7 +177,7 @@ def aggregate(results: list[ReplayResult], cost_ratio: float = DEFAULT_COST_RATI
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "tokens_per_step": tokens / steps if steps else 0.0,
             "median_pair_tokens_per_step": statistics.median(r.tokens_per_step for r in results) if results else 0.0,
-            "projected_speedup": projected_speedup(tokens, sizes, cost_ratio)}
+            "projected_speedup": projected_speedup(tokens, sizes, cost_ratio, prices)}
 
 
 @torch.inference_mode()

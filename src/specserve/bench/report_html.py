@@ -18,9 +18,10 @@ from pathlib import Path
 from ..engine.detokenize import IncrementalDetokenizer
 from ..engine.stats import RequestOutput
 
-COLORS = {"prediction": "#b7ebc0", "ngram": "#bcd9ff", "draft": "#ddc8ff", "target": "#ffffff", "none": "#e6e6e6"}
-DRAFT_SOURCES = ("prediction", "ngram", "draft")
-LEGEND = {"prediction": "accepted from the prediction", "ngram": "accepted from n-gram lookup",
+COLORS = {"prediction": "#b7ebc0", "prompt": "#d9f2b3", "ngram": "#bcd9ff", "draft": "#ddc8ff", "target": "#ffffff", "none": "#e6e6e6"}
+DRAFT_SOURCES = ("prediction", "prompt", "ngram", "draft")
+LEGEND = {"prediction": "accepted from the prediction", "prompt": "accepted from the prompt's code",
+          "ngram": "accepted from n-gram lookup",
           "draft": "accepted from the draft model", "target": "produced by the target (recovered / bonus)"}
 
 Segment = tuple[str, str]  # (text, source) of one token's piece on one line

@@ -1,6 +1,7 @@
 """`specserve replay`: estimate Predicted Outputs gains on a known edit without running a model.
 
-    specserve replay --prediction old.py --output new.py [--model NAME] [--cost-ratio 1.16]
+    specserve replay --prediction old.py --output new.py [--model NAME] [--cost-ratio 1.16 | --curve 1:1,8:6.6,...]
+    specserve replay --prompt request.txt --output new.py --method auto   (no prediction: prompt drafting)
 """
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench.replay import DEFAULT_COST_RATIO, measure_cost_ratio, replay
-from ..config import BACKENDS, LoadOptions
+from ..bench.replay import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE, measure_cost_ratio, parse_curve, replay
+from ..config import BACKENDS, METHODS, LoadOptions, SpeculationConfig
 from ..models import loader
 
 
@@ -18,8 +19,15 @@ def add_parser(subparsers) -> None:
                               description="Replay the prediction drafter through the real engine against a target "
                                           "that writes exactly --output; report acceptance, tokens per step and a "
                                           "projected speedup. Only the tokenizer is loaded.")
-    p.add_argument("--prediction", required=True, type=Path, help="the predicted text (e.g. the file before the edit)")
+    p.add_argument("--prediction", type=Path, help="the predicted text (e.g. the file before the edit)")
     p.add_argument("--output", required=True, type=Path, help="the text the target produces (the file after)")
+    p.add_argument("--prompt", type=Path, help="a prompt the target reads first (e.g. the request with the file in "
+                                               "it): what --method auto drafts from without a prediction")
+    p.add_argument("--method", default="prediction", choices=METHODS, help="speculation method (default prediction)")
+    curve = ",".join(f"{n}:{c:g}" for n, c in LLAMACPP_2CORE_CURVE)
+    p.add_argument("--curve", default=None,
+                   help="a backend's measured cost curve, tokens:cost in decoding steps (e.g. llama.cpp, 2 cores: "
+                        f"{curve}); the engine drafts with these prices and the speedup uses them")
     p.add_argument("--model", default=None, help="pack name or model folder whose tokenizer to use "
                                                  "(default: the default target pack)")
     p.add_argument("--cost-ratio", type=float, default=None,
@@ -57,10 +65,14 @@ def cost_ratio_for(args) -> float:
 
 
 def run(args) -> int:
-    prediction = args.prediction.read_text(encoding="utf-8")
+    if args.prediction is None and args.method == "prediction":
+        raise ValueError("--method prediction needs --prediction (or choose --method auto with --prompt)")
+    prediction = args.prediction.read_text(encoding="utf-8") if args.prediction else None
+    prompt = args.prompt.read_text(encoding="utf-8") if args.prompt else None
     output = args.output.read_text(encoding="utf-8")
     tokenizer = load_tokenizer(args.model)
-    result = replay(tokenizer, prediction, output, cost_ratio_for(args))
+    prices = parse_curve(args.curve) if args.curve else None
+    result = replay(tokenizer, prediction, output, cost_ratio_for(args), SpeculationConfig(args.method), prices, prompt)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -72,5 +84,5 @@ def run(args) -> int:
     print(f"acceptance rate    {result.acceptance_rate:.1%}")
     print(f"tokens per step    {result.tokens_per_step:.2f}")
     print(f"projected speedup  {result.projected_speedup:.2f}x  (cost of verifying 8 tokens = "
-          f"{result.cost_ratio:.2f}x one token)")
+          f"{result.cost_ratio:.2f}x one token{', from --curve' if prices else ''})")
     return 0

@@ -52,6 +52,11 @@ class Engine:
             if self.core.prefix is not None:
                 self.core.prefix.clear()
 
+    def use_prices(self, prices) -> None:
+        """Price steps with this CostModel instead of measuring (the replay simulates a backend
+        whose curve was measured elsewhere; a price cache restores one)."""
+        self.core._prices = prices
+
     @contextmanager
     def scratch(self) -> Iterator[SequenceRunner]:
         """A runner on a spare target sequence, for scoring outside any request (benchmarks);

@@ -26,6 +26,7 @@ from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain
 from .governor import CostModel, Governor
 from .prefix_cache import Hit, PrefixCache, common_prefix
+from .prices import measured
 from .request import DECODE, FINISHED, PREFILL, Request
 from .scheduler import Scheduler, StepPlan
 
@@ -100,7 +101,7 @@ class EngineCore:
                                      f"engine's cache holds {self.scheduler.cache_tokens}; lower max_tokens")
         req.draft_runner = SequenceRunner(self.draft) if self.draft is not None else None
         req.chain = build_chain(ProposerContext(spec, params, len(req.prompt_ids), self.tokenizer, prediction,
-                                                req.draft_runner, req.generator))
+                                                req.draft_runner, req.generator, prices=lambda: self._prices))
         return req
 
     def add(self, req: Request) -> None:
@@ -138,12 +139,15 @@ class EngineCore:
 
     # -- prices -----------------------------------------------------------------------------------
     def prices(self) -> CostModel:
-        """What a pass costs on this machine, measured once on a spare sequence (governor.py)."""
+        """What a pass costs on this machine, measured once on a spare sequence (governor.py), or
+        read from the price cache (prices.py)."""
         with self.lock:
             if self._prices is None:
                 target, draft = SequenceRunner(self.target), SequenceRunner(self.draft) if self.draft else None
                 try:
-                    self._prices = CostModel.calibrate(target, draft, self.target.batches_sequences)
+                    batched = self.target.batches_sequences
+                    self._prices = measured(self.target, self.draft, batched,
+                                            lambda: CostModel.calibrate(target, draft, batched))
                 finally:
                     target.close()
                     if draft is not None:

@@ -13,7 +13,8 @@ where target(n) is a measured curve (a pass of n tokens, for n = 1 ... 128), not
 
 A plain step commits 1 token for 1 unit. A source that could not reach 1 token per unit even
 if every draft were accepted (a draft model whose passes cost too much next to the target's,
-on a CPU where every verified token costs nearly a step) sits out from the start. Otherwise,
+on a CPU where every verified token costs nearly a step) sits out for the whole request, without
+probes (a probe of it could only lose). Otherwise,
 per request, the governor keeps moving averages of each source's committed tokens and cost per
 step; a source whose tokens per unit fall below 1 sits out (the next source in the chain drafts, or the step is plain), except for one probe
 step every `probe_every` steps so that it comes back when the text turns predictable again.
@@ -142,19 +143,25 @@ class Governor:
         """How many tokens `source` may draft in this step (0: none)."""
         if source not in GOVERNED or k_max <= 0:
             return k_max
-        a = self.acceptance(source)
-        passes = (lambda k: k) if source == "draft" else (lambda k: 0)
-        best_k, best = 0, self.margin
-        for k in range(1, k_max + 1):
-            value = (1 - a ** (k + 1)) / (1 - a) / self.prices.step(k + 1, passes(k))
-            if value > best:
-                best_k, best = k, value
+        if not self._best_k(source, 0.99, k_max):
+            return 0  # cannot pay even if always right (a draft model on a CPU where verifying is dear): no probes
+        best_k = self._best_k(source, self.acceptance(source), k_max)
         if best_k:
             self._benched_at.pop(source, None)
             return best_k
         since = self._benched_at.setdefault(source, self._steps)
         probe = (self._steps - since) % self.probe_every == self.probe_every - 1
         return min(self.probe_k, k_max) if probe else 0
+
+    def _best_k(self, source: str, a: float, k_max: int) -> int:
+        """The K with the most expected tokens per unit at acceptance a; 0 if none beats `margin`."""
+        passes = (lambda k: k) if source == "draft" else (lambda k: 0)
+        best_k, best = 0, self.margin
+        for k in range(1, k_max + 1):
+            value = (1 - a ** (k + 1)) / (1 - a) / self.prices.step(k + 1, passes(k))
+            if value > best:
+                best_k, best = k, value
+        return best_k
 
     def record(self, source: str, fed: int, draft_passes: int, committed: int) -> None:
         """One finished step: its source, tokens fed to the target, draft passes, tokens committed."""

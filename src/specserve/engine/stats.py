@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-SOURCES = ("prediction", "ngram", "draft", "none")  # "none": a step with no draft at all
+SOURCES = ("prediction", "prompt", "ngram", "draft", "none")  # "none": a step with no draft at all
 
 
 class _Acceptance:

@@ -20,7 +20,7 @@ from ..errors import InvalidRequestError
 @dataclass
 class Draft:
     token_ids: list[int]
-    source: str  # "prediction" | "ngram" | "draft"
+    source: str  # "prediction" | "prompt" | "ngram" | "draft"
     probs: torch.Tensor | None = None  # [K, V] when sampled, else None (one-hot)
 
 
@@ -68,6 +68,7 @@ class ProposerContext:
     prediction: str | list[int] | None
     draft_runner: object | None
     generator: torch.Generator | None
+    prices: Callable[[], object] | None = None  # () -> the engine's CostModel, or None while unmeasured
 
 
 Factory = Callable[[ProposerContext], "Proposer | None"]
@@ -84,12 +85,12 @@ def register(name: str):
     return wrap
 
 
-AUTO_ORDER = ("prediction", "ngram", "draft")
+AUTO_ORDER = ("prediction", "prompt", "ngram", "draft")  # "prompt": the prompt's code, when no prediction
 
 
 def build_chain(ctx: ProposerContext) -> list[Proposer]:
     """Proposers for one request, in the order they are asked (first with a draft wins)."""
-    from . import draft_model, ngram, prediction  # noqa: F401  (fill REGISTRY)
+    from . import draft_model, ngram, prediction, prompt  # noqa: F401  (fill REGISTRY)
 
     method = ctx.spec.method
     if method == "none":

@@ -7,6 +7,20 @@ text that occurs in the prediction text, nearest to where we were, and resume ri
 Anchoring works on text, not tokens, because the same text may tokenize differently in context
 than on its own; when the anchor falls inside a prediction token, the rest of that token's text
 is re-tokenized into a short *bridge* that is drafted before the prediction's own tokens.
+
+Two refinements use what the request has shown so far:
+- *edits are learned* (substitutions.py): at a re-anchor, the prediction text the output skipped
+  and the text it wrote instead give substitutions (`UserService` -> `UserRepository`) that
+  rewrite the rest of the prediction, so a rename is drafted right at every later occurrence;
+  a substitution whose text verification rejects is dropped. The pointer, the anchors and the
+  drafts all work on this *working text*; the caller's prediction is kept to rebuild it.
+- *K comes from prices* when the engine has measured them (governor.CostModel): the draft
+  length that maximises expected committed tokens per unit of cost, with the chance of
+  following the prediction one more token taken from the request's own divergences so far
+  (so K may pass 128 where the curve makes a longer pass cheaper per token). Only an anchor
+  not yet confirmed (shorter than TRUST_CHARS, or the very start) drafts k_init tokens first:
+  short anchors are often wrong, and a wrong long draft wastes a pass of its length.
+  Without prices K doubles from k_init up to FALLBACK_K_MAX, as it always did.
 """
 
 from __future__ import annotations
@@ -15,32 +29,78 @@ from bisect import bisect_left
 
 from ..engine.detokenize import IncrementalDetokenizer
 from .base import AdaptiveK, Draft, ProposerContext, register
+from .substitutions import Span, learn, rewrite
 
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
+FALLBACK_K_MAX = 128  # K's ceiling when no prices are known (a verified token's cost is unknown)
+PRIOR = (1.0, 256.0)  # (divergences, followed tokens) assumed before the request has shown any
+TRUST_CHARS = 16  # an anchor this long is trusted at once; a shorter one is probed with a k_init draft first
+
+
+def priced_k(prices, follow: float, k_max: int) -> int:
+    """The draft length that maximises expected committed tokens per unit of cost,
+    (1 - f^(K+1)) / (1 - f) / target(1 + K), when each next token follows the prediction with
+    probability f. Evaluated on a grid (every K to 16, then coarser), so it costs ~60 prices."""
+    best_k, best = 1, -1.0
+    for k in _grid(k_max):
+        value = (1 - follow ** (k + 1)) / (1 - follow) / prices.target(k + 1)
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+def _grid(k_max: int) -> list[int]:
+    ks, k = [], 1
+    while k <= k_max:
+        ks.append(k)
+        k += 1 if k < 16 else 4 if k < 64 else 16 if k < 256 else 64
+    return ks if ks and ks[-1] == k_max else ks + [k_max]
 
 
 class PredictionProposer:
     name = "prediction"
 
     def __init__(self, tokenizer, prediction: str | list[int], prompt_len: int,
-                 k_init: int = 8, k_max: int = 128, min_anchor_chars: int = 4):
+                 k_init: int = 8, k_max: int = 128, min_anchor_chars: int = 4, prices=None,
+                 learn_edits: bool = True):
         self.tok = tokenizer
         self.prompt_len = prompt_len
-        self.k = AdaptiveK(k_init, 1, k_max)
+        self.k_max = k_max
+        self.k = AdaptiveK(k_init, 1, min(k_max, FALLBACK_K_MAX))
+        self.k_init = k_init
+        self.trusted = False  # whether the current anchor has been confirmed (then K comes from the prices alone)
+        self.prices = prices or (lambda: None)  # () -> CostModel | None (measured by the engine, maybe later)
         self.min_anchor_chars = min_anchor_chars
         self.need = min_anchor_chars  # anchor length required now: doubles after each wasted draft
         if isinstance(prediction, str):
-            self.text = prediction
-            enc = tokenizer(prediction, add_special_tokens=False, return_offsets_mapping=True)
-            self.ids: list[int] = list(enc["input_ids"])
-            self.starts = _token_starts(enc["offset_mapping"])
+            self.set_text(prediction)
         else:
             self.ids = list(prediction)
             self.text, self.starts = _decode_with_starts(tokenizer, self.ids)
+            self.orig = self.text
         self.pos = 0  # next prediction token we expect the output to produce
         self.bridge: list[int] = []  # tokens expected before ids[pos] (re-tokenized partial token)
         self.char_pos = 0  # where in self.text the output currently is
         self.anchored = True  # False after a divergence that found no anchor yet
+        # Edit learning: the working text (self.text) is the caller's prediction (self.orig) with
+        # the learned substitutions applied after the point where each was learned.
+        self.learn_edits = learn_edits and bool(getattr(tokenizer, "is_fast", False))  # needs offsets
+        self.subs: dict[str, str] = {}  # old -> new, in the order learned
+        self.spans: list[Span] = []  # rewritten regions of the working text, in order
+        self.out_text = ""  # the output so far, decoded
+        self._detok: IncrementalDetokenizer | None = None
+        # (working char, output char) where the output last followed the prediction (an anchor
+        # counts once the output has followed on from it: a wrong anchor must not move it)
+        self.sync = self.base = (0, 0)
+        self.followed = 0  # output tokens that followed the prediction
+        self.divergences = 0  # times the output left a confirmed anchor
+
+    def set_text(self, text: str) -> None:
+        """Follow `text` (tokenized with character offsets) from its start."""
+        self.text = self.orig = text
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        self.ids: list[int] = list(enc["input_ids"])
+        self.starts = _token_starts(enc["offset_mapping"])
 
     def prefill(self, prompt_ids: list[int]) -> None:
         pass  # the prediction was tokenized in __init__
@@ -54,44 +114,89 @@ class PredictionProposer:
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         if not self.anchored:
             return None
-        draft = self.expected(min(self.k.k, max_k))
+        draft = self.expected(self.draft_length(max_k))
         return Draft(draft, self.name) if draft else None
+
+    def draft_length(self, max_k: int) -> int:
+        """K for this step: from the prices and this request's divergences when prices are known."""
+        prices = self.prices()
+        if prices is None:
+            return min(self.k.k, max_k)
+        if max_k <= 0:
+            return 0
+        follow = 1.0 - (self.divergences + PRIOR[0]) / (self.followed + PRIOR[1])
+        k = priced_k(prices, follow, min(self.k_max, max_k))
+        return k if self.trusted else min(k, self.k_init)
 
     # -- following the output ---------------------------------------------------------------
     def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
         committed = num_accepted + 1 if draft is not None else 1
         new = tokens[-committed:]
+        self._hear(tokens)
         if draft is not None and draft.source == self.name:
             self.k.update(len(draft.token_ids), num_accepted)
             # A draft rejected at its first token means the anchor was wrong: trust only longer
             # anchors until one works, so noisy output lets the n-gram / draft model take over.
             self.need = self.min_anchor_chars if num_accepted else min(2 * self.need, 64)
-        if self.anchored and new == self.expected(len(new)):
-            self._advance(len(new))
-            return
+            if num_accepted < len(draft.token_ids) and self._drop_rejected(num_accepted):
+                self.anchored = False  # the working text changed under the pointer: find it again
+        if self.anchored:
+            expected = self.expected(len(new))
+            same = next((i for i, (a, b) in enumerate(zip(new, expected)) if a != b), min(len(new), len(expected)))
+            self._advance(same)  # up to where the output left the prediction (if it did)
+            self.followed += same
+            if same == len(new):
+                self.trusted = True
+                return
+            self.divergences += self.trusted  # a wrong anchor is not the output leaving the prediction
         self._reanchor(tokens)
+
+    def _hear(self, tokens: list[int]) -> None:
+        """Append the newly committed tokens' text to out_text."""
+        if self._detok is None:
+            self._detok = IncrementalDetokenizer(self.tok, tokens[: self.prompt_len])
+            self._heard = self.prompt_len
+        for tok in tokens[self._heard :]:
+            self.out_text += self._detok.add(tok)
+        self._heard = len(tokens)
 
     def _advance(self, n: int) -> None:
         used = min(n, len(self.bridge))
         self.bridge = self.bridge[used:]
         self.pos = min(len(self.ids), self.pos + n - used)
         self.char_pos = self.starts[self.pos] if self.pos < len(self.ids) else len(self.text)
+        if n and not self.bridge:  # the output wrote what the prediction has between the two points
+            p, o = self.base
+            self.base = self.sync = (self.char_pos, o + self.char_pos - p)
 
     def _reanchor(self, tokens: list[int]) -> None:
         out = tokens[self.prompt_len :]
         tail = self.tok.decode(out[-TAIL_TOKENS:], skip_special_tokens=True).rstrip("\ufffd")
-        end = self._find_anchor(tail)
-        if end is None:
+        found = self._find_anchor(tail)
+        if found is None:
             self.anchored = False
             return
+        end, length = found
+        p0, o0 = self.sync
+        if self.learn_edits and p0 <= end and self.out_text.endswith(tail[-length:]):
+            # text[p0:end] was replaced by out_text[o0:]; both end with the anchor
+            learned = learn(self.text, p0, end, self.out_text, o0, len(self.out_text))
+            for old, new in learned:
+                self.subs.pop(old, None)
+                self.subs[old] = new
+            if learned:
+                self._rebuild(end)
+        self.base = (end, len(self.out_text))  # becomes the sync point once the output follows on from it
+        self.trusted = length >= TRUST_CHARS
         idx = bisect_left(self.starts, end)  # first token starting at or after the anchor
         nxt = self.starts[idx] if idx < len(self.starts) else len(self.text)
         self.bridge = self.tok.encode(self.text[end:nxt], add_special_tokens=False) if nxt > end else []
         self.pos, self.char_pos, self.anchored = idx, end, True
         self.k.restart()
 
-    def _find_anchor(self, tail: str) -> int | None:
-        """Char offset in the prediction right after the longest tail of `tail` found in it."""
+    def _find_anchor(self, tail: str) -> tuple[int, int] | None:
+        """(char offset in the prediction right after the longest tail of `tail` found in it, the
+        tail's length), or None when no tail long enough occurs."""
         lo, hi = 0, len(tail)  # invariant: tail[-lo:] occurs (lo == 0 trivially)
         while lo < hi:  # occurrence is monotone in suffix length: binary search the longest
             mid = (lo + hi + 1) // 2
@@ -105,7 +210,46 @@ class PredictionProposer:
         start = self.text.find(suffix, max(0, self.char_pos - lo))  # nearest at or after where we were
         if start < 0:
             start = self.text.rfind(suffix)
-        return start + lo
+        return start + lo, lo
+
+    # -- learned edits --------------------------------------------------------------------------
+    def _drop_rejected(self, i: int) -> bool:
+        """Draft token i was rejected: drop the substitutions whose rewritten text it drafted
+        (True if any was dropped)."""
+        if not self.spans:
+            return False
+        if i < len(self.bridge):
+            c0, c1 = self.char_pos, self._start(self.pos)
+        else:
+            j = self.pos + i - len(self.bridge)
+            c0, c1 = self._start(j), self._start(j + 1)
+        hit = [s for s in self.spans if s.w0 < max(c1, c0 + 1) and s.w1 > c0 and s.old in self.subs]
+        for s in hit:
+            del self.subs[s.old]
+        if hit:
+            self._rebuild(min(s.w0 for s in hit))
+        return bool(hit)
+
+    def _start(self, j: int) -> int:
+        return self.starts[j] if j < len(self.starts) else len(self.text)
+
+    def _rebuild(self, at: int) -> None:
+        """Re-derive the working text after char `at` from the caller's prediction with the
+        substitutions now in force, and re-tokenize it (the pointer is set by the caller)."""
+        for s in self.spans:
+            if s.w0 < at < s.w1:
+                at = s.w0
+        w_end = o_end = 0
+        for s in self.spans:  # the original offset of `at`: after the last span that ends before it
+            if s.w1 <= at:
+                w_end, o_end = s.w1, s.o1
+        rest, spans = rewrite(self.orig, o_end + at - w_end, self.subs)
+        self.spans = [s for s in self.spans if s.w1 <= at] + [
+            Span(s.w0 + at, s.w1 + at, s.o0, s.o1, s.old) for s in spans]
+        self.text = self.text[:at] + rest
+        enc = self.tok(self.text, add_special_tokens=False, return_offsets_mapping=True)
+        self.ids, self.starts = list(enc["input_ids"]), _token_starts(enc["offset_mapping"])
+        self.char_pos = min(self.char_pos, at)
 
 
 def _token_starts(offsets) -> list[int]:
@@ -134,4 +278,4 @@ def make_prediction(ctx: ProposerContext) -> PredictionProposer | None:
     s = ctx.spec
     k_init = s.num_speculative_tokens or 8
     return PredictionProposer(ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, max(k_init, s.prediction_k_max),
-                              s.prediction_min_anchor_chars)
+                              s.prediction_min_anchor_chars, ctx.prices, s.prediction_learn_edits)

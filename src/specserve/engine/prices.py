@@ -1,0 +1,111 @@
+"""The measured prices (governor.CostModel), kept on disk so that no request waits for them.
+
+Calibration times passes of 1 ... 128 tokens: about 25 s for a 1.5B model on 2 CPU cores. It
+runs once per machine and model setup, at load (`LLM` measures before it returns, so the server
+reports ready only after), and its result is stored under `$SPECSERVE_HOME/prices/`, keyed by
+everything a price depends on:
+
+    the model file (path, size, modification time), the backend and how it runs it (threads,
+    exact kernels, context and sequences; dtype and device on transformers), the draft model
+    likewise, and the CPU (model name, SIMD flags, usable cores).
+
+Change any of them and the key changes, so stale prices are never read; a backend we cannot
+identify (a model built in memory, a test runner) is measured every time and never cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from .. import hardware
+from .governor import CALIBRATION_SIZES, CostModel
+
+CACHE_VERSION = 1
+
+
+def _file_key(path: Path) -> dict | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def backend_key(backend) -> dict | None:
+    """What this backend's prices depend on, or None when it cannot be identified."""
+    if backend is None:
+        return None
+    name = getattr(backend, "name", type(backend).__name__)
+    path = getattr(backend, "path", None)
+    if path is not None:  # llama.cpp: one GGUF file
+        model = _file_key(Path(path))
+        if model is None:
+            return None
+        return {"backend": name, "model": model, "threads": getattr(backend, "threads", None),
+                "exact": bool(getattr(backend, "batch_invariant", False)),
+                "context": getattr(backend, "max_context", None), "sequences": getattr(backend, "max_sequences", None),
+                "cache_tokens": getattr(backend, "cache_tokens", None)}
+    model = getattr(backend, "model", None)
+    folder = Path(getattr(model, "name_or_path", "") or "")
+    weights = sorted(folder.glob("*.safetensors")) if str(folder) and folder.is_dir() else []
+    if not weights:  # built in memory (tests) or a hub id: nothing on disk says what it is
+        return None
+    import torch
+
+    return {"backend": name, "model": [_file_key(w) for w in weights], "dtype": str(getattr(backend, "dtype", "")),
+            "device": str(getattr(backend, "device", "")), "threads": torch.get_num_threads()}
+
+
+def cpu_key() -> dict:
+    info = hardware.cpu_info()
+    return {"cpu": info["cpu"], "flags": info["cpu_flags"], "cores": info["cores"]}
+
+
+def cache_key(target, draft=None, batched: bool = True) -> str | None:
+    """A digest of everything the prices depend on; None when the target (or the draft) cannot be identified."""
+    t = backend_key(target)
+    d = backend_key(draft) if draft is not None else None
+    if t is None or (draft is not None and d is None):
+        return None
+    payload = {"version": CACHE_VERSION, "sizes": CALIBRATION_SIZES, "target": t, "draft": d, "batched": batched,
+               "cpu": cpu_key()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECSERVE_HOME") or "~/.cache/specserve").expanduser() / "prices"
+
+
+def load(key: str) -> CostModel | None:
+    try:
+        d = json.loads((cache_dir() / f"{key}.json").read_text(encoding="utf-8"))
+        return CostModel(tuple((int(n), float(c)) for n, c in d["curve"]), float(d["draft"]), bool(d["batched"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: measure again
+
+
+def save(key: str, prices: CostModel) -> None:
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{key}.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps({"curve": prices.curve, "draft": prices.draft, "batched": prices.batched}),
+                       encoding="utf-8")
+        tmp.replace(folder / f"{key}.json")  # atomic: a concurrent reader sees the old file or the new
+    except OSError:
+        pass  # a read-only home only costs the next process a calibration
+
+
+def measured(target, draft, batched: bool, calibrate: Callable[[], CostModel]) -> CostModel:
+    """The cached prices for this setup, or `calibrate()` (then cached when the setup is identifiable)."""
+    key = cache_key(target, draft, batched)
+    if key is not None and (prices := load(key)) is not None:
+        return prices
+    prices = calibrate()
+    if key is not None:
+        save(key, prices)
+    return prices

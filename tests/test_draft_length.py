@@ -1,0 +1,79 @@
+"""Prediction draft length from prices: the measured cost curve and the request's own history.
+
+The replay oracle plays a target that writes a known output; `prices` is the llama.cpp 2-core
+curve from docs/benchmarks.md, so K follows the same prices the projected speedup is paid in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tiny import tiny_tokenizer
+
+from specserve.bench.replay import LLAMACPP_2CORE_CURVE, replay, replay_ids
+from specserve.config import SpeculationConfig
+from specserve.engine.governor import CostModel
+from specserve.proposers.prediction import priced_k
+
+CURVE = CostModel(LLAMACPP_2CORE_CURVE)
+SAMPLES = Path(__file__).resolve().parents[1] / "src" / "specserve" / "bench" / "samples"
+BEFORE = "".join(f"def handler_{i}(request):\n    user = load_user(request.user_id)\n    return render(user, page={i})\n\n"
+                 for i in range(60))
+AFTER = BEFORE.replace("    return render(user, page=30)\n", "    audit(request)\n    return render(user, page=30)\n")
+
+
+def test_priced_k_follows_the_curve_and_the_odds():
+    # a long pass is cheaper per token on this curve: with a reliable prediction K passes 128
+    assert priced_k(CURVE, 0.999, 1024) > 128
+    # ... capped by the budget it is given
+    assert priced_k(CURVE, 0.999, 100) == 100
+    # the likelier a divergence, the shorter the draft
+    ks = [priced_k(CURVE, f, 1024) for f in (0.9995, 0.999, 0.995, 0.98, 0.9)]
+    assert ks == sorted(ks, reverse=True) and ks[-1] < 32
+    # where every verified token costs nearly a step, drafts stay short
+    assert priced_k(CostModel.linear(0.9), 0.999, 1024) < priced_k(CostModel.linear(0.02), 0.999, 1024) // 4
+
+
+def prediction_drafts(out) -> list[int]:
+    return [s["proposed"] for s in out.steps if s["source"] == "prediction"]
+
+
+def test_no_blind_restart_after_a_reanchor_and_drafts_past_128():
+    tok = tiny_tokenizer()
+    ids = tok.encode(AFTER, add_special_tokens=False)
+    spec = SpeculationConfig("prediction")
+    priced = replay_ids(tok, BEFORE, ids, spec, CURVE)
+    unpriced = replay_ids(tok, BEFORE, ids, spec)
+    assert priced.token_ids == unpriced.token_ids == ids
+    # after a divergence, a confirmed anchor goes straight to a priced K (one step from <= 8 to > 64);
+    # without prices K climbs back 8 -> 16 -> 32 -> ... after every re-anchor
+    def jumps(out):
+        first = next(i for i, s in enumerate(out.steps) if s["accepted"] < s["proposed"])
+        after = [s["proposed"] for s in out.steps[first + 1 :] if s["proposed"]]
+        return any(a <= 8 and b > 64 for a, b in zip(after, after[1:]))
+
+    assert jumps(priced) and not jumps(unpriced)
+    assert max(prediction_drafts(priced)) > 128
+    drafts = prediction_drafts(unpriced)
+    assert max(drafts) == 128 and drafts[0] == 8
+    assert priced.stats.steps < unpriced.stats.steps
+
+
+def test_prices_pay_on_the_sample_renames(smol_model_dir):
+    """py-rename and ts-rename (bench/samples, renamed as the scenario asks), SmolLM2's tokenizer:
+    drafting with the prices beats the same drafter blind to them, both paid at the curve."""
+    from specserve.models import loader, packs
+
+    tok = loader.load_tokenizer(packs.ModelSource(path=str(smol_model_dir), pack=packs.TEST_PACK,
+                                                  gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name))
+    py = (SAMPLES / "users_controller.py").read_text(encoding="utf-8")
+    ts = (SAMPLES / "orders_controller.ts").read_text(encoding="utf-8")
+    pairs = [(py, py.replace("UserService", "UserRepository").replace("user_service", "user_repository")),
+             (ts, ts.replace("toView", "serializeOrder"))]
+    spec = SpeculationConfig("prediction")
+    for before, after in pairs:
+        priced = replay(tok, before, after, spec=spec, prices=CURVE)
+        ids = tok.encode(after, add_special_tokens=False)
+        blind = replay_ids(tok, before, ids, spec)  # no prices: K doubles 8 -> 128, as before
+        blind_speedup = len(ids) / sum(CURVE.target(s["proposed"] + 1) for s in blind.steps)
+        assert priced.exact and priced.projected_speedup > blind_speedup

@@ -1,0 +1,112 @@
+"""The price cache: calibrated prices are reused for the same setup and measured again when
+the model file, the threads or the CPU change; a backend nobody can identify is never cached."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specserve.engine import prices
+from specserve.engine.governor import CostModel
+
+
+class FakeGGUFBackend:
+    """What prices.backend_key reads from a llama.cpp backend."""
+
+    name = "llama.cpp"
+
+    def __init__(self, path, threads=2, exact=False):
+        self.path, self.threads, self.batch_invariant = path, threads, exact
+        self.max_context, self.max_sequences, self.cache_tokens = 8192, 2, 16384
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(prices, "cpu_key", lambda: {"cpu": "Fake EPYC", "flags": ["avx2", "avx512f"], "cores": 2})
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"weights v1")
+    return model
+
+
+def calibrations(backend, draft=None):
+    """Prices for this setup through the cache, and how many calibrations that took (0 or 1)."""
+    calls = []
+
+    def calibrate():
+        calls.append(1)
+        return CostModel(((1, 1.0), (8, 6.6), (128, 44.9 + len(calls))), 0.25, True)
+
+    return prices.measured(backend, draft, True, calibrate), len(calls)
+
+
+def test_reused_for_the_same_setup(home):
+    first, n1 = calibrations(FakeGGUFBackend(home))
+    again, n2 = calibrations(FakeGGUFBackend(home))
+    assert (n1, n2) == (1, 0) and again == first
+    assert len(list(prices.cache_dir().glob("*.json"))) == 1
+
+
+def test_a_changed_model_file_is_measured_again(home):
+    calibrations(FakeGGUFBackend(home))
+    home.write_bytes(b"weights v2, longer")  # size (and mtime) change
+    assert calibrations(FakeGGUFBackend(home))[1] == 1
+    st = home.stat()
+    os.utime(home, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # same size, newer file
+    assert calibrations(FakeGGUFBackend(home))[1] == 1
+    assert calibrations(FakeGGUFBackend(home))[1] == 0
+
+
+def test_threads_exact_kernels_and_draft_change_the_key(home):
+    calibrations(FakeGGUFBackend(home, threads=2))
+    assert calibrations(FakeGGUFBackend(home, threads=1))[1] == 1
+    assert calibrations(FakeGGUFBackend(home, threads=2, exact=True))[1] == 1
+    assert calibrations(FakeGGUFBackend(home, threads=2), FakeGGUFBackend(home))[1] == 1
+    assert calibrations(FakeGGUFBackend(home, threads=2))[1] == 0
+
+
+def test_another_cpu_is_measured_again(home, monkeypatch):
+    calibrations(FakeGGUFBackend(home))
+    monkeypatch.setattr(prices, "cpu_key", lambda: {"cpu": "Fake EPYC", "flags": ["avx2"], "cores": 2})
+    assert calibrations(FakeGGUFBackend(home))[1] == 1
+    monkeypatch.setattr(prices, "cpu_key", lambda: {"cpu": "Fake EPYC", "flags": ["avx2"], "cores": 4})
+    assert calibrations(FakeGGUFBackend(home))[1] == 1
+
+
+def test_unidentifiable_backends_are_never_cached(home):
+    class InMemory:
+        name = "transformers"
+        model = object()
+
+    assert prices.cache_key(InMemory()) is None
+    assert calibrations(InMemory())[1] == 1 and calibrations(InMemory())[1] == 1
+    assert calibrations(FakeGGUFBackend(home / "missing.gguf"))[1] == 1
+    assert not prices.cache_dir().exists()
+
+
+def test_a_corrupt_cache_file_is_measured_again(home):
+    calibrations(FakeGGUFBackend(home))
+    (path,) = prices.cache_dir().glob("*.json")
+    path.write_text("{not json")
+    assert calibrations(FakeGGUFBackend(home))[1] == 1
+    assert calibrations(FakeGGUFBackend(home))[1] == 0
+
+
+def test_the_engine_reads_its_prices_from_the_cache(home, monkeypatch):
+    """EngineCore.prices() goes through the cache: a cached setup is never calibrated."""
+    from specserve.engine.core import EngineCore
+
+    cached = CostModel(((1, 1.0), (2, 1.5), (128, 40.0)), 0.0, True)
+    monkeypatch.setattr(prices, "cache_key", lambda *a, **k: "fixed")
+    prices.save("fixed", cached)
+    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a, **k: pytest.fail("calibrated")))
+    core = EngineCore.__new__(EngineCore)
+    core.lock, core._prices, core.draft = __import__("threading").RLock(), None, None
+
+    class Target:
+        batches_sequences = True
+
+    core.target = Target()
+    monkeypatch.setattr("specserve.engine.core.SequenceRunner", lambda backend: type("R", (), {"close": lambda s: None})())
+    assert core.prices() == cached
