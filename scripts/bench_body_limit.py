@@ -31,7 +31,7 @@ def big_body(size: int, model: str) -> bytes:
 def time_refusal(url: str, body: bytes, chunked: bool, api_key: str | None) -> tuple[float, int]:
     """Seconds until the answer to one oversized body, and its status."""
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    content = (body[i:i + CHUNK] for i in range(0, len(body), CHUNK)) if chunked else body
+    content = (body[i : i + CHUNK] for i in range(0, len(body), CHUNK)) if chunked else body
     t0 = time.perf_counter()
     r = httpx.post(f"{url}/v1/chat/completions", content=content, headers=headers, timeout=120)
     return time.perf_counter() - t0, r.status_code
@@ -46,23 +46,34 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--api-key", default=None)
     args = ap.parse_args()
-    server = None if args.url else ServerProcess(["--model", args.model, "--log-level", "warning"], port=args.port,
-                                                 startup_timeout=300.0).start()
+    server = (
+        None
+        if args.url
+        else ServerProcess(
+            ["--model", args.model, "--log-level", "warning"], port=args.port, startup_timeout=300.0
+        ).start()
+    )
     url = args.url or server.url
     try:
-        model = httpx.get(f"{url}/v1/models", timeout=10,
-                          headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}).json()
+        model = httpx.get(
+            f"{url}/v1/models", timeout=10, headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        ).json()
         name = model["data"][0]["id"]
         body = big_body(int(args.size_mb * 1e6), name)
         for chunked in (False, True):
             runs = [time_refusal(url, body, chunked, args.api_key) for _ in range(args.repeat)]
             times, statuses = [t for t, _ in runs], {s for _, s in runs}
-            print(f"{args.size_mb:g} MB {'chunked' if chunked else 'Content-Length'}: status {sorted(statuses)}, "
-                  f"median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms")
+            print(
+                f"{args.size_mb:g} MB {'chunked' if chunked else 'Content-Length'}: status {sorted(statuses)}, "
+                f"median {statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms"
+            )
         t0 = time.perf_counter()
-        r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
-                       headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
-                       json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=120,
+            headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
+            json={"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+        )
         print(f"then a normal request: status {r.status_code} in {(time.perf_counter() - t0) * 1000:.0f} ms")
     finally:
         if server is not None:

@@ -36,7 +36,7 @@ import re
 import sys
 import sysconfig
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 MIN_LINES, MAX_LINES = 60, 150
@@ -60,79 +60,270 @@ class Pair:
 
 PAIRS = [
     # -- renames (a function, variable or parameter used more than once in the excerpt) --
-    Pair("colorsys-rename", "stdlib:colorsys.py", "rgb_to_hls", "rename",
-         "Rename the function _v to _hue_to_channel.", old="_v", new="_hue_to_channel"),
-    Pair("heapq-rename", "stdlib:heapq.py", "heappush", "rename",
-         "Rename the variable lastelt to last_item.", old="lastelt", new="last_item"),
-    Pair("textwrap-rename", "stdlib:textwrap.py", "dedent", "rename",
-         "Rename the variable margin to common_margin in dedent.", old="margin", new="common_margin"),
-    Pair("genericpath-rename", "stdlib:genericpath.py", "exists", "rename",
-         "Rename the parameter filename to file_path in every function.", old="filename", new="file_path"),
-    Pair("linecache-rename", "stdlib:linecache.py", "clearcache", "rename",
-         "Rename updatecache to update_cache.", old="updatecache", new="update_cache"),
-    Pair("copy-rename", "stdlib:copy.py", "deepcopy", "rename",
-         "Rename _deepcopy_atomic to _copy_atomic.", old="_deepcopy_atomic", new="_copy_atomic"),
-    Pair("jsondecoder-rename", "stdlib:json/decoder.py", "_decode_uXXXX", "rename",
-         "Rename _decode_uXXXX to _decode_unicode_escape.", old="_decode_uXXXX", new="_decode_unicode_escape"),
-    Pair("getopt-rename", "stdlib:getopt.py", "gnu_getopt", "rename",
-         "Rename the function do_longs to parse_long_options.", old="do_longs", new="parse_long_options"),
-    Pair("quopri-rename", "stdlib:quopri.py", "needsquoting", "rename",
-         "Rename needsquoting to needs_quoting.", old="needsquoting", new="needs_quoting"),
-    Pair("sndhdr-rename", "stdlib:sndhdr.py", "what", "rename",
-         "Rename the function whathdr to what_header.", old="whathdr", new="what_header"),
-    Pair("bisect-rename", "stdlib:bisect.py", "insort_right", "rename",
-         "Rename the parameter hi to high in every function.", old="hi", new="high"),
-    Pair("imghdr-rename", "stdlib:imghdr.py", "what", "rename",
-         "Rename the list tests to TESTS.", old="tests", new="TESTS"),
-    Pair("jinja-rename", "jinja2:utils.py", "is_undefined", "rename",
-         "Rename the function import_string to import_object.", old="import_string", new="import_object"),
+    Pair(
+        "colorsys-rename",
+        "stdlib:colorsys.py",
+        "rgb_to_hls",
+        "rename",
+        "Rename the function _v to _hue_to_channel.",
+        old="_v",
+        new="_hue_to_channel",
+    ),
+    Pair(
+        "heapq-rename",
+        "stdlib:heapq.py",
+        "heappush",
+        "rename",
+        "Rename the variable lastelt to last_item.",
+        old="lastelt",
+        new="last_item",
+    ),
+    Pair(
+        "textwrap-rename",
+        "stdlib:textwrap.py",
+        "dedent",
+        "rename",
+        "Rename the variable margin to common_margin in dedent.",
+        old="margin",
+        new="common_margin",
+    ),
+    Pair(
+        "genericpath-rename",
+        "stdlib:genericpath.py",
+        "exists",
+        "rename",
+        "Rename the parameter filename to file_path in every function.",
+        old="filename",
+        new="file_path",
+    ),
+    Pair(
+        "linecache-rename",
+        "stdlib:linecache.py",
+        "clearcache",
+        "rename",
+        "Rename updatecache to update_cache.",
+        old="updatecache",
+        new="update_cache",
+    ),
+    Pair(
+        "copy-rename",
+        "stdlib:copy.py",
+        "deepcopy",
+        "rename",
+        "Rename _deepcopy_atomic to _copy_atomic.",
+        old="_deepcopy_atomic",
+        new="_copy_atomic",
+    ),
+    Pair(
+        "jsondecoder-rename",
+        "stdlib:json/decoder.py",
+        "_decode_uXXXX",
+        "rename",
+        "Rename _decode_uXXXX to _decode_unicode_escape.",
+        old="_decode_uXXXX",
+        new="_decode_unicode_escape",
+    ),
+    Pair(
+        "getopt-rename",
+        "stdlib:getopt.py",
+        "gnu_getopt",
+        "rename",
+        "Rename the function do_longs to parse_long_options.",
+        old="do_longs",
+        new="parse_long_options",
+    ),
+    Pair(
+        "quopri-rename",
+        "stdlib:quopri.py",
+        "needsquoting",
+        "rename",
+        "Rename needsquoting to needs_quoting.",
+        old="needsquoting",
+        new="needs_quoting",
+    ),
+    Pair(
+        "sndhdr-rename",
+        "stdlib:sndhdr.py",
+        "what",
+        "rename",
+        "Rename the function whathdr to what_header.",
+        old="whathdr",
+        new="what_header",
+    ),
+    Pair(
+        "bisect-rename",
+        "stdlib:bisect.py",
+        "insort_right",
+        "rename",
+        "Rename the parameter hi to high in every function.",
+        old="hi",
+        new="high",
+    ),
+    Pair(
+        "imghdr-rename",
+        "stdlib:imghdr.py",
+        "what",
+        "rename",
+        "Rename the list tests to TESTS.",
+        old="tests",
+        new="TESTS",
+    ),
+    Pair(
+        "jinja-rename",
+        "jinja2:utils.py",
+        "is_undefined",
+        "rename",
+        "Rename the function import_string to import_object.",
+        old="import_string",
+        new="import_object",
+    ),
     # -- type hints (on functions that have none) --
-    Pair("colorsys-hints", "stdlib:colorsys.py", "rgb_to_hls", "hints",
-         "Add type hints to hls_to_rgb and _v.", targets=("hls_to_rgb", "_v")),
-    Pair("base64-hints", "stdlib:base64.py", "b64encode", "hints",
-         "Add type hints to standard_b64encode and standard_b64decode.",
-         targets=("standard_b64encode", "standard_b64decode")),
-    Pair("genericpath-hints", "stdlib:genericpath.py", "exists", "hints",
-         "Add type hints to commonprefix.", targets=("commonprefix",)),
-    Pair("posixpath-hints", "stdlib:posixpath.py", "_get_sep", "hints",
-         "Add type hints to the function split.", targets=("split",)),
-    Pair("getopt-hints", "stdlib:getopt.py", "gnu_getopt", "hints",
-         "Add type hints to do_longs.", targets=("do_longs",)),
-    Pair("tempfile-hints", "stdlib:tempfile.py", "_exists", "hints",
-         "Add type hints to the function _exists.", targets=("_exists",)),
-    Pair("statistics-hints", "stdlib:statistics.py", "median", "hints",
-         "Add type hints to median_low.", targets=("median_low",)),
+    Pair(
+        "colorsys-hints",
+        "stdlib:colorsys.py",
+        "rgb_to_hls",
+        "hints",
+        "Add type hints to hls_to_rgb and _v.",
+        targets=("hls_to_rgb", "_v"),
+    ),
+    Pair(
+        "base64-hints",
+        "stdlib:base64.py",
+        "b64encode",
+        "hints",
+        "Add type hints to standard_b64encode and standard_b64decode.",
+        targets=("standard_b64encode", "standard_b64decode"),
+    ),
+    Pair(
+        "genericpath-hints",
+        "stdlib:genericpath.py",
+        "exists",
+        "hints",
+        "Add type hints to commonprefix.",
+        targets=("commonprefix",),
+    ),
+    Pair(
+        "posixpath-hints",
+        "stdlib:posixpath.py",
+        "_get_sep",
+        "hints",
+        "Add type hints to the function split.",
+        targets=("split",),
+    ),
+    Pair(
+        "getopt-hints", "stdlib:getopt.py", "gnu_getopt", "hints", "Add type hints to do_longs.", targets=("do_longs",)
+    ),
+    Pair(
+        "tempfile-hints",
+        "stdlib:tempfile.py",
+        "_exists",
+        "hints",
+        "Add type hints to the function _exists.",
+        targets=("_exists",),
+    ),
+    Pair(
+        "statistics-hints",
+        "stdlib:statistics.py",
+        "median",
+        "hints",
+        "Add type hints to median_low.",
+        targets=("median_low",),
+    ),
     # -- docstrings (on functions that have none) --
-    Pair("heapq-doc", "stdlib:heapq.py", "_siftdown", "docstring",
-         "Add a docstring to _siftup.", targets=("_siftup",)),
-    Pair("copy-doc", "stdlib:copy.py", "deepcopy", "docstring",
-         "Add a one-line docstring to _deepcopy_atomic.", targets=("_deepcopy_atomic",)),
-    Pair("getopt-doc", "stdlib:getopt.py", "gnu_getopt", "docstring",
-         "Add a docstring to do_longs explaining what it returns.", targets=("do_longs",)),
-    Pair("imghdr-doc", "stdlib:imghdr.py", "what", "docstring",
-         "Add a docstring to test_png.", targets=("test_png",)),
-    Pair("posixpath-doc", "stdlib:posixpath.py", "_get_sep", "docstring",
-         "Write a docstring for _get_sep.", targets=("_get_sep",)),
-    Pair("colorsys-doc", "stdlib:colorsys.py", "rgb_to_hls", "docstring",
-         "Add docstrings to rgb_to_hls and hls_to_rgb.", targets=("rgb_to_hls", "hls_to_rgb")),
+    Pair("heapq-doc", "stdlib:heapq.py", "_siftdown", "docstring", "Add a docstring to _siftup.", targets=("_siftup",)),
+    Pair(
+        "copy-doc",
+        "stdlib:copy.py",
+        "deepcopy",
+        "docstring",
+        "Add a one-line docstring to _deepcopy_atomic.",
+        targets=("_deepcopy_atomic",),
+    ),
+    Pair(
+        "getopt-doc",
+        "stdlib:getopt.py",
+        "gnu_getopt",
+        "docstring",
+        "Add a docstring to do_longs explaining what it returns.",
+        targets=("do_longs",),
+    ),
+    Pair("imghdr-doc", "stdlib:imghdr.py", "what", "docstring", "Add a docstring to test_png.", targets=("test_png",)),
+    Pair(
+        "posixpath-doc",
+        "stdlib:posixpath.py",
+        "_get_sep",
+        "docstring",
+        "Write a docstring for _get_sep.",
+        targets=("_get_sep",),
+    ),
+    Pair(
+        "colorsys-doc",
+        "stdlib:colorsys.py",
+        "rgb_to_hls",
+        "docstring",
+        "Add docstrings to rgb_to_hls and hls_to_rgb.",
+        targets=("rgb_to_hls", "hls_to_rgb"),
+    ),
     # -- small logic changes (what they must add is not in the excerpt yet) --
-    Pair("textwrap-logic", "stdlib:textwrap.py", "dedent", "logic",
-         "Make indent raise TypeError if prefix is not a str.", present=("TypeError",)),
-    Pair("base64-logic", "stdlib:base64.py", "b64encode", "logic",
-         "In b64encode, replace the assert on altchars with a ValueError.", present=("ValueError",),
-         absent=("assert len(altchars)",)),
-    Pair("linecache-logic", "stdlib:linecache.py", "clearcache", "logic",
-         "Make getline return None instead of an empty string when the line does not exist.",
-         present=("return None",), absent=("return ''",)),
-    Pair("heapq-logic", "stdlib:heapq.py", "heappush", "logic",
-         "Make heappop raise IndexError('pop from an empty heap') when the heap is empty.",
-         present=("pop from an empty heap",)),
-    Pair("quopri-logic", "stdlib:quopri.py", "needsquoting", "logic",
-         "In quote, raise TypeError instead of the assert.", present=("TypeError",), absent=("assert isinstance",)),
-    Pair("genericpath-logic", "stdlib:genericpath.py", "exists", "logic",
-         "Make getsize raise ValueError('negative size') when the size is negative.", present=("negative size",)),
-    Pair("jinja-logic", "jinja2:utils.py", "is_undefined", "logic",
-         "Make is_undefined also return True when obj is None.", present=("is None",)),
+    Pair(
+        "textwrap-logic",
+        "stdlib:textwrap.py",
+        "dedent",
+        "logic",
+        "Make indent raise TypeError if prefix is not a str.",
+        present=("TypeError",),
+    ),
+    Pair(
+        "base64-logic",
+        "stdlib:base64.py",
+        "b64encode",
+        "logic",
+        "In b64encode, replace the assert on altchars with a ValueError.",
+        present=("ValueError",),
+        absent=("assert len(altchars)",),
+    ),
+    Pair(
+        "linecache-logic",
+        "stdlib:linecache.py",
+        "clearcache",
+        "logic",
+        "Make getline return None instead of an empty string when the line does not exist.",
+        present=("return None",),
+        absent=("return ''",),
+    ),
+    Pair(
+        "heapq-logic",
+        "stdlib:heapq.py",
+        "heappush",
+        "logic",
+        "Make heappop raise IndexError('pop from an empty heap') when the heap is empty.",
+        present=("pop from an empty heap",),
+    ),
+    Pair(
+        "quopri-logic",
+        "stdlib:quopri.py",
+        "needsquoting",
+        "logic",
+        "In quote, raise TypeError instead of the assert.",
+        present=("TypeError",),
+        absent=("assert isinstance",),
+    ),
+    Pair(
+        "genericpath-logic",
+        "stdlib:genericpath.py",
+        "exists",
+        "logic",
+        "Make getsize raise ValueError('negative size') when the size is negative.",
+        present=("negative size",),
+    ),
+    Pair(
+        "jinja-logic",
+        "jinja2:utils.py",
+        "is_undefined",
+        "logic",
+        "Make is_undefined also return True when obj is None.",
+        present=("is None",),
+    ),
 ]
 
 
@@ -152,8 +343,7 @@ def excerpt(spec: str, start: str) -> str:
     text = source_root(spec).read_text(encoding="utf-8")
     lines = text.splitlines(True)
     body = ast.parse(text).body
-    first = next(i for i, n in enumerate(body)
-                 if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == start)
+    first = next(i for i, n in enumerate(body) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == start)
     begin = min([body[first].lineno] + [d.lineno for d in getattr(body[first], "decorator_list", [])]) - 1
     end = begin
     for node in body[first:]:
@@ -208,12 +398,17 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
         problems.append(f"finish_reason {finish_reason}")
     if pair.kind == "rename" and not problems and not renamed(pair, code):
         problems.append(f"rename not done ({pair.old} -> {pair.new})")
-    return {"well_formed": not problems, "applied": not problems and applied(pair, code),
-            "unchanged": code == original, "problems": problems}
+    return {
+        "well_formed": not problems,
+        "applied": not problems and applied(pair, code),
+        "unchanged": code == original,
+        "problems": problems,
+    }
 
 
-def write_report(out: Path, llm, pairs: list[Pair], prompts: list[str], codes: dict[str, str],
-                 done: dict[tuple[str, str], dict]) -> dict:
+def write_report(
+    out: Path, llm, pairs: list[Pair], prompts: list[str], codes: dict[str, str], done: dict[tuple[str, str], dict]
+) -> dict:
     """Write the JSON report of what has been measured so far; return its per-prompt summary."""
     import jinja2
 
@@ -223,22 +418,42 @@ def write_report(out: Path, llm, pairs: list[Pair], prompts: list[str], codes: d
     summary = {}
     for name in prompts:
         rs = [r for r in results if r["prompt"] == name]
-        summary[name] = {"pairs": len(rs), "well_formed": sum(r["well_formed"] for r in rs),
-                         "well_formed_rate": round(sum(r["well_formed"] for r in rs) / max(1, len(rs)), 4),
-                         "applied": sum(r["applied"] for r in rs),
-                         "applied_rate": round(sum(r["applied"] for r in rs) / max(1, len(rs)), 4),
-                         "by_kind": {k: f"{sum(r['well_formed'] for r in rs if r['kind'] == k)}/"
-                                        f"{sum(1 for r in rs if r['kind'] == k)}"
-                                     for k in ("rename", "hints", "docstring", "logic")},
-                         "system": PROMPTS[name].system, "user": PROMPTS[name].user}
-    report = {"model": llm.model_name, "backend": llm.backend_name, "default_prompt": DEFAULT_PROMPT,
-              "sampling": "temperature 0, prediction = the file, max_tokens = 1.5 x file tokens + 64",
-              "python": platform.python_version(), "jinja2": jinja2.__version__,
-              "excerpt_lines": {"min": MIN_LINES, "max": MAX_LINES},
-              "measured": f"{len(results)} of {len(pairs) * len(prompts)} (pair, prompt) runs",
-              "pairs": [{"name": p.name, "file": p.file, "start": p.start, "kind": p.kind,
-                         "instruction": p.instruction, "lines": codes[p.name].count("\n")} for p in pairs],
-              "summary": summary, "results": results}
+        summary[name] = {
+            "pairs": len(rs),
+            "well_formed": sum(r["well_formed"] for r in rs),
+            "well_formed_rate": round(sum(r["well_formed"] for r in rs) / max(1, len(rs)), 4),
+            "applied": sum(r["applied"] for r in rs),
+            "applied_rate": round(sum(r["applied"] for r in rs) / max(1, len(rs)), 4),
+            "by_kind": {
+                k: f"{sum(r['well_formed'] for r in rs if r['kind'] == k)}/{sum(1 for r in rs if r['kind'] == k)}"
+                for k in ("rename", "hints", "docstring", "logic")
+            },
+            "system": PROMPTS[name].system,
+            "user": PROMPTS[name].user,
+        }
+    report = {
+        "model": llm.model_name,
+        "backend": llm.backend_name,
+        "default_prompt": DEFAULT_PROMPT,
+        "sampling": "temperature 0, prediction = the file, max_tokens = 1.5 x file tokens + 64",
+        "python": platform.python_version(),
+        "jinja2": jinja2.__version__,
+        "excerpt_lines": {"min": MIN_LINES, "max": MAX_LINES},
+        "measured": f"{len(results)} of {len(pairs) * len(prompts)} (pair, prompt) runs",
+        "pairs": [
+            {
+                "name": p.name,
+                "file": p.file,
+                "start": p.start,
+                "kind": p.kind,
+                "instruction": p.instruction,
+                "lines": codes[p.name].count("\n"),
+            }
+            for p in pairs
+        ],
+        "summary": summary,
+        "results": results,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return summary
@@ -253,8 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="target model (default: the default target pack)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=Path("docs/results/edit_prompt_eval.json"))
-    ap.add_argument("--cache", type=Path, default=Path("bench-out/edit_prompt_eval.jsonl"),
-                    help="one line per finished (pair, prompt): a rerun skips those already there")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("bench-out/edit_prompt_eval.jsonl"),
+        help="one line per finished (pair, prompt): a rerun skips those already there",
+    )
     ap.add_argument("--list", action="store_true", help="print the pairs and their excerpts' sizes, run nothing")
     args = ap.parse_args(argv)
 
@@ -288,8 +507,14 @@ def main(argv: list[str] | None = None) -> int:
                 done[(r["pair"], r["prompt"])] = r
     args.cache.parent.mkdir(parents=True, exist_ok=True)
     t_load = time.perf_counter()
-    llm = LLM(args.model, draft_model="none", speculation="prediction", threads=args.threads,
-              max_num_seqs=len(prompts), max_context=4096)
+    llm = LLM(
+        args.model,
+        draft_model="none",
+        speculation="prediction",
+        threads=args.threads,
+        max_num_seqs=len(prompts),
+        max_context=4096,
+    )
     print(f"loaded {llm.model_name} on {llm.backend_name} in {time.perf_counter() - t_load:.0f} s", file=sys.stderr)
     total, n = len(pairs) * len(prompts), 0
     t0 = time.perf_counter()
@@ -304,29 +529,45 @@ def main(argv: list[str] | None = None) -> int:
         # gets more done per second than one after the other; greedy answers do not depend on it.
         max_tokens = int(len(llm.encode(code)) * 1.5) + 64
         t = time.perf_counter()
-        outs = llm.generate([llm.apply_chat_template(build_messages(code, pair.instruction, "python", name))
-                             for name in todo], SamplingParams(max_tokens=max_tokens, temperature=0), prediction=code)
+        outs = llm.generate(
+            [llm.apply_chat_template(build_messages(code, pair.instruction, "python", name)) for name in todo],
+            SamplingParams(max_tokens=max_tokens, temperature=0),
+            prediction=code,
+        )
         seconds = round(time.perf_counter() - t, 1)
         for name, out in zip(todo, outs):
             n += 1
-            r = {"pair": pair.name, "prompt": name, "kind": pair.kind, "sha256": sha,
-                 "finish_reason": out.finish_reason, "completion_tokens": len(out.token_ids),
-                 "prompt_tokens": len(out.prompt_token_ids), "batch_seconds": seconds,
-                 **judge(pair, code, out.text, out.finish_reason)}
+            r = {
+                "pair": pair.name,
+                "prompt": name,
+                "kind": pair.kind,
+                "sha256": sha,
+                "finish_reason": out.finish_reason,
+                "completion_tokens": len(out.token_ids),
+                "prompt_tokens": len(out.prompt_token_ids),
+                "batch_seconds": seconds,
+                **judge(pair, code, out.text, out.finish_reason),
+            }
             if not r["well_formed"]:
                 r["answer_head"] = out.text[:300]
             done[(pair.name, name)] = r
             with args.cache.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(r) + "\n")
             mark = "ok " if r["well_formed"] else "BAD"
-            print(f"[{n}/{total}] {time.perf_counter() - t0:6.0f}s {mark} {name:18s} {pair.name:20s} "
-                  f"{r['completion_tokens']:5d} tok {'; '.join(r['problems'])[:100]}", file=sys.stderr, flush=True)
+            print(
+                f"[{n}/{total}] {time.perf_counter() - t0:6.0f}s {mark} {name:18s} {pair.name:20s} "
+                f"{r['completion_tokens']:5d} tok {'; '.join(r['problems'])[:100]}",
+                file=sys.stderr,
+                flush=True,
+            )
         write_report(args.out, llm, pairs, prompts, codes, done)  # a run stopped early still leaves its figures
 
     summary = write_report(args.out, llm, pairs, prompts, codes, done)
     for name, s in summary.items():
-        print(f"{name:20s} well-formed {s['well_formed']}/{s['pairs']} ({s['well_formed_rate']:.0%})  "
-              f"applied {s['applied']}/{s['pairs']}  {s['by_kind']}")
+        print(
+            f"{name:20s} well-formed {s['well_formed']}/{s['pairs']} ({s['well_formed_rate']:.0%})  "
+            f"applied {s['applied']}/{s['pairs']}  {s['by_kind']}"
+        )
     return 0
 
 

@@ -30,6 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     llm = LLM(args.model, "none", max_num_seqs=args.streams + 1, max_context=args.prompt_tokens + 64)
     from importlib import resources
+
     text = (resources.files("specserve.bench") / "samples" / "users_controller.py").read_text()
     ids = llm.encode(text * 4)
     gaps: dict[str, list[float]] = {"before": [], "during": []}
@@ -44,15 +45,17 @@ def main() -> None:
 
     core = llm.engine.core
     params = SamplingParams(max_tokens=4000, ignore_eos=True)
-    streams = [llm.request(ids[i * 50: i * 50 + 40], params, speculation="none", on_event=on_event)
-               for i in range(args.streams)]
+    streams = [
+        llm.request(ids[i * 50 : i * 50 + 40], params, speculation="none", on_event=on_event)
+        for i in range(args.streams)
+    ]
     for r in streams:
         core.add(r)
     steps = 0
     while steps < args.warm_steps + 3:
         core.step()
         steps += 1
-    gaps["before"] = gaps["before"][args.streams * 3:]  # drop the ramp-up
+    gaps["before"] = gaps["before"][args.streams * 3 :]  # drop the ramp-up
     long = llm.request(ids[: args.prompt_tokens], SamplingParams(max_tokens=1), speculation="none")
     core.add(long)
     phase["now"] = "during"
@@ -67,8 +70,10 @@ def main() -> None:
     b, d = gaps["before"], gaps["during"]
     print(f"{args.model}, {args.streams} streams, a {args.prompt_tokens}-token prompt joins:")
     print(f"  inter-token latency before: p50 {statistics.median(b) * 1000:.0f} ms, p99 {p99(b) * 1000:.0f} ms")
-    print(f"  while it is prefilled:      p50 {statistics.median(d) * 1000:.0f} ms, p99 {p99(d) * 1000:.0f} ms "
-          f"(p99 x{p99(d) / p99(b):.2f})")
+    print(
+        f"  while it is prefilled:      p50 {statistics.median(d) * 1000:.0f} ms, p99 {p99(d) * 1000:.0f} ms "
+        f"(p99 x{p99(d) / p99(b):.2f})"
+    )
     print(f"  its prefill took {prefill_s:.1f} s ({args.prompt_tokens / prefill_s:.0f} tok/s while sharing steps)")
 
 

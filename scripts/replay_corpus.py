@@ -60,8 +60,21 @@ def wheel(project: str, version: str) -> Path:
         name, ver = path.name.split("-")[:2]
         if name.lower().replace("-", "_") == norm and ver == version:
             return path
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    f"{project}=={version}", "-d", str(folder)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            f"{project}=={version}",
+            "-d",
+            str(folder),
+        ],
+        check=True,
+    )
     return wheel(project, version)
 
 
@@ -93,8 +106,9 @@ def prediction_params(min_anchor_chars: int, k_init: int, k_max: int):
     def factory(ctx):
         if not ctx.prediction:
             return None
-        return PredictionProposer(ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, k_max, min_anchor_chars,
-                                  ctx.prices)
+        return PredictionProposer(
+            ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, k_max, min_anchor_chars, ctx.prices
+        )
 
     REGISTRY["prediction"] = factory
     try:
@@ -103,8 +117,9 @@ def prediction_params(min_anchor_chars: int, k_init: int, k_max: int):
         REGISTRY["prediction"] = original
 
 
-def run_corpus(tokenizer, corpus, cost_ratio: float, params: tuple[int, int, int] | None = None,
-               prices=None) -> tuple[dict, list]:
+def run_corpus(
+    tokenizer, corpus, cost_ratio: float, params: tuple[int, int, int] | None = None, prices=None
+) -> tuple[dict, list]:
     ctx = prediction_params(*params) if params else contextlib.nullcontext()
     with ctx:
         results = [replay(tokenizer, a, b, cost_ratio, SpeculationConfig("prediction"), prices) for _, a, b in corpus]
@@ -131,17 +146,24 @@ def tune(tokenizer, corpus, cost_ratio: float, prices=None) -> list[dict]:
 
 
 def fmt(agg: dict) -> str:
-    return (f"pairs {agg['pairs']:3d}  tokens {agg['output_tokens']:7d}  steps {agg['steps']:6d}  "
-            f"acceptance {agg['acceptance_rate']:.3f}  tokens/step {agg['tokens_per_step']:6.2f}  "
-            f"projected speedup {agg['projected_speedup']:5.2f}x")
+    return (
+        f"pairs {agg['pairs']:3d}  tokens {agg['output_tokens']:7d}  steps {agg['steps']:6d}  "
+        f"acceptance {agg['acceptance_rate']:.3f}  tokens/step {agg['tokens_per_step']:6.2f}  "
+        f"projected speedup {agg['projected_speedup']:5.2f}x"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="tokenizer source: pack name or folder (default: target pack)")
     ap.add_argument("--cost-ratio", type=float, default=DEFAULT_COST_RATIO)
-    ap.add_argument("--curve", default=None, help="a measured cost curve, tokens:cost,... (e.g. "
-                    + ",".join(f"{n}:{c:g}" for n, c in LLAMACPP_2CORE_CURVE) + ")")
+    ap.add_argument(
+        "--curve",
+        default=None,
+        help="a measured cost curve, tokens:cost,... (e.g. "
+        + ",".join(f"{n}:{c:g}" for n, c in LLAMACPP_2CORE_CURVE)
+        + ")",
+    )
     ap.add_argument("--grid", action="store_true", help="tune min_anchor_chars, k_init, k_max")
     ap.add_argument("--json", type=Path, help="write results here")
     args = ap.parse_args()
@@ -160,8 +182,10 @@ def main() -> int:
     if args.grid:
         report["grid"] = tune(tokenizer, corpus, args.cost_ratio, prices)
         best = max(report["grid"], key=lambda g: g["projected_speedup"])
-        print(f"best: min_anchor_chars={best['min_anchor_chars']} k_init={best['k_init']} k_max={best['k_max']}: "
-              f"{fmt(best)}")
+        print(
+            f"best: min_anchor_chars={best['min_anchor_chars']} k_init={best['k_init']} k_max={best['k_max']}: "
+            f"{fmt(best)}"
+        )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0

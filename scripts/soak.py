@@ -45,16 +45,40 @@ from specserve.bench.load import SERVED_NAME, bench_server
 from specserve.server.faults import ENV as FAULT_ENV
 
 SAMPLES = Path(__file__).resolve().parents[1] / "src" / "specserve" / "bench" / "samples"
-TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                         "parameters": {"type": "object", "properties": {
-                                             "city": {"type": "string", "maxLength": 20}},
-                                             "required": ["city"], "additionalProperties": False}}}
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-          "required": ["name", "age"], "additionalProperties": False}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 # kind -> weight in the mix
-MIX = {"plain": 4, "completion": 2, "prediction": 2, "json_schema": 2, "tool": 2, "n2": 2, "stream": 3,
-       "hangup": 2, "malformed": 2}
+MIX = {
+    "plain": 4,
+    "completion": 2,
+    "prediction": 2,
+    "json_schema": 2,
+    "tool": 2,
+    "n2": 2,
+    "stream": 3,
+    "hangup": 2,
+    "malformed": 2,
+}
 
 
 def proc_stats(pid: int) -> dict:
@@ -64,8 +88,11 @@ def proc_stats(pid: int) -> dict:
         for line in f:
             key, _, value = line.partition(":")
             fields[key] = value.strip()
-    return {"rss_mb": int(fields["VmRSS"].split()[0]) / 1024, "threads": int(fields["Threads"]),
-            "open_files": len(os.listdir(f"/proc/{pid}/fd"))}
+    return {
+        "rss_mb": int(fields["VmRSS"].split()[0]) / 1024,
+        "threads": int(fields["Threads"]),
+        "open_files": len(os.listdir(f"/proc/{pid}/fd")),
+    }
 
 
 class Tally:
@@ -108,28 +135,55 @@ class Mix:
         """(path, JSON body or raw bytes, whether it must be refused with a 4xx)."""
         temp = rng.choice([0, 0.7])
         if kind == "plain":
-            return "chat/completions", self.chat(rng.choice(["Say hello.", "Count to ten.", "Name three colors."]),
-                                                 max_tokens=rng.randint(8, 48), temperature=temp), False
+            return (
+                "chat/completions",
+                self.chat(
+                    rng.choice(["Say hello.", "Count to ten.", "Name three colors."]),
+                    max_tokens=rng.randint(8, 48),
+                    temperature=temp,
+                ),
+                False,
+            )
         if kind == "completion":
-            return "completions", {"model": SERVED_NAME, "prompt": "def fibonacci(n):", "max_tokens": 32,
-                                   "temperature": temp}, False
+            return (
+                "completions",
+                {"model": SERVED_NAME, "prompt": "def fibonacci(n):", "max_tokens": 32, "temperature": temp},
+                False,
+            )
         if kind == "prediction":
-            body = self.chat("Add a docstring to the first function; answer with the whole file.\n\n" + self.code,
-                             max_tokens=256, temperature=0, prediction={"type": "content", "content": self.code})
+            body = self.chat(
+                "Add a docstring to the first function; answer with the whole file.\n\n" + self.code,
+                max_tokens=256,
+                temperature=0,
+                prediction={"type": "content", "content": self.code},
+            )
             return "chat/completions", body, False
         if kind == "json_schema":
             fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
-            return "chat/completions", self.chat("Invent a person as JSON.", max_tokens=64, response_format=fmt,
-                                                 temperature=temp), False
+            return (
+                "chat/completions",
+                self.chat("Invent a person as JSON.", max_tokens=64, response_format=fmt, temperature=temp),
+                False,
+            )
         if kind == "tool":
-            return "chat/completions", self.chat("What is the weather in Paris?", tools=[TOOL], max_tokens=64,
-                                                 tool_choice={"type": "function",
-                                                              "function": {"name": "get_weather"}}), False
+            return (
+                "chat/completions",
+                self.chat(
+                    "What is the weather in Paris?",
+                    tools=[TOOL],
+                    max_tokens=64,
+                    tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                ),
+                False,
+            )
         if kind == "n2":
             return "chat/completions", self.chat("Write a haiku.", n=2, max_tokens=24, temperature=0.8), False
         if kind in ("stream", "hangup"):
-            return "chat/completions", self.chat("Tell a short story.", max_tokens=64, stream=True,
-                                                 temperature=temp), False
+            return (
+                "chat/completions",
+                self.chat("Tell a short story.", max_tokens=64, stream=True, temperature=temp),
+                False,
+            )
         bad = rng.choice(["json", "type", "stops", "model", "speculation"])
         if bad == "json":
             return "chat/completions", b'{"model": "x", "messages": [', True
@@ -179,7 +233,7 @@ def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random
                 for line in r.iter_lines():
                     if not line.startswith("data: "):
                         continue
-                    data = line[len("data: "):]
+                    data = line[len("data: ") :]
                     if data == "[DONE]":
                         done = True
                         break
@@ -269,10 +323,19 @@ def kill_worker(url: str, mix: Mix) -> dict:
     refused = httpx.post(f"{url}/v1/chat/completions", json=mix.chat("hi", max_tokens=4), timeout=30)
     health = httpx.get(f"{url}/health", timeout=10)
     outcomes = {k: dict(v) for k, v in tally.counts.items()}
-    ok = (all(t.is_alive() is False for t in threads) and refused.status_code == 503 and health.status_code == 503
-          and not any("transport" in o or "truncated" in o for v in outcomes.values() for o in v))
-    return {"in_flight": outcomes, "answered_s": round(answered_s, 2), "new_request_status": refused.status_code,
-            "health_status": health.status_code, "ok": ok}
+    ok = (
+        all(t.is_alive() is False for t in threads)
+        and refused.status_code == 503
+        and health.status_code == 503
+        and not any("transport" in o or "truncated" in o for v in outcomes.values() for o in v)
+    )
+    return {
+        "in_flight": outcomes,
+        "answered_s": round(answered_s, 2),
+        "new_request_status": refused.status_code,
+        "health_status": health.status_code,
+        "ok": ok,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,18 +343,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="model spec for `specserve serve --model` (a pack name or a path)")
     p.add_argument("--minutes", type=float, default=30.0, help="length of the soak phase (default 30)")
     p.add_argument("--workers", type=int, default=16, help="concurrent clients (default 16)")
-    p.add_argument("--warmup", type=float, default=None, metavar="SECONDS",
-                   help="warm-up before the baseline (default: 10%% of the soak, 20 to 120 s)")
-    p.add_argument("--fault-every", type=float, default=90.0, metavar="SECONDS",
-                   help="inject a fault in a step this often (0: never; default 90). Each one fails every request "
-                        "of that step, up to --max-num-seqs of them: keep it rare enough that most requests finish")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="warm-up before the baseline (default: 10%% of the soak, 20 to 120 s)",
+    )
+    p.add_argument(
+        "--fault-every",
+        type=float,
+        default=90.0,
+        metavar="SECONDS",
+        help="inject a fault in a step this often (0: never; default 90). Each one fails every request "
+        "of that step, up to --max-num-seqs of them: keep it rare enough that most requests finish",
+    )
     p.add_argument("--no-worker-death", action="store_true", help="skip the final worker-death phase")
     p.add_argument("--rss-budget-mb", type=float, default=64.0, help="allowed RSS growth over the warm baseline")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="write the summary as JSON here")
-    p.add_argument("--log", type=Path, default=Path("soak-server.log"),
-                   help="the server's log (default ./soak-server.log)")
+    p.add_argument(
+        "--log", type=Path, default=Path("soak-server.log"), help="the server's log (default ./soak-server.log)"
+    )
     p.add_argument("serve_args", nargs="*", help="more `specserve serve` flags, after --")
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.workers < 1:
@@ -305,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         url, pid = server.url, server.proc.pid
         card = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
         mix = Mix(card.get("max_model_len") or 2048)
-        print(f"server pid {pid} on {url}; model {args.model} ({card.get('max_model_len')} tokens); "
-              f"{args.workers} workers; warm-up {warmup_s:.0f} s, soak {soak_s:.0f} s", flush=True)
+        print(
+            f"server pid {pid} on {url}; model {args.model} ({card.get('max_model_len')} tokens); "
+            f"{args.workers} workers; warm-up {warmup_s:.0f} s, soak {soak_s:.0f} s",
+            flush=True,
+        )
 
         warm = Tally()
         run_mix(url, mix, args.workers, warmup_s, warm, args.seed)
@@ -328,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
         end = proc_stats(pid)
         health = httpx.get(f"{url}/health", timeout=10).json()
         text = httpx.get(f"{url}/metrics", timeout=10).text
-        gauges = {name: metric(text, name) for name in ("specserve_active_requests", "specserve_queue_depth",
-                                                        "specserve_kv_cache_usage")}
+        gauges = {
+            name: metric(text, name)
+            for name in ("specserve_active_requests", "specserve_queue_depth", "specserve_kv_cache_usage")
+        }
         death = None if args.no_worker_death else kill_worker(url, mix)
 
     outcomes = {k: dict(v) for k, v in sorted(tally.counts.items())}
@@ -338,25 +417,39 @@ def main(argv: list[str] | None = None) -> int:
     checks = {
         "no server errors but injected ones": server_errors == 0,
         "no other failures": not tally.failures,
-        f"RSS within +{args.rss_budget_mb:g} MB of the warm baseline":
-            end["rss_mb"] - base["rss_mb"] <= args.rss_budget_mb,
+        f"RSS within +{args.rss_budget_mb:g} MB of the warm baseline": end["rss_mb"] - base["rss_mb"]
+        <= args.rss_budget_mb,
         "threads back to baseline": end["threads"] <= base["threads"],
         "open files back to baseline": end["open_files"] <= base["open_files"],
-        "engine idle (health and gauges)": health["active"] == 0 and health["queued"] == 0
-        and health["kv_cache_usage"] == 0 and all(v == 0 for v in gauges.values()),
+        "engine idle (health and gauges)": health["active"] == 0
+        and health["queued"] == 0
+        and health["kv_cache_usage"] == 0
+        and all(v == 0 for v in gauges.values()),
     }
     if args.fault_every > 0:
         checks["injected faults failed requests"] = tally.injected == 0 or injected_failures > 0
     if death is not None:
         checks["a dead worker answers 503 to every request, at once"] = death["ok"]
-    summary = {"model": args.model, "workers": args.workers, "soak_s": round(elapsed, 1), "requests": tally.total(),
-               "requests_per_s": round(tally.total() / elapsed, 2), "outcomes": outcomes,
-               "faults_injected": tally.injected, "requests_failed_by_injected_faults": injected_failures,
-               "server_errors_not_injected": server_errors, "baseline": base, "end": end,
-               "rss_growth_mb": round(end["rss_mb"] - base["rss_mb"], 1), "health_end": {
-                   k: health[k] for k in ("status", "active", "queued", "kv_cache_usage")},
-               "gauges_end": gauges, "worker_death": death, "failures": tally.failures[:50],
-               "checks": checks, "ok": all(checks.values())}
+    summary = {
+        "model": args.model,
+        "workers": args.workers,
+        "soak_s": round(elapsed, 1),
+        "requests": tally.total(),
+        "requests_per_s": round(tally.total() / elapsed, 2),
+        "outcomes": outcomes,
+        "faults_injected": tally.injected,
+        "requests_failed_by_injected_faults": injected_failures,
+        "server_errors_not_injected": server_errors,
+        "baseline": base,
+        "end": end,
+        "rss_growth_mb": round(end["rss_mb"] - base["rss_mb"], 1),
+        "health_end": {k: health[k] for k in ("status", "active", "queued", "kv_cache_usage")},
+        "gauges_end": gauges,
+        "worker_death": death,
+        "failures": tally.failures[:50],
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
     print(json.dumps(summary, indent=2))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

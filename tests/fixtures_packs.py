@@ -36,6 +36,7 @@ def smol_gguf(smol_model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def smol_hf_dir(smol_model_dir: Path) -> Path:
     """The same pack converted (once) to a safetensors folder for the transformers backend."""
-    source = packs.ModelSource(path=str(smol_model_dir), gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name,
-                               pack=packs.TEST_PACK)
+    source = packs.ModelSource(
+        path=str(smol_model_dir), gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name, pack=packs.TEST_PACK
+    )
     return Path(packs.ensure_converted(source).path)

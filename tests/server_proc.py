@@ -28,8 +28,9 @@ class ServerProcess(launch.ServerProcess):
             flags += ["--api-key", api_key]
         self.api_key = api_key
         threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # 1 unless the caller says
-        super().__init__(flags, env=threads, startup_timeout=STARTUP_TIMEOUT_S,
-                         stop_timeout=60.0 if "--ray" in args else 15.0)  # --ray also stops its Ray cluster
+        super().__init__(
+            flags, env=threads, startup_timeout=STARTUP_TIMEOUT_S, stop_timeout=60.0 if "--ray" in args else 15.0
+        )  # --ray also stops its Ray cluster
 
     def start(self) -> ServerProcess:
         try:

@@ -23,8 +23,9 @@ TEXT = "def add(a, b):\n    return a + b\nclass UserController:\n    def get_use
 @pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
 def backend(request, tmp_path_factory):
     if request.param == "llama.cpp":
-        return LlamaCppBackend(write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf"), max_sequences=4,
-                               batch_invariant=True)
+        return LlamaCppBackend(
+            write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf"), max_sequences=4, batch_invariant=True
+        )
     return TransformersBackend(tiny_model("qwen2", hidden=HIDDEN), max_sequences=4)
 
 
@@ -55,8 +56,9 @@ def assert_same_rows(backend, got: torch.Tensor, want: torch.Tensor) -> None:
 def test_shapes_and_rows_asked_for(backend, ids):
     a, b, c = fresh(backend, 3)
     try:
-        full, last, none = backend.forward([SeqInput(a, ids, "all"), SeqInput(b, ids, "last"),
-                                            SeqInput(c, ids, "none")])
+        full, last, none = backend.forward(
+            [SeqInput(a, ids, "all"), SeqInput(b, ids, "last"), SeqInput(c, ids, "none")]
+        )
         assert full.shape == (len(ids), backend.vocab_size) and full.dtype == torch.float32
         assert last.shape == (1, backend.vocab_size) and none is None
         assert_same_rows(backend, last[0], full[-1])
@@ -75,7 +77,7 @@ def test_truncate_then_refeed_is_bit_identical(backend, ids):
         assert backend.length(s) == cut
         assert torch.equal(backend.forward([SeqInput(s, ids[cut:])])[0], tail)
         backend.truncate(s, cut + 2)  # a rejected draft: keep two, re-feed the rest (a pass of another shape)
-        assert_same_rows(backend, backend.forward([SeqInput(s, ids[cut + 2:])])[0], tail[2:])
+        assert_same_rows(backend, backend.forward([SeqInput(s, ids[cut + 2 :])])[0], tail[2:])
         backend.truncate(s, 0)
         first = backend.forward([SeqInput(s, ids)])[0]
         backend.truncate(s, 0)

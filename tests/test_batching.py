@@ -48,24 +48,34 @@ def llm(request, tmp_path_factory):
         target, draft = write_tiny_gguf(folder / "t.gguf", 0), write_tiny_gguf(folder / "d.gguf", 1)
         make = lambda p: LlamaCppBackend(p, max_sequences=LIMITS.max_num_seqs + 1, batch_invariant=True)  # noqa: E731
         return LLM.from_backends(make(target), tok, make(draft), name="tiny", limits=LIMITS)
-    return LLM.from_backends(TransformersBackend(tiny_model("qwen2", 0)), tok,
-                             TransformersBackend(tiny_model("qwen2", 1)), name="tiny", limits=LIMITS)
+    return LLM.from_backends(
+        TransformersBackend(tiny_model("qwen2", 0)),
+        tok,
+        TransformersBackend(tiny_model("qwen2", 1)),
+        name="tiny",
+        limits=LIMITS,
+    )
 
 
 def mix(llm) -> list[dict]:
     """Requests of every kind; their expected outputs are those of running each alone."""
     base = llm.generate("def add(a, b):", SamplingParams(max_tokens=40), speculation="none")
-    edited = base.text[: len(base.text) // 2] + " edited " + base.text[len(base.text) // 2:]
+    edited = base.text[: len(base.text) // 2] + " edited " + base.text[len(base.text) // 2 :]
     stop = base.text[20:24] if len(base.text) > 24 else None
     return [
         dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=40), spec="prediction", prediction=edited),
         dict(prompt="Le café coûte 3 €. 東京", params=SamplingParams(max_tokens=36), spec="ngram"),
         dict(prompt="import os\nimport", params=SamplingParams(max_tokens=30), spec="draft"),
         dict(prompt=LONG_PROMPT, params=SamplingParams(max_tokens=24), spec="none"),
-        dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=17), spec="prediction",
-             prediction=base.text),  # max_tokens inside an accepted draft
-        dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=40, stop=(stop,) if stop else ()),
-             spec="prediction", prediction=base.text),  # a stop string inside an accepted draft
+        dict(
+            prompt="def add(a, b):", params=SamplingParams(max_tokens=17), spec="prediction", prediction=base.text
+        ),  # max_tokens inside an accepted draft
+        dict(
+            prompt="def add(a, b):",
+            params=SamplingParams(max_tokens=40, stop=(stop,) if stop else ()),
+            spec="prediction",
+            prediction=base.text,
+        ),  # a stop string inside an accepted draft
         dict(prompt="function getUser(req, res) {", params=SamplingParams(max_tokens=28), spec="auto"),
     ]
 
@@ -104,8 +114,16 @@ def test_join_midway_and_cancel_midway(llm):
     reqs = mix(llm)[:4]
     expected = [alone(llm, r) for r in reqs]
     cancel = {"now": False}
-    gens = [llm.stream(r["prompt"], r["params"], r.get("prediction"), r["spec"],
-                       should_cancel=(lambda: cancel["now"]) if i == 1 else None) for i, r in enumerate(reqs)]
+    gens = [
+        llm.stream(
+            r["prompt"],
+            r["params"],
+            r.get("prediction"),
+            r["spec"],
+            should_cancel=(lambda: cancel["now"]) if i == 1 else None,
+        )
+        for i, r in enumerate(reqs)
+    ]
     first = [next(gens[0]), next(gens[1])]  # two requests run a few steps before the others join
     next(gens[0])
     cancel["now"] = True  # request 1 is cancelled while the others keep going
@@ -124,12 +142,15 @@ def test_long_prompt_is_prefilled_in_chunks(llm):
     several steps; the three outputs are those of running alone."""
     core = llm.engine.core
     saved = core.scheduler.limits
-    core.scheduler.limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, prefill_slowdown=1.0,
-                                         min_prefill_chunk=16)
+    core.scheduler.limits = EngineLimits(
+        max_num_seqs=4, max_num_batched_tokens=512, prefill_slowdown=1.0, min_prefill_chunk=16
+    )
     steps = []
-    reqs = [dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=60), spec="none"),
-            dict(prompt="import os\nimport", params=SamplingParams(max_tokens=60), spec="none"),
-            dict(prompt=LONG_PROMPT, params=SamplingParams(max_tokens=8), spec="none")]
+    reqs = [
+        dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=60), spec="none"),
+        dict(prompt="import os\nimport", params=SamplingParams(max_tokens=60), spec="none"),
+        dict(prompt=LONG_PROMPT, params=SamplingParams(max_tokens=8), spec="none"),
+    ]
     prefix, core.prefix = core.prefix, None  # every prompt prefilled in full (sharing: test_prefix_cache.py)
     try:
         expected = [alone(llm, r) for r in reqs]
@@ -172,9 +193,15 @@ def test_a_burst_of_prompts_fills_the_batch_at_once(llm):
 
 @pytest.mark.parametrize("method", ["none", "ngram", "draft", "prediction"])
 def test_seeded_sampling_same_alone_and_batched(llm, method):
-    reqs = [dict(prompt=p, params=SamplingParams(max_tokens=24, temperature=0.9, seed=7 + i), spec=method,
-                 prediction="def add(a, b):\n    return a + b\n" if method == "prediction" else None)
-            for i, p in enumerate(["def add(a, b):", "import os\nimport", "Le café", "class User"])]
+    reqs = [
+        dict(
+            prompt=p,
+            params=SamplingParams(max_tokens=24, temperature=0.9, seed=7 + i),
+            spec=method,
+            prediction="def add(a, b):\n    return a + b\n" if method == "prediction" else None,
+        )
+        for i, p in enumerate(["def add(a, b):", "import os\nimport", "Le café", "class User"])
+    ]
     expected = [alone(llm, r) for r in reqs]
     for e, o in zip(expected, batched(llm, reqs)):
         same(e, o)
@@ -210,8 +237,10 @@ def batched_pairs(draft_kind: str, params: SamplingParams, n: int = 4000, seed0:
     engine = Engine(target, tiny_tokenizer(), draft, eos_token_ids=set(), limits=EngineLimits(max_num_seqs=batch))
     spec = SpeculationConfig(method=method, num_speculative_tokens=3)
     counts = np.zeros((V, V))
-    reqs = [engine.request(prompt, SamplingParams(max_tokens=2, temperature=params.temperature, seed=seed0 + i), spec)
-            for i in range(n)]
+    reqs = [
+        engine.request(prompt, SamplingParams(max_tokens=2, temperature=params.temperature, seed=seed0 + i), spec)
+        for i in range(n)
+    ]
     for out in engine.run(reqs):
         counts[out.token_ids[0], out.token_ids[1]] += 1
     return counts

@@ -31,8 +31,22 @@ def tiny_pair(tmp_path_factory):
 def quick_run(tiny_pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-out")
     target, draft = tiny_pair
-    rc = main(["bench", "--quick", "--model", target, "--draft-model", draft, "--max-tokens", "24",
-               "--out", str(out), "--html", str(out / "report.html")])
+    rc = main(
+        [
+            "bench",
+            "--quick",
+            "--model",
+            target,
+            "--draft-model",
+            draft,
+            "--max-tokens",
+            "24",
+            "--out",
+            str(out),
+            "--html",
+            str(out / "report.html"),
+        ]
+    )
     return rc, out
 
 
@@ -71,8 +85,21 @@ def test_quick_bench_on_llamacpp_with_its_peers(tmp_path):
     from tiny_gguf import save_tiny_gguf
 
     target, draft = save_tiny_gguf(tmp_path / "t"), save_tiny_gguf(tmp_path / "d", seed=1)
-    rc = main(["bench", "--quick", "--model", target, "--draft-model", draft, "--max-tokens", "24", "--exact",
-               "--out", str(tmp_path / "out")])
+    rc = main(
+        [
+            "bench",
+            "--quick",
+            "--model",
+            target,
+            "--draft-model",
+            draft,
+            "--max-tokens",
+            "24",
+            "--exact",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 0
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["environment"]["backend"] == "llama.cpp" and data["environment"]["batch_invariant"] is True
@@ -117,12 +144,35 @@ def test_prompt_trimmed_to_fit_context(tiny_pair):
 
 
 def test_markdown_marks_near_tie_and_bug():
-    env = {"model": "m", "draft_model": None, "dtype": "bfloat16", "device": "cpu", "threads": 2,
-           "max_tokens": 8, "torch": "t", "transformers": "x", "date": "d"}
-    tie = Run("s", "ngram", "specserve", output_tokens=8, latency=1.0, equal_to_plain=False,
-              first_difference={"position": 3, "top2_gap": 0.06, "near_tie": True})
-    bug = Run("s", "draft", "specserve", output_tokens=8, latency=1.0, equal_to_plain=False,
-              first_difference={"position": 5, "top2_gap": 4.0, "near_tie": False})
+    env = {
+        "model": "m",
+        "draft_model": None,
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "threads": 2,
+        "max_tokens": 8,
+        "torch": "t",
+        "transformers": "x",
+        "date": "d",
+    }
+    tie = Run(
+        "s",
+        "ngram",
+        "specserve",
+        output_tokens=8,
+        latency=1.0,
+        equal_to_plain=False,
+        first_difference={"position": 3, "top2_gap": 0.06, "near_tie": True},
+    )
+    bug = Run(
+        "s",
+        "draft",
+        "specserve",
+        output_tokens=8,
+        latency=1.0,
+        equal_to_plain=False,
+        first_difference={"position": 5, "top2_gap": 4.0, "near_tie": False},
+    )
     skipped = Run("s", "hf-assisted", "transformers", skipped="no draft model loaded")
     md = markdown_table([tie, bug, skipped], env)
     assert "near-tie @3 (gap 0.06)" in md and "DIFFERS @5 (gap 4.0)" in md and "skipped: no draft model" in md

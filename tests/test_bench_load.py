@@ -51,15 +51,35 @@ def _check_row(r: dict, max_tokens: int) -> None:
 
 def test_inproc_load_run_writes_results(tiny_target, tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["bench", "--model", tiny_target, *TINY, "--concurrency", "2,1", "--load-max-tokens", "8",
-               "--modes", "plain,prediction,ngram", "--scenarios", "py-rename,ts-rename", "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            tiny_target,
+            *TINY,
+            "--concurrency",
+            "2,1",
+            "--load-max-tokens",
+            "8",
+            "--modes",
+            "plain,prediction,ngram",
+            "--scenarios",
+            "py-rename,ts-rename",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     err = capsys.readouterr().err
     assert "ignoring mode(s) ngram" in err
     data = json.loads((out / "load.json").read_text())
     rows = data["rows"]
     assert [(r["via"], r["mode"], r["concurrency"]) for r in rows] == [
-        ("inproc", "plain", 1), ("inproc", "plain", 2), ("inproc", "prediction", 1), ("inproc", "prediction", 2)]
+        ("inproc", "plain", 1),
+        ("inproc", "plain", 2),
+        ("inproc", "prediction", 1),
+        ("inproc", "prediction", 2),
+    ]
     for r in rows:
         _check_row(r, 8)
     env = data["environment"]
@@ -84,12 +104,15 @@ def test_bad_concurrency_is_one_line(tiny_target, tmp_path, capsys, value):
     assert not (tmp_path / "load.json").exists()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--modes", "ngram,auto"], "runs modes plain, prediction"),
-    (["--load-max-tokens", "0"], "--load-max-tokens must be at least 1"),
-    (["--max-num-seqs", "1", "--max-num-batched-tokens", "3"], "--max-num-batched-tokens must exceed 4"),
-    (["--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--modes", "ngram,auto"], "runs modes plain, prediction"),
+        (["--load-max-tokens", "0"], "--load-max-tokens must be at least 1"),
+        (["--max-num-seqs", "1", "--max-num-batched-tokens", "3"], "--max-num-batched-tokens must exceed 4"),
+        (["--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
+    ],
+)
 def test_bad_load_flags_are_one_line(tiny_target, tmp_path, capsys, flags, message):
     rc = main(["bench", "--model", tiny_target, *TINY, "--concurrency", "1,4", *flags, "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip()
@@ -102,12 +125,34 @@ def test_server_load_run_end_to_end(tiny_target, tmp_path, monkeypatch):
     engine run in process, with prediction stats from the SSE finish chunk."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the server subprocess, on a 2-core machine
     out = tmp_path / "out"
-    rc = main(["bench", "--model", tiny_target, *TINY, "--concurrency", "2", "--load-max-tokens", "6",
-               "--load-via", "both", "--modes", "plain,prediction", "--scenarios", "py-rename", "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            tiny_target,
+            *TINY,
+            "--concurrency",
+            "2",
+            "--load-max-tokens",
+            "6",
+            "--load-via",
+            "both",
+            "--modes",
+            "plain,prediction",
+            "--scenarios",
+            "py-rename",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = _rows(out)
-    assert [(r["via"], r["mode"]) for r in rows] == [("inproc", "plain"), ("inproc", "prediction"),
-                                                       ("server", "plain"), ("server", "prediction")]
+    assert [(r["via"], r["mode"]) for r in rows] == [
+        ("inproc", "plain"),
+        ("inproc", "prediction"),
+        ("server", "plain"),
+        ("server", "prediction"),
+    ]
     for r in rows:
         _check_row(r, 6)
         assert r["speedup_vs_c1"] is None  # no C=1 run

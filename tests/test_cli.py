@@ -14,19 +14,44 @@ def model_dir(tmp_path_factory):
 
 
 def cli(*args, stdin: str | None = None):
-    return subprocess.run([sys.executable, "-m", "specserve.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "specserve.cli", *args], input=stdin, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_generate_json_with_prediction(model_dir, tmp_path):
-    plain = cli("generate", "def add(a, b):", "--model", model_dir, "--dtype", "float32", "--max-tokens", "24",
-                "--speculation", "none", "--json")
+    plain = cli(
+        "generate",
+        "def add(a, b):",
+        "--model",
+        model_dir,
+        "--dtype",
+        "float32",
+        "--max-tokens",
+        "24",
+        "--speculation",
+        "none",
+        "--json",
+    )
     assert plain.returncode == 0, plain.stderr
     base = json.loads(plain.stdout)
     pred = tmp_path / "pred.txt"
     pred.write_text(base["text"], encoding="utf-8")
-    r = cli("generate", "--model", model_dir, "--dtype", "float32", "--max-tokens", "24", "--prediction", str(pred),
-            "--speculation", "prediction", "--json", stdin="def add(a, b):")
+    r = cli(
+        "generate",
+        "--model",
+        model_dir,
+        "--dtype",
+        "float32",
+        "--max-tokens",
+        "24",
+        "--prediction",
+        str(pred),
+        "--speculation",
+        "prediction",
+        "--json",
+        stdin="def add(a, b):",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["token_ids"] == base["token_ids"]
@@ -45,13 +70,16 @@ def test_empty_stdin_prompt_fails_before_loading_a_model():
     assert r.returncode == 2 and "prompt on stdin is empty" in r.stderr  # not the model error: checked first
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prediction", "/nonexistent/file.py"], "cannot read prediction file"),
-    (["--max-tokens", "0"], "max_tokens must be at least 1"),
-    (["--temperature", "-1"], "temperature must be in"),
-    (["--model", "/nonexistent/model"], "no such file or folder"),
-    (["--speculation", "draft"], "needs a draft model"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prediction", "/nonexistent/file.py"], "cannot read prediction file"),
+        (["--max-tokens", "0"], "max_tokens must be at least 1"),
+        (["--temperature", "-1"], "temperature must be in"),
+        (["--model", "/nonexistent/model"], "no such file or folder"),
+        (["--speculation", "draft"], "needs a draft model"),
+    ],
+)
 def test_bad_input_gets_one_line_error(model_dir, args, message):
     base = ["generate", "hello", "--dtype", "float32"] + ([] if "--model" in args else ["--model", model_dir])
     r = cli(*base, *args)

@@ -67,8 +67,11 @@ def test_every_import_is_declared():
 def test_extras_are_imported_lazily():
     """A module only an extra provides is never imported at module level (a server install lacks it)."""
     main, _ = _declared()
-    eager = {dist: sorted(f for f, at_top in files.items() if at_top)
-             for dist, files in _third_party_imports().items() if dist not in main}
+    eager = {
+        dist: sorted(f for f, at_top in files.items() if at_top)
+        for dist, files in _third_party_imports().items()
+        if dist not in main
+    }
     eager = {d: f for d, f in eager.items() if f}
     assert not eager, f"extras imported at module level: {eager}"
 
@@ -82,8 +85,10 @@ def test_plotting_is_a_bench_extra():
 
 def test_server_and_cli_do_not_load_the_plotting_library():
     """Importing the API, the server and every CLI subcommand does not import matplotlib."""
-    code = ("import sys, specserve.llm, specserve.server.app, specserve.server.launch; "
-            "from specserve.cli.main import build_parser; build_parser(); print('matplotlib' in sys.modules)")
+    code = (
+        "import sys, specserve.llm, specserve.server.app, specserve.server.launch; "
+        "from specserve.cli.main import build_parser; build_parser(); print('matplotlib' in sys.modules)"
+    )
     env = {**os.environ, "PYTHONPATH": str(PKG.parent)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]

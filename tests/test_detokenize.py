@@ -18,8 +18,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from specserve.engine.detokenize import IncrementalDetokenizer, streams_exactly
 from specserve.proposers.prediction import _decode_with_starts
 
-TEXTS = ["Le café coûte 3 €. Über naïve façade — 東京 日本語 テキスト ✓ 🎉👍🏽 עברית العربية ½",
-         "def get_user(self, user_id):\n    return self.db.find(user_id)  # ✓ → 𝔘\n"]
+TEXTS = [
+    "Le café coûte 3 €. Über naïve façade — 東京 日本語 テキスト ✓ 🎉👍🏽 עברית العربية ½",
+    "def get_user(self, user_id):\n    return self.db.find(user_id)  # ✓ → 𝔘\n",
+]
 CONTEXTS = ["Hello world!", "<|im_start|>assistant\n", "x = 1\n", "x = 1"]
 
 
@@ -28,15 +30,17 @@ def sentencepiece_like() -> PreTrainedTokenizerFast:
     first space of whatever it decodes (so the prompt context decides an output's leading space)."""
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tok.train_from_iterator(CORPUS * 4, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "</s>"]))
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
     for b in range(256):  # byte pieces are ordinary tokens, as in Llama's vocabulary
         vocab.setdefault(f"<0x{b:02X}>", len(vocab))
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="</s>", unk_token="<unk>"
+    )
 
 
 @pytest.fixture(scope="module", params=["smollm2", "tiny", "sentencepiece"])
@@ -101,7 +105,7 @@ def test_streamed_text_equals_the_full_decode(tok):
         head = tok.decode(context, skip_special_tokens=True)
         full = tok.decode(context + out, skip_special_tokens=True)
         assert full.startswith(head)
-        full = full[len(head):]
+        full = full[len(head) :]
         chunks, tail = run(tok, context, out, stream=True)
         text = "".join(chunks)
         assert text + tail == full, (context, out)

@@ -17,8 +17,10 @@ from specserve.proposers.prediction import priced_k
 
 CURVE = CostModel(LLAMACPP_2CORE_CURVE)
 SAMPLES = Path(__file__).resolve().parents[1] / "src" / "specserve" / "bench" / "samples"
-BEFORE = "".join(f"def handler_{i}(request):\n    user = load_user(request.user_id)\n    return render(user, page={i})\n\n"
-                 for i in range(60))
+BEFORE = "".join(
+    f"def handler_{i}(request):\n    user = load_user(request.user_id)\n    return render(user, page={i})\n\n"
+    for i in range(60)
+)
 AFTER = BEFORE.replace("    return render(user, page=30)\n", "    audit(request)\n    return render(user, page=30)\n")
 
 
@@ -45,6 +47,7 @@ def test_no_blind_restart_after_a_reanchor_and_drafts_past_128():
     priced = replay_ids(tok, BEFORE, ids, spec, CURVE)
     unpriced = replay_ids(tok, BEFORE, ids, spec)
     assert priced.token_ids == unpriced.token_ids == ids
+
     # after a divergence, a confirmed anchor goes straight to a priced K (one step from <= 8 to > 64);
     # without prices K climbs back 8 -> 16 -> 32 -> ... after every re-anchor
     def jumps(out):
@@ -64,12 +67,17 @@ def test_prices_pay_on_the_sample_renames(smol_model_dir):
     drafting with the prices beats the same drafter blind to them, both paid at the curve."""
     from specserve.models import loader, packs
 
-    tok = loader.load_tokenizer(packs.ModelSource(path=str(smol_model_dir), pack=packs.TEST_PACK,
-                                                  gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name))
+    tok = loader.load_tokenizer(
+        packs.ModelSource(
+            path=str(smol_model_dir), pack=packs.TEST_PACK, gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name
+        )
+    )
     py = (SAMPLES / "users_controller.py").read_text(encoding="utf-8")
     ts = (SAMPLES / "orders_controller.ts").read_text(encoding="utf-8")
-    pairs = [(py, py.replace("UserService", "UserRepository").replace("user_service", "user_repository")),
-             (ts, ts.replace("toView", "serializeOrder"))]
+    pairs = [
+        (py, py.replace("UserService", "UserRepository").replace("user_service", "user_repository")),
+        (ts, ts.replace("toView", "serializeOrder")),
+    ]
     spec = SpeculationConfig("prediction")
     for before, after in pairs:
         priced = replay(tok, before, after, spec=spec, prices=CURVE)

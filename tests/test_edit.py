@@ -40,8 +40,12 @@ class FakeServer:
                 pass
 
             def do_GET(self):
-                self._json({"object": "list", "data": [{"id": "fake-coder", "object": "model", "created": 0,
-                                                         "owned_by": "test"}]})
+                self._json(
+                    {
+                        "object": "list",
+                        "data": [{"id": "fake-coder", "object": "model", "created": 0, "owned_by": "test"}],
+                    }
+                )
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -71,8 +75,12 @@ class FakeServer:
         for p in pieces:
             yield {**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
         yield {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish}]}
-        usage = {"prompt_tokens": 50, "completion_tokens": 40, "total_tokens": 90,
-                 "completion_tokens_details": {"accepted_prediction_tokens": 30, "rejected_prediction_tokens": 4}}
+        usage = {
+            "prompt_tokens": 50,
+            "completion_tokens": 40,
+            "total_tokens": 90,
+            "completion_tokens_details": {"accepted_prediction_tokens": 30, "rejected_prediction_tokens": 4},
+        }
         yield {**base, "choices": [], "usage": usage, "speculation": {"tokens_per_step": 5.0, "acceptance_rate": 0.88}}
 
     def close(self):
@@ -97,15 +105,18 @@ def edit_cli(server, path, *extra) -> int:
     return main(["edit", str(path), "--instruction", "Add type hints to greet", "--base-url", server.base_url, *extra])
 
 
-@pytest.mark.parametrize("answer, expected", [
-    ("```python\nx = 1\n```", "x = 1\n"),
-    ("```\nx = 1\n```\n", "x = 1\n"),
-    ("\n```ts\nconst a = 1;\n\nconst b = 2;\n```  \n", "const a = 1;\n\nconst b = 2;\n"),
-    ("x = 1\n", "x = 1\n"),  # no fence: unchanged
-    ("x = 1", "x = 1\n"),  # trailing newline matched to the original
-    ("```md\na\n```\nb\n```", "a\n```\nb\n"),  # inner fences kept: only the outermost pair goes
-    ("Here you go:\n```python\nx = 1\n```", "Here you go:\n```python\nx = 1\n```\n"),  # not a surrounding fence
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("```python\nx = 1\n```", "x = 1\n"),
+        ("```\nx = 1\n```\n", "x = 1\n"),
+        ("\n```ts\nconst a = 1;\n\nconst b = 2;\n```  \n", "const a = 1;\n\nconst b = 2;\n"),
+        ("x = 1\n", "x = 1\n"),  # no fence: unchanged
+        ("x = 1", "x = 1\n"),  # trailing newline matched to the original
+        ("```md\na\n```\nb\n```", "a\n```\nb\n"),  # inner fences kept: only the outermost pair goes
+        ("Here you go:\n```python\nx = 1\n```", "Here you go:\n```python\nx = 1\n```\n"),  # not a surrounding fence
+    ],
+)
 def test_strip_fence(answer, expected):
     assert strip_fence(answer, "y = 0\n") == expected
 
@@ -157,26 +168,39 @@ def test_check_answer_accepts_real_edits():
     assert check_answer(doc, answer, "Add a usage example.", "markdown") == []
 
 
-@pytest.mark.parametrize("answer, instruction, expected", [
-    ("", "Rename perimeter to circumference.", "empty"),
-    ("obj['updated_code']\n", "Rename perimeter to circumference.", "placeholder"),
-    ("obj['updated_code']\n", "Remove the Circle class.", "placeholder"),  # a removal does not excuse it
-    ("updated_code\n", "Remove the Circle class.", "placeholder"),
-    (MODULE.split("class Circle:")[0], "Add type hints to area.", "far shorter"),  # 9 of 15 lines
-    ("import math\n\n\ndef area(radius):\n    return math.pi * radius ** 2\n", "Add a docstring.", "far shorter"),
-    ("Here is the updated file with perimeter renamed to circumference as requested.\n" * 20,
-     "Rename perimeter to circumference.", "prose"),
-    ("Sure! Here it is:\n```python\n" + RENAMED + "```\n", "Rename perimeter to circumference.", "prose"),
-    ("The code:\n```python\n" + RENAMED + "```\nDone.\n", "Rename perimeter to circumference.", "fenced"),
-    ("x = 1\ny = 2\nz = 3\nw = 4\n" * 6, "Remove the comments.", "none of the original's lines"),
-    (MODULE.split("class Circle:")[0] + "# ... rest of the file ...\n", "Remove unused imports.", "leaves code out"),
-    (MODULE.split("class Circle:")[0] + "class Circle:\n    # existing code\n", "Delete perimeter.",
-     "leaves code out"),
-    (MODULE.split("class Circle:")[0] + "// ... unchanged\n", "Drop area.", "leaves code out"),
-    (MODULE.split("class Circle:")[0] + "<rest of code>\n", "Shorten it.", "leaves code out"),
-    (MODULE.split("class Circle:")[0] + "class Circle:\n    ...\n\n...\n", "Trim it.", "leaves code out"),
-    (MODULE.replace("return 2 * math.pi * radius", "return 2 * math.pi * radius +"), "Fix it.", "not valid Python"),
-])
+@pytest.mark.parametrize(
+    "answer, instruction, expected",
+    [
+        ("", "Rename perimeter to circumference.", "empty"),
+        ("obj['updated_code']\n", "Rename perimeter to circumference.", "placeholder"),
+        ("obj['updated_code']\n", "Remove the Circle class.", "placeholder"),  # a removal does not excuse it
+        ("updated_code\n", "Remove the Circle class.", "placeholder"),
+        (MODULE.split("class Circle:")[0], "Add type hints to area.", "far shorter"),  # 9 of 15 lines
+        ("import math\n\n\ndef area(radius):\n    return math.pi * radius ** 2\n", "Add a docstring.", "far shorter"),
+        (
+            "Here is the updated file with perimeter renamed to circumference as requested.\n" * 20,
+            "Rename perimeter to circumference.",
+            "prose",
+        ),
+        ("Sure! Here it is:\n```python\n" + RENAMED + "```\n", "Rename perimeter to circumference.", "prose"),
+        ("The code:\n```python\n" + RENAMED + "```\nDone.\n", "Rename perimeter to circumference.", "fenced"),
+        ("x = 1\ny = 2\nz = 3\nw = 4\n" * 6, "Remove the comments.", "none of the original's lines"),
+        (
+            MODULE.split("class Circle:")[0] + "# ... rest of the file ...\n",
+            "Remove unused imports.",
+            "leaves code out",
+        ),
+        (
+            MODULE.split("class Circle:")[0] + "class Circle:\n    # existing code\n",
+            "Delete perimeter.",
+            "leaves code out",
+        ),
+        (MODULE.split("class Circle:")[0] + "// ... unchanged\n", "Drop area.", "leaves code out"),
+        (MODULE.split("class Circle:")[0] + "<rest of code>\n", "Shorten it.", "leaves code out"),
+        (MODULE.split("class Circle:")[0] + "class Circle:\n    ...\n\n...\n", "Trim it.", "leaves code out"),
+        (MODULE.replace("return 2 * math.pi * radius", "return 2 * math.pi * radius +"), "Fix it.", "not valid Python"),
+    ],
+)
 def test_check_answer_refuses(answer, instruction, expected):
     problems = check_answer(MODULE, answer, instruction, "python")
     assert problems and any(expected in p for p in problems), problems
@@ -206,8 +230,9 @@ def test_prompts_share_one_layout():
 def test_refactor_function(server):
     client = make_client(server.base_url, "k")
     deltas = []
-    r = refactor_with_predicted_outputs(ORIGINAL, "Add type hints to greet", client, on_delta=deltas.append,
-                                        language="python")
+    r = refactor_with_predicted_outputs(
+        ORIGINAL, "Add type hints to greet", client, on_delta=deltas.append, language="python"
+    )
     assert r.complete and r.code == EDITED and "".join(deltas) == r.raw
     assert r.model == "fake-coder"  # the first model the server lists
     assert (r.accepted_prediction_tokens, r.rejected_prediction_tokens, r.completion_tokens) == (30, 4, 40)
@@ -324,6 +349,17 @@ def test_against_specserve_serve(tmp_path):
         assert r.finish_reason in ("length", "stop") and r.completion_tokens <= 12
         assert r.accepted_prediction_tokens + r.rejected_prediction_tokens >= 0 and r.speculation is not None
         if r.finish_reason == "length":
-            rc = main(["edit", str(path), "-i", "Add type hints", "--base-url", srv.base_url, "--in-place",
-                       "--max-tokens", "12"])
+            rc = main(
+                [
+                    "edit",
+                    str(path),
+                    "-i",
+                    "Add type hints",
+                    "--base-url",
+                    srv.base_url,
+                    "--in-place",
+                    "--max-tokens",
+                    "12",
+                ]
+            )
             assert rc != 0 and path.read_text() == ORIGINAL

@@ -58,9 +58,26 @@ def generate(gguf: str, tiled_mm: str | None, *flags: str) -> subprocess.Complet
     env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
     if tiled_mm is not None:
         env["GGML_CPU_TILED_MM"] = tiled_mm
-    return subprocess.run([sys.executable, "-m", "specserve.cli", "generate", "def add(a, b):", "--model", gguf,
-                           "--draft-model", "none", "--max-tokens", "4", *flags],
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specserve.cli",
+            "generate",
+            "def add(a, b):",
+            "--model",
+            gguf,
+            "--draft-model",
+            "none",
+            "--max-tokens",
+            "4",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +99,11 @@ def test_exact_mode_sets_the_variable_itself_when_the_user_did_not(gguf):
 
 def test_fast_mode_runs_whatever_the_variable_says(gguf):
     """Only --exact needs the tiled matmul off (a lighter child: the backend alone)."""
-    code = ("import sys; from specserve.backends.llamacpp import LlamaCppBackend as B; "
-            "from specserve.backends import SeqInput; b = B(sys.argv[1]); s = b.new_sequence(); "
-            "print(b.forward([SeqInput(s, [1, 2, 3])])[0].shape)")
+    code = (
+        "import sys; from specserve.backends.llamacpp import LlamaCppBackend as B; "
+        "from specserve.backends import SeqInput; b = B(sys.argv[1]); s = b.new_sequence(); "
+        "print(b.forward([SeqInput(s, [1, 2, 3])])[0].shape)"
+    )
     env = {**os.environ, "GGML_CPU_TILED_MM": "1"}
     r = subprocess.run([sys.executable, "-c", code, gguf], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and "torch.Size([3, " in r.stdout, r.stderr

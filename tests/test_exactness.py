@@ -97,16 +97,16 @@ def test_eos_inside_accepted_draft(llms):
     llm, same = llms
     full = plain(llm, PROMPTS[2], max_tokens=40)
     eos = full.token_ids[17]
-    for l in (llm, same):
-        saved = l.engine.eos_token_ids
-        l.engine.eos_token_ids = {eos}
+    for model in (llm, same):
+        saved = model.engine.eos_token_ids
+        model.engine.eos_token_ids = {eos}
         try:
             for m in METHODS:
-                base, out = check_same(l, PROMPTS[2], m, prediction=full.text, max_tokens=40)
+                base, out = check_same(model, PROMPTS[2], m, prediction=full.text, max_tokens=40)
                 assert out.finish_reason == "stop"
                 assert out.token_ids[-1] == eos and eos not in out.token_ids[:-1]
         finally:
-            l.engine.eos_token_ids = saved
+            model.engine.eos_token_ids = saved
 
 
 @pytest.mark.parametrize("prediction", ["", "zzzz totally different text zzzz", None])
@@ -164,9 +164,9 @@ def test_context_length_limit(llms):
 def test_penalties_and_logprobs_identical_with_speculation(llms):
     llm, same = llms
     kw = dict(max_tokens=40, presence_penalty=0.5, frequency_penalty=0.7, logprobs=3)
-    for l, m in ((llm, "prediction"), (llm, "ngram"), (same, "draft")):
-        base = plain(l, PROMPTS[0], **kw)
-        out = l.generate(PROMPTS[0], SamplingParams(**kw), prediction=base.text, speculation=m)
+    for model, m in ((llm, "prediction"), (llm, "ngram"), (same, "draft")):
+        base = plain(model, PROMPTS[0], **kw)
+        out = model.generate(PROMPTS[0], SamplingParams(**kw), prediction=base.text, speculation=m)
         assert out.token_ids == base.token_ids
         assert [lp.token_id for lp in out.logprobs] == out.token_ids
         for a, b in zip(out.logprobs, base.logprobs):

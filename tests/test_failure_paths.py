@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from server_proc import ServerProcess, metric_value
-
-from specserve.server.launch import free_port
 from tiny import save_tiny, tiny_model, tiny_tokenizer
 
 import specserve.engine.request as request_module
@@ -30,11 +28,11 @@ from specserve.engine.core import EngineFault
 from specserve.llm import LLM
 from specserve.server import faults
 from specserve.server.app import request_error
+from specserve.server.launch import free_port
 
 MODEL = "tiny"
 PLAIN = SpeculationConfig(method="none")
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 24,
-        "temperature": 0}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 24, "temperature": 0}
 WAIT_S = 30.0  # how long a test waits for an answer that must come at once (a hang fails, never blocks)
 
 
@@ -55,8 +53,13 @@ def engine_llm(max_num_seqs: int = 2) -> tuple[LLM, Counting]:
 
 def make(llm: LLM, max_tokens: int = 16, cancel: threading.Event | None = None, on_event=None):
     ids = tiny_tokenizer().encode("def add(a, b):")
-    return llm.engine.request(ids, SamplingParams(max_tokens=max_tokens, temperature=0), PLAIN,
-                              should_cancel=cancel.is_set if cancel else None, on_event=on_event)
+    return llm.engine.request(
+        ids,
+        SamplingParams(max_tokens=max_tokens, temperature=0),
+        PLAIN,
+        should_cancel=cancel.is_set if cancel else None,
+        on_event=on_event,
+    )
 
 
 def test_a_fault_in_a_step_is_an_engine_fault_and_only_that_step_fails():
@@ -181,7 +184,7 @@ def test_a_bug_mid_stream_still_ends_with_an_error_event_and_done_and_is_recorde
             time.sleep(0.05)
         url = f"http://127.0.0.1:{port}"
         with httpx.stream("POST", f"{url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=WAIT_S) as r:
-            events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+            events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["error"]["type"] == "server_error"
         text = httpx.get(f"{url}/metrics", timeout=5).text
@@ -231,9 +234,10 @@ def chat(srv: ServerProcess, **fields) -> httpx.Response:
 
 def sse_events(srv: ServerProcess, **fields) -> tuple[int, list]:
     """Status and the decoded `data:` payloads of a streamed chat request ("[DONE]" kept as is)."""
-    with httpx.stream("POST", f"{srv.base_url}/chat/completions", json={**CHAT, "stream": True, **fields},
-                      timeout=WAIT_S) as r:
-        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    with httpx.stream(
+        "POST", f"{srv.base_url}/chat/completions", json={**CHAT, "stream": True, **fields}, timeout=WAIT_S
+    ) as r:
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
         return r.status_code, [e if e == "[DONE]" else json.loads(e) for e in events]
 
 

@@ -107,4 +107,3 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert prices.batch([1, 1, 1]) == prices.target(3)
     per_seq = CostModel(((1, 1.0), (8, 6.0), (128, 45.0)), batched=False)
     assert per_seq.batch([1, 1, 1]) == 3.0
-

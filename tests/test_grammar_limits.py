@@ -30,14 +30,19 @@ from specserve.server.structured import json_whitespace
 # A 185-byte schema that xgrammar needs ~2 s per alternative to compile on the tiny 400-token
 # vocabulary (measured: 1 alternative 2.0 s, 3 alternatives 6.2 s; ~4 s each on SmolLM2's 49k):
 # nested bounded repetitions expand into a huge automaton.
-SLOW_SCHEMA = {"anyOf": [{"type": "string", "pattern": "((a%d|b){1,100}x){1,100}" % i} for i in range(3)]}
+SLOW_SCHEMA = {"anyOf": [{"type": "string", "pattern": f"((a{i}|b){{1,100}}x){{1,100}}"} for i in range(3)]}
 SIMPLE_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 VOCAB = list(string.printable) + ["<eos>"]  # one token per character, for the synthetic tests
 
 
 def chat(client, **extra):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 8,
-            "temperature": 0, **extra}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "def add(a, b):"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
     return client.post("/v1/chat/completions", json=body)
 
 
@@ -161,9 +166,20 @@ def accepts(factory: ConstraintFactory, spec: GrammarSpec, text: str) -> bool:
     return m.accept_string(text) and m.is_completed()
 
 
-@pytest.mark.parametrize("kind,schema", [("json_schema", {"type": "object", "properties": {
-    "a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}}, "required": ["a", "b"]}),
-    ("json_object", None)])
+@pytest.mark.parametrize(
+    "kind,schema",
+    [
+        (
+            "json_schema",
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
+                "required": ["a", "b"],
+            },
+        ),
+        ("json_object", None),
+    ],
+)
 def test_strict_whitespace_rejects_free_whitespace(kind, schema):
     f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
     strict, free = GrammarSpec(kind, schema), GrammarSpec(kind, schema, any_whitespace=True)

@@ -37,14 +37,21 @@ def test_folder_and_draft_load_in_float32(tmp_path):
     assert llm.has_draft_model and llm.target_backend.model.dtype == torch.float32
     assert llm.backend_name == "transformers"
     plain = llm.generate("def add(a, b):", SamplingParams(max_tokens=12), speculation="none")
-    assert llm.generate("def add(a, b):", SamplingParams(max_tokens=12), speculation="draft").token_ids == \
-        plain.token_ids
+    assert (
+        llm.generate("def add(a, b):", SamplingParams(max_tokens=12), speculation="draft").token_ids == plain.token_ids
+    )
     assert not LLM(model=target, dtype="float32").has_draft_model  # no implicit draft for a given model
 
 
-@pytest.mark.parametrize("backend, dtype, expected", [("auto", None, "llama.cpp"), ("auto", "float32", "transformers"),
-                                                      ("llama.cpp", None, "llama.cpp"),
-                                                      ("transformers", None, "transformers")])
+@pytest.mark.parametrize(
+    "backend, dtype, expected",
+    [
+        ("auto", None, "llama.cpp"),
+        ("auto", "float32", "transformers"),
+        ("llama.cpp", None, "llama.cpp"),
+        ("transformers", None, "transformers"),
+    ],
+)
 def test_gguf_file_loads_on_the_chosen_backend(smol_gguf, backend, dtype, expected):
     llm = LLM(model=str(smol_gguf), dtype=dtype, backend=backend)
     assert llm.backend_name == expected
@@ -54,8 +61,15 @@ def test_gguf_file_loads_on_the_chosen_backend(smol_gguf, backend, dtype, expect
 
 def test_auto_order_prediction_then_ngram_then_draft():
     llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
-    ctx = ProposerContext(SpeculationConfig("auto"), SamplingParams(), 3, llm.tokenizer, "def add(a, b):",
-                          SequenceRunner(llm.draft_backend), torch.Generator())
+    ctx = ProposerContext(
+        SpeculationConfig("auto"),
+        SamplingParams(),
+        3,
+        llm.tokenizer,
+        "def add(a, b):",
+        SequenceRunner(llm.draft_backend),
+        torch.Generator(),
+    )
     chain = build_chain(ctx)
     assert [p.name for p in chain] == ["prediction", "ngram", "draft"]
     for p in chain:
@@ -64,8 +78,9 @@ def test_auto_order_prediction_then_ngram_then_draft():
     chain[0].anchored = False  # the prediction has nothing: n-gram next, if it finds a match
     assert choose_draft(chain, [5, 6, 7, 5, 6], 4).source == "ngram"
     assert choose_draft(chain, [5, 6, 7, 8, 9], 4).source == "draft"  # no repeated n-gram: draft model
-    no_pred = build_chain(ProposerContext(SpeculationConfig("auto"), SamplingParams(), 3, llm.tokenizer, None,
-                                          None, torch.Generator()))
+    no_pred = build_chain(
+        ProposerContext(SpeculationConfig("auto"), SamplingParams(), 3, llm.tokenizer, None, None, torch.Generator())
+    )
     assert [p.name for p in no_pred] == ["ngram"]
     assert choose_draft(chain, [5, 6, 7], 0) is None  # no budget: no draft at all
 
@@ -77,8 +92,7 @@ def _run_cli(*argv):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "specserve.cli", *argv], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "specserve.cli", *argv], capture_output=True, text=True, timeout=120)
 
 
 def test_missing_gguf_is_a_one_line_cli_error(tmp_path):

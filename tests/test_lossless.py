@@ -115,8 +115,12 @@ def test_disjoint_draft_is_always_rejected():
     params = SamplingParams(temperature=1.0, top_k=4, max_tokens=2, seed=1)
     t = target_table()
     worst = t.argsort(dim=-1)[:, :2]
-    engine = Engine(BigramRunner(t), tiny_tokenizer(), BigramRunner(torch.full((V, V), -30.0).scatter(1, worst, 5.0)),
-                    eos_token_ids=set())
+    engine = Engine(
+        BigramRunner(t),
+        tiny_tokenizer(),
+        BigramRunner(torch.full((V, V), -30.0).scatter(1, worst, 5.0)),
+        eos_token_ids=set(),
+    )
     out = engine.generate([0, 1], params, SpeculationConfig("draft", 3)).run()
     assert out.stats.by_source["draft"].proposed > 0 and out.stats.by_source["draft"].accepted == 0
 
@@ -163,12 +167,24 @@ def test_verify_sampled_first_token_law_and_broken_residual(monkeypatch):
 
 
 def test_seeded_sampling_is_reproducible():
-    engine = Engine(BigramRunner(target_table()), tiny_tokenizer(), BigramRunner(random_table(V, 12)),
-                    eos_token_ids=set())
+    engine = Engine(
+        BigramRunner(target_table()), tiny_tokenizer(), BigramRunner(random_table(V, 12)), eos_token_ids=set()
+    )
     for method in ("none", "draft", "ngram"):
-        runs = [engine.generate([0, 1, 2, 0, 1], SamplingParams(temperature=1.0, max_tokens=20, seed=42),
-                                SpeculationConfig(method)).run().token_ids for _ in range(2)]
+        runs = [
+            engine.generate(
+                [0, 1, 2, 0, 1], SamplingParams(temperature=1.0, max_tokens=20, seed=42), SpeculationConfig(method)
+            )
+            .run()
+            .token_ids
+            for _ in range(2)
+        ]
         assert runs[0] == runs[1]
-    other = engine.generate([0, 1, 2, 0, 1], SamplingParams(temperature=1.0, max_tokens=20, seed=43),
-                            SpeculationConfig("draft")).run().token_ids
+    other = (
+        engine.generate(
+            [0, 1, 2, 0, 1], SamplingParams(temperature=1.0, max_tokens=20, seed=43), SpeculationConfig("draft")
+        )
+        .run()
+        .token_ids
+    )
     assert other != runs[0]

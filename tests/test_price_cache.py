@@ -108,5 +108,7 @@ def test_the_engine_reads_its_prices_from_the_cache(home, monkeypatch):
         batches_sequences = True
 
     core.target = Target()
-    monkeypatch.setattr("specserve.engine.core.SequenceRunner", lambda backend: type("R", (), {"close": lambda s: None})())
+    monkeypatch.setattr(
+        "specserve.engine.core.SequenceRunner", lambda backend: type("R", (), {"close": lambda s: None})()
+    )
     assert core.prices() == cached

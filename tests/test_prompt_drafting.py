@@ -19,10 +19,14 @@ from specserve.proposers.prompt import prompt_code
 CURVE = CostModel(LLAMACPP_2CORE_CURVE)
 BEFORE = "".join(
     f"def handler_{i}(request):\n    svc = UserService(request.db)\n"
-    f"    data = svc.load(request.user_id, page={i})\n    return render(data)\n\n" for i in range(30))
+    f"    data = svc.load(request.user_id, page={i})\n    return render(data)\n\n"
+    for i in range(30)
+)
 AFTER = BEFORE.replace("UserService", "UserRepository")
-PROMPT = ("<|im_start|>user\nRename UserService to UserRepository. Reply with the whole file.\n\n"
-          f"```python\n{BEFORE}```<|im_end|>\n<|im_start|>assistant\n")
+PROMPT = (
+    "<|im_start|>user\nRename UserService to UserRepository. Reply with the whole file.\n\n"
+    f"```python\n{BEFORE}```<|im_end|>\n<|im_start|>assistant\n"
+)
 ANSWER = f"```python\n{AFTER}```"
 
 
@@ -56,7 +60,10 @@ def test_prompt_source_counts_apart_and_steps_aside_for_a_prediction():
     given = replay_ids(tok, BEFORE, ids, SpeculationConfig("auto"), CURVE, prompt_ids)
     assert given.stats.by_source["prompt"].proposed == 0 and given.stats.by_source["prediction"].accepted > 0
     # an explicit method never drafts from the prompt
-    assert replay_ids(tok, None, ids, SpeculationConfig("ngram"), CURVE, prompt_ids).stats.by_source["prompt"].proposed == 0
+    assert (
+        replay_ids(tok, None, ids, SpeculationConfig("ngram"), CURVE, prompt_ids).stats.by_source["prompt"].proposed
+        == 0
+    )
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

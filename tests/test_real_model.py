@@ -12,7 +12,7 @@ import pytest
 from specserve import SamplingParams
 from specserve.llm import LLM
 
-CODE = '''def total_price(items):
+CODE = """def total_price(items):
     total = 0
     for item in items:
         total += item["price"] * item["quantity"]
@@ -21,7 +21,7 @@ CODE = '''def total_price(items):
 
 def format_price(value):
     return f"${value:.2f}"
-'''
+"""
 
 
 @pytest.fixture(scope="module", params=["transformers", "llama.cpp"])

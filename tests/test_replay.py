@@ -22,7 +22,8 @@ from specserve.proposers.prediction import PredictionProposer
 
 BEFORE = "".join(
     f"def handler_{i}(request):\n    user = load_user(request.user_id)\n    return render(user, page={i})\n\n"
-    for i in range(40))
+    for i in range(40)
+)
 
 
 def edited(text: str) -> str:
@@ -119,12 +120,33 @@ def test_aggregate_is_ratio_of_sums(tokenizer):
 def test_cli_replay(tokenizer, tmp_path, capsys):
     (tmp_path / "before.py").write_text(BEFORE)
     (tmp_path / "after.py").write_text(edited(BEFORE))
-    rc = main(["replay", "--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "after.py"),
-               "--model", tokenizer.folder, "--cost-ratio", "1.5", "--json"])
+    rc = main(
+        [
+            "replay",
+            "--prediction",
+            str(tmp_path / "before.py"),
+            "--output",
+            str(tmp_path / "after.py"),
+            "--model",
+            tokenizer.folder,
+            "--cost-ratio",
+            "1.5",
+            "--json",
+        ]
+    )
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d["cost_ratio"] == 1.5 and d["exact"] and d["accepted"] + d["rejected"] == d["proposed"]
     assert d["projected_speedup"] > 1.0
-    rc = main(["replay", "--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "after.py"),
-               "--model", tokenizer.folder])
+    rc = main(
+        [
+            "replay",
+            "--prediction",
+            str(tmp_path / "before.py"),
+            "--output",
+            str(tmp_path / "after.py"),
+            "--model",
+            tokenizer.folder,
+        ]
+    )
     assert rc == 0 and "tokens per step" in capsys.readouterr().out

@@ -123,11 +123,11 @@ def read_png(data: bytes) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, header = 8, [], None
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
         if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", data[pos + 8:pos + 8 + length])
+            header = struct.unpack(">IIBBBBB", data[pos + 8 : pos + 8 + length])
         elif kind == b"IDAT":
-            idat.append(data[pos + 8:pos + 8 + length])
+            idat.append(data[pos + 8 : pos + 8 + length])
         pos += 12 + length
     width, height, depth, color, _, _, interlace = header
     assert depth == 8 and color in (2, 6) and not interlace, header
@@ -162,16 +162,28 @@ def read_png(data: bytes) -> np.ndarray:
 
 def colour_pixels(shot: np.ndarray, colour: str) -> int:
     """Pixels of the screenshot painted exactly `colour` ("#rrggbb")."""
-    rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.uint8)
+    rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.uint8)
     return int((shot == rgb).all(axis=-1).sum())
 
 
 def screenshot(chromium: str, path) -> np.ndarray:
     """Chromium's render of the page at `path`, [SHOT_HEIGHT, SHOT_WIDTH, 3]."""
     shot = path.with_suffix(".png")
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", f"--window-size={SHOT_WIDTH},{SHOT_HEIGHT}", path.as_uri()],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            f"--window-size={SHOT_WIDTH},{SHOT_HEIGHT}",
+            path.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return read_png(shot.read_bytes())
 
 
@@ -210,8 +222,10 @@ def test_browser_render(output, tmp_path):
     if chromium is None:
         if os.environ.get("SPECSERVE_NO_BROWSER") == "1":
             pytest.skip("SPECSERVE_NO_BROWSER=1: the browser render of the HTML report is not checked")
-        pytest.fail("chromium is not installed: `make browser` (as root) or `apt-get install chromium` "
-                    "installs it; SPECSERVE_NO_BROWSER=1 skips this test")
+        pytest.fail(
+            "chromium is not installed: `make browser` (as root) or `apt-get install chromium` "
+            "installs it; SPECSERVE_NO_BROWSER=1 skips this test"
+        )
     path = write_html(tmp_path / "report.html", tiny_tokenizer(), output, "specserve report")
     page = path.read_text(encoding="utf-8")
     (tmp_path / "bare.html").write_text(TOKEN_BACKGROUND.sub(r"\1", page), encoding="utf-8")

@@ -10,8 +10,15 @@ from specserve.config import SamplingParams
 from specserve.engine.sampling import probs_from_logits
 
 
-@pytest.mark.parametrize("kw", [{"temperature": 5e-324}, {"temperature": 1e-45}, {"temperature": 1.0, "top_p": 5e-324},
-                                {"temperature": 5e-324, "top_p": 5e-324, "top_k": 3}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": 5e-324},
+        {"temperature": 1e-45},
+        {"temperature": 1.0, "top_p": 5e-324},
+        {"temperature": 5e-324, "top_p": 5e-324, "top_k": 3},
+    ],
+)
 def test_tiny_temperature_or_top_p_is_the_argmax_distribution(kw):
     logits = torch.tensor([[1.0, 3.0, -2.0, 2.5], [0.5, -1.0, 4.0, 3.9]])  # [T=2, V=4]
     probs = probs_from_logits(logits, SamplingParams(max_tokens=1, **kw))

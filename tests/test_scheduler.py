@@ -77,8 +77,12 @@ def test_never_worse_than_plain_batched_decoding(prices):
         reqs = [FakeRequest(rng.choice([0, 2, 8, 32, 128]), rng.random()) for _ in range(rng.randint(2, 16))]
         plain = expected_per_cost([1.0] * len(reqs), [1] * len(reqs), prices)
         trim_drafts(reqs, [], prices, budget=2048)
-        assert expected_per_cost([1 + r.acceptance() * len(r.draft_ids) for r in reqs],
-                                 [1 + len(r.draft_ids) for r in reqs], prices) >= plain - 1e-9
+        assert (
+            expected_per_cost(
+                [1 + r.acceptance() * len(r.draft_ids) for r in reqs], [1 + len(r.draft_ids) for r in reqs], prices
+            )
+            >= plain - 1e-9
+        )
 
 
 # -- brute force --------------------------------------------------------------------------------
@@ -92,8 +96,7 @@ def test_never_worse_than_plain_batched_decoding(prices):
 #   - on a batched backend (a step's cost depends on its total tokens only, the curve or the
 #     curve scaled by StepTimes' factors), the best of all those plans (up to float rounding).
 CORRECTED = CorrectedCosts(CPU, {1: 1.0, 3: 1.3, 4: 0.8, 6: 2.0})  # StepTimes' factors, per log2 bucket
-BRUTE_PRICES = [CPU, GPU, CostModel.linear(0.7), CostModel.linear(0.05), CORRECTED,
-                CostModel(CPU.curve, batched=False)]
+BRUTE_PRICES = [CPU, GPU, CostModel.linear(0.7), CostModel.linear(0.05), CORRECTED, CostModel(CPU.curve, batched=False)]
 KINDS = ("greedy", "greedy", "greedy", "sampled", "probe", "sampled probe")
 
 
@@ -107,8 +110,11 @@ def random_batch(rng: random.Random) -> tuple[list[FakeRequest], list[int], int]
     for _ in range(rng.randint(2, 4)):
         kind = rng.choice(KINDS)
         a = rng.choice([0.05, 0.5, 0.9, rng.random()])  # repeated values make ties
-        reqs.append(FakeRequest(rng.randint(0, 10 if "probe" in kind else 5), a, greedy="sampled" not in kind,
-                                probing="probe" in kind))
+        reqs.append(
+            FakeRequest(
+                rng.randint(0, 10 if "probe" in kind else 5), a, greedy="sampled" not in kind, probing="probe" in kind
+            )
+        )
     prefill = [rng.randint(1, 40)] if rng.random() < 0.3 else []
     budget = rng.choice([2048, rng.randint(0, 12)])
     return reqs, prefill, budget
@@ -117,8 +123,7 @@ def random_batch(rng: random.Random) -> tuple[list[FakeRequest], list[int], int]
 def check_plan(reqs: list[FakeRequest], proposed: list[int], prefill: list[int], budget: int, prices) -> list[str]:
     """What is wrong with the plan trim_drafts left in `reqs` (drafts of `proposed` lengths before)."""
     wrong = []
-    fixed = [None if r.trimmable else (min(k, PROBE_TOKENS) if r.params.greedy else k)
-             for r, k in zip(reqs, proposed)]
+    fixed = [None if r.trimmable else (min(k, PROBE_TOKENS) if r.params.greedy else k) for r, k in zip(reqs, proposed)]
     kept = [len(r.draft_ids) for r in reqs]
     if any(f is not None and k != f for k, f in zip(kept, fixed)):
         wrong.append(f"a sampled request's or a probe's draft was changed: {kept} from {proposed}")
@@ -129,16 +134,16 @@ def check_plan(reqs: list[FakeRequest], proposed: list[int], prefill: list[int],
         wrong.append(f"{kept} exceeds the budget {budget}")
 
     def value(lengths):
-        return expected_per_cost([1 + r.acceptance() * k for r, k in zip(reqs, lengths)],
-                                 [1 + k for k in lengths], prices, prefill)
+        return expected_per_cost(
+            [1 + r.acceptance() * k for r, k in zip(reqs, lengths)], [1 + k for k in lengths], prices, prefill
+        )
 
     got = value(kept)
     floor = value([0 if f is None else f for f in fixed])
     if got < floor - 1e-9:
         wrong.append(f"below the step without trimmable drafts: {got:.6f} < {floor:.6f}")
     choices = [range(p + 1) if f is None else (f,) for p, f in zip(proposed, fixed)]
-    best = max(value(c) for c in itertools.product(*choices)
-               if sum(k for k, f in zip(c, fixed) if f is None) <= room)
+    best = max(value(c) for c in itertools.product(*choices) if sum(k for k, f in zip(c, fixed) if f is None) <= room)
     if getattr(prices, "batched", True) and got < best - 1e-9:
         wrong.append(f"not the best plan: {got:.6f} < {best:.6f}")
     return wrong
@@ -151,8 +156,10 @@ def brute_force_failures(trim, prices, batches: int = 150, seed: int = 0) -> lis
         reqs, prefill, budget = random_batch(rng)
         proposed = [len(r.draft_ids) for r in reqs]
         trim(reqs, prefill, prices, budget)
-        failures += [f"{w} (acceptance {[round(r.acceptance(), 3) for r in reqs]}, prefill {prefill})"
-                     for w in check_plan(reqs, proposed, prefill, budget, prices)]
+        failures += [
+            f"{w} (acceptance {[round(r.acceptance(), 3) for r in reqs]}, prefill {prefill})"
+            for w in check_plan(reqs, proposed, prefill, budget, prices)
+        ]
     return failures
 
 

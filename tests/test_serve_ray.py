@@ -37,9 +37,11 @@ REPLICA_PROC = "ServeReplica:specserve:SpecServe"  # the replica processes' titl
 
 # -- without Ray --------------------------------------------------------------------------------
 def test_merge_metrics_labels_every_sample_with_its_replica():
-    text = ('# HELP specserve_queue_depth q\n# TYPE specserve_queue_depth gauge\nspecserve_queue_depth 2.0\n'
-            '# HELP specserve_requests_total r\n# TYPE specserve_requests_total counter\n'
-            'specserve_requests_total{endpoint="chat",status="200"} 3.0\n')
+    text = (
+        "# HELP specserve_queue_depth q\n# TYPE specserve_queue_depth gauge\nspecserve_queue_depth 2.0\n"
+        "# HELP specserve_requests_total r\n# TYPE specserve_requests_total counter\n"
+        'specserve_requests_total{endpoint="chat",status="200"} 3.0\n'
+    )
     merged = merge_metrics({"a": text, "b": text.replace("3.0", "5.0")})
     assert metric_value(merged, "specserve_queue_depth", replica="a") == 2.0
     assert metric_value(merged, "specserve_requests_total", replica="b", status="200") == 5.0
@@ -65,13 +67,18 @@ def test_scale_flags_become_ray_deployment_options():
     assert fixed["request_router_config"].request_router_class == "specserve.server.ray_serve.AffinityRouter"
     auto = ScaleConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=3).deployment_options(ReplicaConfig())
     assert "num_replicas" not in auto and auto["max_queued_requests"] == 16 * 4
-    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
-                                          "target_ongoing_requests": 3}
+    assert auto["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "initial_replicas": 2,
+        "target_ongoing_requests": 3,
+    }
 
 
 def test_builder_args_convert_numbers_only_where_the_field_is_a_number():
-    replica = config_from_args(ReplicaConfig, {"model": "m", "api_key": "12345", "max_queue": "4",
-                                               "request_timeout": "30", "dtype": "float32"})
+    replica = config_from_args(
+        ReplicaConfig, {"model": "m", "api_key": "12345", "max_queue": "4", "request_timeout": "30", "dtype": "float32"}
+    )
     assert replica == ReplicaConfig(model="m", api_key="12345", max_queue=4, request_timeout=30.0, dtype="float32")
     scale = config_from_args(ScaleConfig, {"replicas": "3", "target_ongoing_requests": "1.5", "unknown": "x"})
     assert scale == ScaleConfig(replicas=3, target_ongoing_requests=1.5)
@@ -86,8 +93,21 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_server(models):
     import ray.serve  # noqa: F401 - `-m ray` asks for these tests: a missing Ray fails them, never skips them
-    with ServerProcess(models, "--ray", "--replicas", "2", "--replica-cpus", "1", "--served-model-name", MODEL,
-                       "--max-queue", "16", "--request-timeout", "120") as srv:
+
+    with ServerProcess(
+        models,
+        "--ray",
+        "--replicas",
+        "2",
+        "--replica-cpus",
+        "1",
+        "--served-model-name",
+        MODEL,
+        "--max-queue",
+        "16",
+        "--request-timeout",
+        "120",
+    ) as srv:
         _wait_replicas(srv, 2, timeout=120)
         yield srv
 
@@ -100,8 +120,11 @@ def _replica_pids() -> list[int]:
 def _replicas_in_metrics(srv) -> set[str]:
     """Replica labels on the always-present queue gauge of the aggregated /metrics."""
     text = srv.metrics()
-    return {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
-            if line.startswith("specserve_queue_depth{")}
+    return {
+        line.split('replica="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("specserve_queue_depth{")
+    }
 
 
 def _wait_replicas(srv, n: int, timeout: float, changed_from: set[str] | None = None) -> set[str]:
@@ -126,15 +149,24 @@ def _client(srv, retries: int = 0) -> openai.OpenAI:
 
 def _outputs(client) -> dict:
     """Greedy chat (plain and streamed) and completions outputs, to compare across servers."""
-    kw = {"model": MODEL, "messages": [{"role": "user", "content": "def get_user(self, user_id):"}],
-          "temperature": 0, "max_tokens": 48}
+    kw = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "def get_user(self, user_id):"}],
+        "temperature": 0,
+        "max_tokens": 48,
+    }
     chat = client.chat.completions.create(**kw).choices[0].message.content
-    stream = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
-                     if c.choices)
+    stream = "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw) if c.choices
+    )
     comp = client.completions.create(model=MODEL, prompt="import os\nimport", temperature=0, max_tokens=40)
     pred = client.chat.completions.create(**kw, prediction={"type": "content", "content": chat})
-    return {"chat": chat, "stream": stream, "completion": comp.choices[0].text,
-            "prediction": pred.choices[0].message.content}
+    return {
+        "chat": chat,
+        "stream": stream,
+        "completion": comp.choices[0].text,
+        "prediction": pred.choices[0].message.content,
+    }
 
 
 @pytest.mark.ray
@@ -151,8 +183,10 @@ def test_session_affinity_and_least_loaded_spread(ray_server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     url = f"{ray_server.base_url}/chat/completions"
     for session in ("alice", "bob"):
-        seen = {httpx.post(url, json=body, headers={"X-Session-Id": session}, timeout=60)
-                .headers["x-specserve-replica"] for _ in range(6)}
+        seen = {
+            httpx.post(url, json=body, headers={"X-Session-Id": session}, timeout=60).headers["x-specserve-replica"]
+            for _ in range(6)
+        }
         assert len(seen) == 1, (session, seen)
     free = {httpx.post(url, json=body, timeout=60).headers["x-specserve-replica"] for _ in range(16)}
     assert len(free) == 2
@@ -185,8 +219,13 @@ class Load:
         """One streaming client: ('done', finish, text) or ('error', exception, None)."""
         try:
             raw = self.client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % 4]}], temperature=0,
-                max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
+                model=MODEL,
+                messages=[{"role": "user", "content": PROMPTS[i % 4]}],
+                temperature=0,
+                max_tokens=MAX_TOKENS,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             self.replica_of[i] = raw.headers.get("x-specserve-replica")
             text, finish = "", None
             for chunk in raw.parse():
@@ -221,8 +260,7 @@ def _kill_replica(replica: str) -> None:
 
     ray.init(address="auto", namespace="specserve-test", log_to_driver=False)
     try:
-        ray.kill(ray.get_actor(f"SERVE_REPLICA::specserve#SpecServe#{replica}", namespace="serve"),
-                 no_restart=True)
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::specserve#SpecServe#{replica}", namespace="serve"), no_restart=True)
     finally:
         ray.shutdown()
 
@@ -249,7 +287,13 @@ def test_replica_killed_mid_load(ray_server):
     assert victim not in after and len(after - before) == 1  # a new replica replaced the dead one
     retry = _client(ray_server, retries=2)
     for _ in errors:  # what failed succeeds when the client retries, as the SDK would
-        assert retry.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=4).choices[0].message.content is not None
-    print(f"\nkilled replica {victim}: {len(done)} streams completed, {len(errors)} retryable errors "
-          f"({sorted({type(e).__name__ for e in errors})}); replicas {sorted(before)} -> {sorted(after)}")
+        assert (
+            retry.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            .choices[0]
+            .message.content
+            is not None
+        )
+    print(
+        f"\nkilled replica {victim}: {len(done)} streams completed, {len(errors)} retryable errors "
+        f"({sorted({type(e).__name__ for e in errors})}); replicas {sorted(before)} -> {sorted(after)}"
+    )

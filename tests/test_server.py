@@ -30,8 +30,18 @@ def server(request, tmp_path_factory):
     else:
         target, draft, dtype = save_tiny(root / "target"), save_tiny(root / "draft", seed=1), "float32"
     exact = ("--exact",) if request.param == "llama.cpp" else ()
-    with ServerProcess(target, "--draft-model", draft, "--served-model-name", MODEL, "--max-queue", "4", *exact,
-                       api_key=API_KEY, dtype=dtype) as srv:
+    with ServerProcess(
+        target,
+        "--draft-model",
+        draft,
+        "--served-model-name",
+        MODEL,
+        "--max-queue",
+        "4",
+        *exact,
+        api_key=API_KEY,
+        dtype=dtype,
+    ) as srv:
         yield srv
 
 
@@ -104,10 +114,19 @@ def test_max_completion_tokens_and_length(client):
 
 def test_text_part_arrays_equal_strings(client):
     plain = chat(client, prediction={"type": "content", "content": "return self.db.find(user_id)"})
-    parts = chat(client, messages=[{"role": "user", "content": [{"type": "text", "text": "def get_user(self, "},
-                                                                 {"type": "text", "text": "user_id):"}]}],
-                 prediction={"type": "content", "content": [{"type": "text", "text": "return self.db"},
-                                                            {"type": "text", "text": ".find(user_id)"}]})
+    parts = chat(
+        client,
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "def get_user(self, "}, {"type": "text", "text": "user_id):"}],
+            }
+        ],
+        prediction={
+            "type": "content",
+            "content": [{"type": "text", "text": "return self.db"}, {"type": "text", "text": ".find(user_id)"}],
+        },
+    )
     assert parts.choices[0].message.content == plain.choices[0].message.content
     assert parts.usage == plain.usage
 
@@ -223,32 +242,79 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {**OK_CHAT, "prediction": {"type": "diff", "content": "x"}}, 400, "prediction.type"),
     ("chat/completions", {**OK_CHAT, "n": 9}, 400, "n"),
     ("completions", {"model": MODEL, "prompt": "x", "best_of": 2}, 400, "best_of"),
-    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "no spaces"}}]}, 400,
-     "tools[0].function.name"),
-    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "object", "not": {}}}}]}, 400, "tools[0].function.parameters"),
+    (
+        "chat/completions",
+        {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+        400,
+        "tools[0].function.name",
+    ),
+    (
+        "chat/completions",
+        {
+            **OK_CHAT,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}],
+        },
+        400,
+        "tools[0].function.parameters",
+    ),
     ("chat/completions", {**OK_CHAT, "tools": [{"function": {"name": "f"}}]}, 400, "tools[0]"),
     ("chat/completions", {**OK_CHAT, "tool_choice": "required"}, 400, "tool_choice"),
-    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
-                          "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
-    ("chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
-                          "tool_choice": "sometimes"}, 400, "tool_choice"),
+    (
+        "chat/completions",
+        {
+            **OK_CHAT,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        400,
+        "tool_choice",
+    ),
+    (
+        "chat/completions",
+        {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"},
+        400,
+        "tool_choice",
+    ),
     ("chat/completions", {**OK_CHAT, "audio": {"voice": "alloy", "format": "wav"}}, 400, "audio"),
     ("chat/completions", {**OK_CHAT, "response_format": {"type": "yaml"}}, 400, "response_format.type"),
-    ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, 400, "response_format.json_schema.schema"),
-    ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_schema"}}, 400,
-     "response_format.json_schema"),
+    (
+        "chat/completions",
+        {
+            **OK_CHAT,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
+            },
+        },
+        400,
+        "response_format.json_schema.schema",
+    ),
+    ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format.json_schema"),
     ("chat/completions", {**OK_CHAT, "structured_outputs": {"regex": "(unclosed"}}, 400, "structured_outputs.regex"),
     ("chat/completions", {**OK_CHAT, "structured_outputs": {"choice": []}}, 400, "structured_outputs.choice"),
-    ("chat/completions", {**OK_CHAT, "ignore_eos": True, "response_format": {"type": "json_object"}}, 400,
-     "ignore_eos"),
+    (
+        "chat/completions",
+        {**OK_CHAT, "ignore_eos": True, "response_format": {"type": "json_object"}},
+        400,
+        "ignore_eos",
+    ),
     ("completions", {"model": MODEL, "prompt": "x", "n": 9}, 400, "n"),
-    ("chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages[0].content[0]"),
+    (
+        "chat/completions",
+        {
+            **OK_CHAT,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+        },
+        400,
+        "messages[0].content[0]",
+    ),
     ("chat/completions", {**OK_CHAT, "speculation": {"method": "magic"}}, 400, "speculation.method"),
-    ("chat/completions", {**OK_CHAT, "speculation": {"num_speculative_tokens": 0}}, 400,
-     "speculation.num_speculative_tokens"),
+    (
+        "chat/completions",
+        {**OK_CHAT, "speculation": {"num_speculative_tokens": 0}},
+        400,
+        "speculation.num_speculative_tokens",
+    ),
     ("completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": [1, 2, 99999]}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
@@ -261,8 +327,12 @@ BAD = [  # (endpoint, body, status, param)
 def _post(server, path, body, headers=None):
     headers = {"Authorization": f"Bearer {API_KEY}", **(headers or {})}
     if isinstance(body, bytes):
-        return httpx.post(f"{server.base_url}/{path}", content=body, timeout=30,
-                          headers={**headers, "Content-Type": "application/json"})
+        return httpx.post(
+            f"{server.base_url}/{path}",
+            content=body,
+            timeout=30,
+            headers={**headers, "Content-Type": "application/json"},
+        )
     return httpx.post(f"{server.base_url}/{path}", json=body, timeout=30, headers=headers)
 
 
@@ -314,8 +384,12 @@ def test_metrics(server, client):
     assert metric_value(text, "specserve_spec_steps_total", source="prediction") > 0
     accepted = metric_value(text, "specserve_spec_accepted_tokens_total")
     assert 0 < accepted <= metric_value(text, "specserve_spec_proposed_tokens_total")
-    for name in ("specserve_time_to_first_token_seconds_count", "specserve_time_per_output_token_seconds_count",
-                 "specserve_e2e_request_latency_seconds_count", "specserve_prompt_tokens_total",
-                 "specserve_completion_tokens_total"):
+    for name in (
+        "specserve_time_to_first_token_seconds_count",
+        "specserve_time_per_output_token_seconds_count",
+        "specserve_e2e_request_latency_seconds_count",
+        "specserve_prompt_tokens_total",
+        "specserve_completion_tokens_total",
+    ):
         assert metric_value(text, name) > 0, name
     assert "specserve_queue_depth 0.0" in text

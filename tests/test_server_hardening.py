@@ -70,8 +70,9 @@ def _big_chat_body(size: int) -> bytes:
 
 
 def test_50mb_body_is_refused_with_413_and_server_keeps_serving(server):
-    r = _post(server, "chat/completions", content=_big_chat_body(50_000_000),
-              headers={"Content-Type": "application/json"})
+    r = _post(
+        server, "chat/completions", content=_big_chat_body(50_000_000), headers={"Content-Type": "application/json"}
+    )
     _assert_openai_error(r, 413, None, "request_too_large")
     _still_serving(server)
     assert server.health()["status"] == "ok"
@@ -80,7 +81,7 @@ def test_50mb_body_is_refused_with_413_and_server_keeps_serving(server):
 def test_chunked_body_over_the_cap_is_refused(server):
     """No Content-Length: the cap is enforced by counting bytes while reading."""
     body = _big_chat_body(8_000_000)
-    chunks = (body[i:i + 65536] for i in range(0, len(body), 65536))  # a generator: sent chunked
+    chunks = (body[i : i + 65536] for i in range(0, len(body), 65536))  # a generator: sent chunked
     r = _post(server, "completions", content=chunks, headers={"Content-Type": "application/json"})
     assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
     _assert_openai_error(r, 413, None, "request_too_large")
@@ -91,9 +92,13 @@ def test_cap_is_sized_from_the_context_and_bodies_under_it_pass(server):
     """Just under the default cap the body is parsed (and refused for its length in tokens, a 400)."""
     cap = default_max_body_bytes(CONTEXT)
     assert cap == 2 * 64 * CONTEXT + (1 << 20)
-    r = _post(server, "chat/completions", content=_big_chat_body(cap - 10), headers={"Content-Type": "application/json"})
+    r = _post(
+        server, "chat/completions", content=_big_chat_body(cap - 10), headers={"Content-Type": "application/json"}
+    )
     _assert_openai_error(r, 400, "messages", "context_length_exceeded")
-    r = _post(server, "chat/completions", content=_big_chat_body(cap + 10), headers={"Content-Type": "application/json"})
+    r = _post(
+        server, "chat/completions", content=_big_chat_body(cap + 10), headers={"Content-Type": "application/json"}
+    )
     _assert_openai_error(r, 413, None, "request_too_large")
 
 
@@ -125,14 +130,19 @@ def test_openai_limits_are_400_naming_the_param(server, path, extra, param):
 
 
 def test_limits_allow_what_openai_allows(server):
-    ok = {**OK_CHAT, "stop": ["a", "b", "c", "d"], "metadata": {f"k{i}": "v" * 512 for i in range(16)},
-          "safety_identifier": "u" * 64}
+    ok = {
+        **OK_CHAT,
+        "stop": ["a", "b", "c", "d"],
+        "metadata": {f"k{i}": "v" * 512 for i in range(16)},
+        "safety_identifier": "u" * 64,
+    }
     assert _post(server, "chat/completions", json=ok).status_code == 200
 
 
 # -- OpenAPI --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("path,model", [("/v1/chat/completions", ChatCompletionRequest),
-                                        ("/v1/completions", CompletionRequest)])
+@pytest.mark.parametrize(
+    "path,model", [("/v1/chat/completions", ChatCompletionRequest), ("/v1/completions", CompletionRequest)]
+)
 def test_openapi_publishes_the_request_models(server, path, model):
     doc = httpx.get(f"{server.url}/openapi.json").json()
     body = doc["paths"][path]["post"]["requestBody"]
@@ -149,14 +159,34 @@ def test_openapi_publishes_the_request_models(server, path, model):
 # The fuzzer's own pytest plugin (schemathesis.pytest.from_fixture) breaks on pytest 9.2 (it sets a
 # node attribute pytest no longer has), so each operation's hypothesis strategy is run directly.
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-REFUSED = ("functions", "function_call", "audio", "modalities", "logit_bias", "echo", "suffix",
-           "best_of")  # documented 400s (unsupported parameters)
+REFUSED = (
+    "functions",
+    "function_call",
+    "audio",
+    "modalities",
+    "logit_bias",
+    "echo",
+    "suffix",
+    "best_of",
+)  # documented 400s (unsupported parameters)
 EXTENSION_GUIDES = ("structured_outputs", "guided_json", "guided_regex", "guided_grammar", "guided_choice")
-FUZZ_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 4}, "unit": {"enum": ["c", "f"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}}
-FUZZ_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
-                                                                                "maximum": 9}}, "required": ["ok"]}
+FUZZ_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 4}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+FUZZ_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["ok"],
+}
 _turn = itertools.count()
 _servable_turn = itertools.count()
 reached: dict[str, int] = {}  # generation features the servable half got a 200 for
@@ -185,8 +215,11 @@ def _servable(body: dict) -> None:
     for key in REFUSED:
         body.pop(key, None)
     if "messages" in body:
-        body["messages"] = [{"role": "user", "content": m["content"] if isinstance(m.get("content"), str) else "hi"}
-                            for m in body["messages"] if isinstance(m, dict)] or [{"role": "user", "content": "hi"}]
+        body["messages"] = [
+            {"role": "user", "content": m["content"] if isinstance(m.get("content"), str) else "hi"}
+            for m in body["messages"]
+            if isinstance(m, dict)
+        ] or [{"role": "user", "content": "hi"}]
     if "prompt" in body and not (isinstance(body["prompt"], str) and body["prompt"]):
         body["prompt"] = "def add"
     if isinstance(body.get("stop"), list):
@@ -205,14 +238,20 @@ def _servable(body: dict) -> None:
         body["tools"] = [FUZZ_TOOL]
         choice = body.get("tool_choice")
         if choice not in ("none", "auto", "required"):
-            choice = "required" if turn == 1 or not isinstance(choice, dict) else \
-                {"type": "function", "function": {"name": "get_weather"}}
+            choice = (
+                "required"
+                if turn == 1 or not isinstance(choice, dict)
+                else {"type": "function", "function": {"name": "get_weather"}}
+            )
         body["tool_choice"] = choice
     if chat and ("response_format" in body or turn == 2):
         kind = body["response_format"].get("type") if isinstance(body.get("response_format"), dict) else None
         kind = kind if kind in ("text", "json_object") else "json_schema"
-        body["response_format"] = {"type": kind} if kind != "json_schema" else \
-            {"type": kind, "json_schema": {"name": "fuzz", "schema": FUZZ_SCHEMA}}
+        body["response_format"] = (
+            {"type": kind}
+            if kind != "json_schema"
+            else {"type": kind, "json_schema": {"name": "fuzz", "schema": FUZZ_SCHEMA}}
+        )
     guides = [k for k in EXTENSION_GUIDES if body.get(k) is not None]
     for k in guides:
         body.pop(k)
@@ -228,9 +267,11 @@ def _record(body, response) -> None:
     if not isinstance(body, dict) or response.status_code != 200:
         return
     fmt = body.get("response_format") or {}
-    features = {"n > 1": (body.get("n") or 1) > 1,
-                "tools": bool(body.get("tools")) and body.get("tool_choice") != "none",
-                "grammar": fmt.get("type", "text") != "text" or body.get("structured_outputs") is not None}
+    features = {
+        "n > 1": (body.get("n") or 1) > 1,
+        "tools": bool(body.get("tools")) and body.get("tool_choice") != "none",
+        "grammar": fmt.get("type", "text") != "text" or body.get("structured_outputs") is not None,
+    }
     for name, on in features.items():
         reached[name] = reached.get(name, 0) + on
 
@@ -244,8 +285,13 @@ def test_schemathesis(server):
     for op in operations:
 
         @given(case=op.as_strategy())
-        @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None,
-                  derandomize=FUZZ_DERANDOMIZE)
+        @settings(
+            max_examples=30,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            derandomize=FUZZ_DERANDOMIZE,
+        )
         def run(case):
             _small(case)
             _record(case.body, case.call_and_validate(base_url=server.url, checks=CHECKS, timeout=60))

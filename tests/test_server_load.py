@@ -36,16 +36,28 @@ def small_cache_server(tmp_path_factory):
     """Cells for exactly 8 flood requests (prompt + max_tokens each): the rest queue or get 429."""
     path = save_tiny(tmp_path_factory.mktemp("flood") / "tiny")
     cells = 8 * (len(tiny_tokenizer().encode(PROMPTS[0])) + FLOOD_MAX_TOKENS)
-    with ServerProcess(path, "--served-model-name", MODEL, "--max-num-seqs", "16", "--kv-cache-tokens", str(cells),
-                       "--max-queue", str(FLOOD_QUEUE), "--request-timeout", "120") as srv:
+    with ServerProcess(
+        path,
+        "--served-model-name",
+        MODEL,
+        "--max-num-seqs",
+        "16",
+        "--kv-cache-tokens",
+        str(cells),
+        "--max-queue",
+        str(FLOOD_QUEUE),
+        "--request-timeout",
+        "120",
+    ) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def slow_server(tmp_path_factory):
     path = save_slow_tiny(tmp_path_factory.mktemp("slow") / "slow")
-    with ServerProcess(path, "--served-model-name", MODEL, "--max-queue", "1", "--max-num-seqs", "1",
-                       "--request-timeout", "1.5") as srv:
+    with ServerProcess(
+        path, "--served-model-name", MODEL, "--max-queue", "1", "--max-num-seqs", "1", "--request-timeout", "1.5"
+    ) as srv:
         yield srv
 
 
@@ -55,9 +67,14 @@ def _stream_client(client, i: int, hang_up: bool, barrier: threading.Barrier, re
     try:
         barrier.wait()
         stream = client.chat.completions.create(  # hang-ups run long enough to be cut short for sure
-            model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % 4]}], temperature=0,
-            max_tokens=HANG_UP_MAX_TOKENS if hang_up else MAX_TOKENS, stream=True,
-            stream_options={"include_usage": True}, extra_body=extra)
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPTS[i % 4]}],
+            temperature=0,
+            max_tokens=HANG_UP_MAX_TOKENS if hang_up else MAX_TOKENS,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=extra,
+        )
         text, usage, finish, pieces = "", None, None, 0
         for chunk in stream:
             if chunk.usage:
@@ -104,8 +121,10 @@ def test_concurrent_streams_with_disconnects(server):
     seen = {"bad": 0, "max_queued": 0}
     watcher = threading.Thread(target=_watch_health, args=(server, stop, seen))
     watcher.start()
-    threads = [threading.Thread(target=_stream_client, args=(client, i, i in hang_ups, barrier, results))
-               for i in range(CLIENTS)]
+    threads = [
+        threading.Thread(target=_stream_client, args=(client, i, i in hang_ups, barrier, results))
+        for i in range(CLIENTS)
+    ]
     t0 = time.monotonic()
     for t in threads:
         t.start()
@@ -124,8 +143,13 @@ def test_concurrent_streams_with_disconnects(server):
             assert r["finish"] == "length" and r["usage"].completion_tokens == MAX_TOKENS, (i, r)
     for group in (1, 2, 3):  # same prompt, greedy: same text, and the text a lone request gets
         texts = {results[i]["text"] for i in range(group, CLIENTS, 4)}
-        alone = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPTS[group]}],
-                                               temperature=0, max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True})
+        alone = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPTS[group]}],
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            extra_body={"ignore_eos": True},
+        )
         assert texts == {alone.choices[0].message.content}
     assert health["worker_alive"] and health["threads"] == baseline, (health, baseline)
 
@@ -135,8 +159,10 @@ def test_concurrent_streams_with_disconnects(server):
     assert metric_value(metrics, "specserve_requests_total", endpoint="chat", status="200") == completers + 3
     tokens = metric_value(metrics, "specserve_completion_tokens_total") - 2 - 3 * MAX_TOKENS
     assert completers * MAX_TOKENS <= tokens < completers * MAX_TOKENS + len(hang_ups) * HANG_UP_MAX_TOKENS
-    print(f"\n{CLIENTS} streams ({len(hang_ups)} hung up) in {elapsed:.2f}s, "
-          f"{tokens / elapsed:.0f} tok/s, max queue {seen['max_queued']}")
+    print(
+        f"\n{CLIENTS} streams ({len(hang_ups)} hung up) in {elapsed:.2f}s, "
+        f"{tokens / elapsed:.0f} tok/s, max queue {seen['max_queued']}"
+    )
 
 
 def _rss_kib(pid: int) -> int:
@@ -150,8 +176,14 @@ def _flood(server) -> dict[int, int]:
     barrier = threading.Barrier(FLOOD)
 
     def one(i: int) -> None:
-        body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": FLOOD_MAX_TOKENS, "temperature": 0,
-                "ignore_eos": True, "speculation": {"method": ["none", "ngram", "auto"][i % 3]}}
+        body = {
+            "model": MODEL,
+            "prompt": PROMPTS[0],
+            "max_tokens": FLOOD_MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "speculation": {"method": ["none", "ngram", "auto"][i % 3]},
+        }
         barrier.wait()
         try:
             r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
@@ -195,8 +227,15 @@ def test_flood_against_a_cache_of_eight(small_cache_server):
 
 def _long_stream(url: str, out: list) -> None:
     """A long streaming request by raw HTTP: record (status, headers, body)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "temperature": 0,
-            "stream": True, "ignore_eos": True, "speculation": {"method": "none"}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "speculation": {"method": "none"},
+    }
     try:
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
             out.append((r.status_code, dict(r.headers), r.read().decode()))
@@ -227,8 +266,12 @@ def test_queue_full_and_timeouts(slow_server):
 
 def test_timeout_answers_instead_of_hanging(slow_server):
     client = openai.OpenAI(base_url=slow_server.base_url, api_key="x", max_retries=0, timeout=30)
-    long = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
-            "extra_body": {"ignore_eos": True, "speculation": {"method": "none"}}}  # 400 slow steps for sure
+    long = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 400,
+        "extra_body": {"ignore_eos": True, "speculation": {"method": "none"}},
+    }  # 400 slow steps for sure
     t0 = time.monotonic()
     with pytest.raises(openai.InternalServerError) as e:  # 504
         client.chat.completions.create(**long)

@@ -28,25 +28,49 @@ SCHEMAS = [
     {"type": "object", "properties": {"x": {"type": "number", "minimum": -5, "maximum": 5}}, "required": ["x"]},
     {"type": "object", "properties": {"kind": {"const": "user"}, "id": INT}, "required": ["kind", "id"]},
     {"type": "object", "properties": {"v": {"anyOf": [INT, {"type": "null"}]}}, "required": ["v"]},
-    {"type": "object", "properties": {"p": {"type": "object", "properties": {"a": INT, "b": STR},
-                                            "required": ["a", "b"]}}, "required": ["p"]},
+    {
+        "type": "object",
+        "properties": {"p": {"type": "object", "properties": {"a": INT, "b": STR}, "required": ["a", "b"]}},
+        "required": ["p"],
+    },
     {"type": "array", "items": INT, "minItems": 1, "maxItems": 4},
     {"type": "array", "prefixItems": [STR, INT], "items": False},
     {"type": "string", "pattern": "^[a-c]{2,5}$"},
     {"type": "string", "enum": ["yes", "no"]},
-    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}},
-     "required": ["code"]},
-    {"type": "object", "properties": {"points": {"type": "array", "maxItems": 2, "items": {
-        "type": "object", "properties": {"x": INT, "y": INT}, "required": ["x", "y"]}}}, "required": ["points"]},
-    {"$defs": {"leaf": {"type": "object", "properties": {"n": INT}, "required": ["n"]}},
-     "type": "object", "properties": {"left": {"$ref": "#/$defs/leaf"}, "right": {"$ref": "#/$defs/leaf"}},
-     "required": ["left", "right"]},
+    {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}},
+        "required": ["code"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "points": {
+                "type": "array",
+                "maxItems": 2,
+                "items": {"type": "object", "properties": {"x": INT, "y": INT}, "required": ["x", "y"]},
+            }
+        },
+        "required": ["points"],
+    },
+    {
+        "$defs": {"leaf": {"type": "object", "properties": {"n": INT}, "required": ["n"]}},
+        "type": "object",
+        "properties": {"left": {"$ref": "#/$defs/leaf"}, "right": {"$ref": "#/$defs/leaf"}},
+        "required": ["left", "right"],
+    },
     {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4}}, "required": ["s"]},
-    {"type": "object", "properties": {"flag": {"type": "boolean"}, "count": INT, "label": STR},
-     "required": ["flag", "count", "label"]},
+    {
+        "type": "object",
+        "properties": {"flag": {"type": "boolean"}, "count": INT, "label": STR},
+        "required": ["flag", "count", "label"],
+    },
     {"type": "integer", "minimum": 10, "maximum": 20},
-    {"type": "object", "properties": {"m": {"type": "array", "items": {"type": "array", "items": INT, "maxItems": 2},
-                                            "maxItems": 2}}, "required": ["m"]},
+    {
+        "type": "object",
+        "properties": {"m": {"type": "array", "items": {"type": "array", "items": INT, "maxItems": 2}, "maxItems": 2}},
+        "required": ["m"],
+    },
     {"type": "object", "properties": {"u": {"oneOf": [{"type": "boolean"}, STR]}, "opt": INT}, "required": ["u"]},
 ]
 PROMPTS = ("def add(a, b):", "class UserController:\n", "Le café coûte 3 €.")
@@ -61,8 +85,9 @@ def llm():
 def run(llm, i, method, prediction=None, temperature=0.0):
     prompt = PROMPTS[i % len(PROMPTS)]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=i)
-    return llm.generate(prompt, params, prediction=prediction, speculation=method,
-                        guide=GrammarSpec("json_schema", SCHEMAS[i]))
+    return llm.generate(
+        prompt, params, prediction=prediction, speculation=method, guide=GrammarSpec("json_schema", SCHEMAS[i])
+    )
 
 
 @pytest.mark.parametrize("i", range(len(SCHEMAS)))
@@ -90,16 +115,24 @@ def test_sampled_output_is_valid(llm, i):
 def test_json_object_is_valid_json(llm):
     """json_object bounds nothing (the tiny model loops on whitespace after most prompts); after
     this one its greedy output closes the object in 64 tokens."""
-    out = llm.generate("def get_user(self, user_id):", SamplingParams(max_tokens=96), speculation="ngram",
-                       guide=GrammarSpec("json_object"))
+    out = llm.generate(
+        "def get_user(self, user_id):",
+        SamplingParams(max_tokens=96),
+        speculation="ngram",
+        guide=GrammarSpec("json_object"),
+    )
     assert out.finish_reason == "stop", out.text
     assert isinstance(json.loads(out.text), dict), out.text
 
 
 def test_regex_constraint(llm):
     for method in ("none", "draft"):
-        out = llm.generate(PROMPTS[1], SamplingParams(max_tokens=32), speculation=method,
-                           guide=GrammarSpec("regex", r"(cat|dog)-[0-9]{3}"))
+        out = llm.generate(
+            PROMPTS[1],
+            SamplingParams(max_tokens=32),
+            speculation=method,
+            guide=GrammarSpec("regex", r"(cat|dog)-[0-9]{3}"),
+        )
         assert out.finish_reason == "stop"
         assert out.text[:4] in ("cat-", "dog-") and out.text[4:].isdigit() and len(out.text) == 7
 
@@ -136,12 +169,15 @@ def test_broken_row_masks_break_exactness(llm, monkeypatch):
     assert failures > 0
 
 
-@pytest.mark.parametrize("schema,word", [
-    ({"type": "object", "not": {"type": "null"}}, "not"),
-    ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
-    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-    ({"type": "string", "format": "credit-card"}, "credit-card"),
-])
+@pytest.mark.parametrize(
+    "schema,word",
+    [
+        ({"type": "object", "not": {"type": "null"}}, "not"),
+        ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "string", "format": "credit-card"}, "credit-card"),
+    ],
+)
 def test_unsupported_keywords_are_refused(schema, word):
     with pytest.raises(ConstraintError, match=word):
         check_schema(schema)

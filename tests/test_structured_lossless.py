@@ -50,6 +50,7 @@ def allowed_after(prefix: list[int]) -> torch.Tensor:
 
 def constrained_pair_law(table: torch.Tensor, first: int, params: SamplingParams) -> np.ndarray:
     """P(x1, x2) with the grammar mask applied before temperature / top-k, as the engine does. [V, V]"""
+
     def law(logits, prefix):
         masked = logits.masked_fill(~allowed_after(prefix), float("-inf"))  # [V]
         return probs_from_logits(masked.unsqueeze(0), params)[0].double()

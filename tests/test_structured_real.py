@@ -17,14 +17,29 @@ from specserve.llm import LLM
 from specserve.server.structured import tool_guide, tool_setup
 from specserve.server.tools import parse_tool_calls
 
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    "languages": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
-    "required": ["name", "age", "languages"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "languages": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
 ASK = [{"role": "user", "content": "Describe Ada, a 36 year old programmer who knows Python and C, as JSON."}]
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
-    "additionalProperties": False}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +68,9 @@ def test_forced_tool_call_with_fallback_template(llm):
     setup = tool_setup([TOOL], "required", None)
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
     prompt = llm.apply_chat_template(msgs, setup.tools)
-    out = llm.generate(prompt, SamplingParams(max_tokens=60), speculation="ngram",
-                       guide=llm.compile_guide(tool_guide(setup)))
+    out = llm.generate(
+        prompt, SamplingParams(max_tokens=60), speculation="ngram", guide=llm.compile_guide(tool_guide(setup))
+    )
     _, calls = parse_tool_calls(out.text)
     assert out.finish_reason == "stop" and len(calls) == 1, out.text
     jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])

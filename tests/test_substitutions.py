@@ -24,7 +24,9 @@ from specserve.proposers.substitutions import learn, rewrite
 N_SITES = 6
 BEFORE = "".join(
     f"def handler_{i}(request):\n    svc = UserService(request.db)\n"
-    f"    data = svc.load(request.user_id, page={i})\n    return render(data)\n\n" for i in range(N_SITES))
+    f"    data = svc.load(request.user_id, page={i})\n    return render(data)\n\n"
+    for i in range(N_SITES)
+)
 AFTER = BEFORE.replace("UserService", "UserRepository")
 
 
@@ -36,8 +38,9 @@ def tokenizer(request):
     from specserve.models import loader, packs
 
     folder = request.getfixturevalue("smol_model_dir")
-    return loader.load_tokenizer(packs.ModelSource(path=str(folder), gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name,
-                                                   pack=packs.TEST_PACK))
+    return loader.load_tokenizer(
+        packs.ModelSource(path=str(folder), gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name, pack=packs.TEST_PACK)
+    )
 
 
 def test_learn_reduces_a_diverged_span_to_words():

@@ -45,16 +45,23 @@ class ThreadLog:
         return [names for names in self.threads.values() if len(names) > 1]
 
 
+def _logged(method, log: ThreadLog):
+    """`method`, recording its calling thread in `log` first."""
+
+    def wrapper(self, *args, **kwargs):
+        log.record(self)
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def logged_tokenizer(log: ThreadLog):
     """A copy of the tiny tokenizer whose public entry points record their calling thread."""
     tok = copy.deepcopy(tiny_tokenizer())
     base = type(tok)
     methods = {}
     for name in CALLED:
-        def wrapper(self, *args, _orig=getattr(base, name), **kwargs):
-            log.record(self)
-            return _orig(self, *args, **kwargs)
-        methods[name] = wrapper
+        methods[name] = _logged(getattr(base, name), log)
     tok.__class__ = type("Logged" + base.__name__, (base,), methods)
     return tok
 
@@ -82,8 +89,10 @@ def test_settings_changed_by_one_thread_do_not_reach_another():
     rounds = 40
 
     def encoder(_):
-        return [len(tok(LONG_TEXT, add_special_tokens=False, return_offsets_mapping=True)["input_ids"])
-                for _ in range(rounds)]
+        return [
+            len(tok(LONG_TEXT, add_special_tokens=False, return_offsets_mapping=True)["input_ids"])
+            for _ in range(rounds)
+        ]
 
     def toggler(_):
         for _ in range(rounds * 20):
@@ -101,15 +110,23 @@ def test_server_threads_never_share_a_tokenizer():
     some streamed with logprobs (token names on the event loop), while the worker streams: every
     tokenizer object that gets called is called from one thread only, and every request succeeds."""
     log = ThreadLog()
-    llm = LLM.from_backends(TransformersBackend(tiny_model()), logged_tokenizer(log), name="tiny",
-                            limits=EngineLimits(max_num_seqs=4))
+    llm = LLM.from_backends(
+        TransformersBackend(tiny_model()), logged_tokenizer(log), name="tiny", limits=EngineLimits(max_num_seqs=4)
+    )
     app = create_app(llm, "tiny", ServerOptions(max_queue=64))
     base = LONG_TEXT[:900]
 
     def one(i: int):
-        body = {"model": "tiny", "messages": [{"role": "user", "content": f"Rewrite {i}:\n{base}"}],
-                "max_tokens": 24, "temperature": 0, "prediction": {"type": "content", "content": base[i:]},
-                "stream": i % 2 == 0, "logprobs": i % 3 == 0, "top_logprobs": 2 if i % 3 == 0 else None}
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"Rewrite {i}:\n{base}"}],
+            "max_tokens": 24,
+            "temperature": 0,
+            "prediction": {"type": "content", "content": base[i:]},
+            "stream": i % 2 == 0,
+            "logprobs": i % 3 == 0,
+            "top_logprobs": 2 if i % 3 == 0 else None,
+        }
         r = client.post("/v1/chat/completions", json=body)
         return r.status_code, r.text[:300]
 

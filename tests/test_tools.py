@@ -17,10 +17,21 @@ from specserve.server.tools import (
     template_messages,
 )
 
-TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"key": {"type": "string", "maxLength": 5}, "n": {"type": "integer",
-                                                                                    "minimum": 0, "maximum": 9}},
-    "required": ["key", "n"], "additionalProperties": False}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "key": {"type": "string", "maxLength": 5},
+                "n": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+            "required": ["key", "n"],
+            "additionalProperties": False,
+        },
+    },
+}
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "ab", "n": 3}}\n</tool_call>'
 
 
@@ -40,7 +51,7 @@ def test_stream_splitter_holds_back_only_the_call(step):
     text = "Sure <tool maybe> then " + CALL
     s, sent = ToolStreamSplitter(), ""
     for i in range(0, len(text), step):
-        sent += s.feed(text[i: i + step])
+        sent += s.feed(text[i : i + step])
     rest, calls = s.finish()
     assert sent + rest == "Sure <tool maybe> then " and len(calls) == 1
     s = ToolStreamSplitter()
@@ -49,11 +60,15 @@ def test_stream_splitter_holds_back_only_the_call(step):
 
 
 def test_refusals_name_the_param():
-    bad = [([{"type": "function", "function": {"name": "a b"}}], "tools[0].function.name"),
-           ([{"type": "function"}], "tools[0]"),
-           ([TOOL, TOOL], "tools"),
-           ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-                                                                          "if": {}}}}], "tools[0].function.parameters")]
+    bad = [
+        ([{"type": "function", "function": {"name": "a b"}}], "tools[0].function.name"),
+        ([{"type": "function"}], "tools[0]"),
+        ([TOOL, TOOL], "tools"),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "if": {}}}}],
+            "tools[0].function.parameters",
+        ),
+    ]
     for tools, param in bad:
         with pytest.raises(ConstraintError) as e:
             check_tools(tools)
@@ -68,23 +83,32 @@ def test_fallback_template_describes_tools_and_round_trips():
     """The tiny template has no tools support: tools go in a system message, calls and results as text."""
     tok = tiny_tokenizer()
     llm = LLM.from_models(tiny_model(max_positions=2048), tok, name="t")
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function",
-                 "function": {"name": "lookup", "arguments": '{"key": "ab", "n": 3}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab", "n": 3}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+    ]
     text = tok.decode(llm.apply_chat_template(msgs, [TOOL]))
     assert text.startswith("<|im_start|>system\nYou may call functions")
     assert '"name": "lookup"' in text and CALL in text
     assert "<tool_response>\nfound\n</tool_response>" in text
-    assert template_messages(msgs, None, "{{ tools }}")[1]["tool_calls"][0]["function"]["arguments"] == \
-        {"key": "ab", "n": 3}  # native templates get the arguments object (they render it with tojson)
+    assert template_messages(msgs, None, "{{ tools }}")[1]["tool_calls"][0]["function"]["arguments"] == {
+        "key": "ab",
+        "n": 3,
+    }  # native templates get the arguments object (they render it with tojson)
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM.from_models(tiny_model(seed=0, max_positions=2048), tiny_tokenizer(),
-                           tiny_model(seed=1, max_positions=2048), name="t")
+    return LLM.from_models(
+        tiny_model(seed=0, max_positions=2048), tiny_tokenizer(), tiny_model(seed=1, max_positions=2048), name="t"
+    )
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
@@ -98,11 +122,11 @@ def test_forced_call_parses_and_is_identical_across_drafters(llm, choice):
     assert base.finish_reason == "stop" and len(calls) == 1, base.text
     jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])
     for method in ("draft", "ngram", "prediction"):
-        out = llm.generate(prompt, SamplingParams(max_tokens=96), prediction=base.text, speculation=method,
-                           guide=guide)
+        out = llm.generate(prompt, SamplingParams(max_tokens=96), prediction=base.text, speculation=method, guide=guide)
         assert out.token_ids == base.token_ids, method
-    exact = llm.generate(prompt, SamplingParams(max_tokens=96), prediction=base.token_ids, speculation="prediction",
-                         guide=guide)  # the call itself, as token ids: accepted in bulk (K = 8, 16, 32, 64)
+    exact = llm.generate(
+        prompt, SamplingParams(max_tokens=96), prediction=base.token_ids, speculation="prediction", guide=guide
+    )  # the call itself, as token ids: accepted in bulk (K = 8, 16, 32, 64)
     assert exact.token_ids == base.token_ids and exact.stats.steps <= 5, exact.steps
     assert exact.stats.by_source["prediction"].rejected == 0
 
@@ -122,10 +146,17 @@ def test_native_template_gets_tools_and_tool_messages():
     tok = copy.deepcopy(tiny_tokenizer())
     tok.chat_template = TOOLS_TEMPLATE
     llm = LLM.from_models(tiny_model(max_positions=2048), tok, name="t")
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+    ]
     text = tok.decode(llm.apply_chat_template(msgs, [TOOL]))
     assert text.startswith("<|im_start|>system\nYou can call these tools:\n{") and "You may call" not in text
     assert '"name": "lookup"' in text and '{"name": "lookup", "arguments": {"key": "ab"}}' in text
@@ -140,8 +171,12 @@ def test_forced_call_never_writes_raw_control_characters(llm):
     assert "\n" not in spec.banned and "\x0c" in spec.banned and "\t" in spec.banned
     prompt = llm.apply_chat_template([{"role": "user", "content": "Le café coûte 3 €."}], [TOOL])
     for seed in range(4):
-        out = llm.generate(prompt, SamplingParams(max_tokens=96, temperature=1.0, seed=seed), speculation="draft",
-                           guide=llm.compile_guide(spec))
+        out = llm.generate(
+            prompt,
+            SamplingParams(max_tokens=96, temperature=1.0, seed=seed),
+            speculation="draft",
+            guide=llm.compile_guide(spec),
+        )
         assert out.finish_reason == "stop"
         _, calls = parse_tool_calls(out.text)
         jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])

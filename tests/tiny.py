@@ -47,19 +47,35 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     alphabet = sorted(set("".join(CORPUS)) | set(string.printable))
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL + ["<unk>"], initial_alphabet=alphabet)
     tok.train_from_iterator(CORPUS * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<unk>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def tiny_model(kind: str = "llama", seed: int = 0, vocab_size: int | None = None, layers: int = 2,
-               hidden: int = 64, max_positions: int = 512):
+def tiny_model(
+    kind: str = "llama",
+    seed: int = 0,
+    vocab_size: int | None = None,
+    layers: int = 2,
+    hidden: int = 64,
+    max_positions: int = 512,
+):
     """A seeded random-weight causal LM (Llama- or Qwen2-shaped), float32, eval mode."""
     vocab = vocab_size or len(tiny_tokenizer())
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                  eos_token_id=tiny_tokenizer().eos_token_id, bos_token_id=None, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=tiny_tokenizer().eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))

@@ -18,16 +18,23 @@ from tiny import SPECIAL, tiny_model, tiny_tokenizer
 
 LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+TOP_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 def gguf_name(hf_name: str) -> str:
@@ -97,7 +104,11 @@ def llamacpp_llms(folder: Path):
 
     target, other = write_tiny_gguf(folder / "seed0.gguf", 0), write_tiny_gguf(folder / "seed1.gguf", 1)
     tok = tiny_tokenizer()
+
     def exact(path):  # batch-invariant kernels: greedy speculation must equal plain bit for bit
         return LlamaCppBackend(path, batch_invariant=True)
-    return (LLM.from_backends(exact(target), tok, exact(other), name="llama.cpp"),
-            LLM.from_backends(exact(target), tok, exact(target), name="llama.cpp"))
+
+    return (
+        LLM.from_backends(exact(target), tok, exact(other), name="llama.cpp"),
+        LLM.from_backends(exact(target), tok, exact(target), name="llama.cpp"),
+    )

@@ -20,5 +20,15 @@ def __getattr__(name):  # LLM imports torch/transformers: load it only when aske
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "SpeculationConfig", "RequestOutput", "SpecStats", "StepEvent",
-           "SpecServeError", "ModelLoadError", "ContextLengthError", "InvalidRequestError"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "SpeculationConfig",
+    "RequestOutput",
+    "SpecStats",
+    "StepEvent",
+    "SpecServeError",
+    "ModelLoadError",
+    "ContextLengthError",
+    "InvalidRequestError",
+]

@@ -44,8 +44,10 @@ def _block(name: str, arguments) -> str:
 def fallback_system_prompt(tools: list[dict]) -> str:
     """What the fallback tells a model whose template has no tools support."""
     sigs = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-    return ("You may call functions. Available functions:\n" + sigs + "\nTo call one, answer with\n"
-            f"{OPEN}\n{{\"name\": <function name>, \"arguments\": <arguments object>}}\n{CLOSE}")
+    return (
+        "You may call functions. Available functions:\n" + sigs + "\nTo call one, answer with\n"
+        f'{OPEN}\n{{"name": <function name>, "arguments": <arguments object>}}\n{CLOSE}'
+    )
 
 
 def template_messages(messages: list[dict], tools: list[dict] | None, template: str | None) -> list[dict]:
@@ -57,9 +59,17 @@ def template_messages(messages: list[dict], tools: list[dict] | None, template: 
         calls = m.pop("tool_calls", None) or []
         if native:
             if calls:
-                m["tool_calls"] = [{"type": "function", "id": c.get("id"), "function": {
-                    "name": c["function"]["name"], "arguments": _arguments_dict(c["function"]["arguments"])}}
-                    for c in calls]
+                m["tool_calls"] = [
+                    {
+                        "type": "function",
+                        "id": c.get("id"),
+                        "function": {
+                            "name": c["function"]["name"],
+                            "arguments": _arguments_dict(c["function"]["arguments"]),
+                        },
+                    }
+                    for c in calls
+                ]
         elif calls:
             blocks = "\n".join(_block(c["function"]["name"], c["function"]["arguments"]) for c in calls)
             m["content"] = ((m.get("content") or "") + "\n" + blocks).strip()

@@ -145,8 +145,9 @@ class EngineLimits:
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 16:
             raise ValueError(f"kv_cache_tokens must be at least 16, got {self.kv_cache_tokens}")
         if self.max_num_batched_tokens < self.max_num_seqs + 1:
-            raise ValueError("max_num_batched_tokens must exceed max_num_seqs (one pending token each, plus "
-                             "room for prefill)")
+            raise ValueError(
+                "max_num_batched_tokens must exceed max_num_seqs (one pending token each, plus room for prefill)"
+            )
         if self.prefill_slowdown < 1.0:
             raise ValueError(f"prefill_slowdown must be at least 1, got {self.prefill_slowdown}")
 

@@ -15,19 +15,40 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .errors import SpecServeError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
-LANGUAGES = {".py": "python", ".ts": "typescript", ".tsx": "tsx", ".js": "javascript", ".jsx": "jsx",
-             ".go": "go", ".rs": "rust", ".java": "java", ".rb": "ruby", ".php": "php", ".c": "c", ".h": "c",
-             ".cpp": "cpp", ".cs": "csharp", ".kt": "kotlin", ".swift": "swift", ".sql": "sql",
-             ".sh": "bash", ".yaml": "yaml", ".yml": "yaml", ".json": "json", ".md": "markdown",
-             ".html": "html", ".css": "css"}
+LANGUAGES = {
+    ".py": "python",
+    ".ts": "typescript",
+    ".tsx": "tsx",
+    ".js": "javascript",
+    ".jsx": "jsx",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".rb": "ruby",
+    ".php": "php",
+    ".c": "c",
+    ".h": "c",
+    ".cpp": "cpp",
+    ".cs": "csharp",
+    ".kt": "kotlin",
+    ".swift": "swift",
+    ".sql": "sql",
+    ".sh": "bash",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".json": "json",
+    ".md": "markdown",
+    ".html": "html",
+    ".css": "css",
+}
 _FENCE = re.compile(r"\A\s*```[^\n`]*\n(?P<body>.*?)\n?[ \t]*```[ \t]*\s*\Z", re.S)
 
 
@@ -80,12 +101,18 @@ def strip_fence(text: str, original: str = "") -> str:
 
 # An answer far shorter than the file is a lost file, unless the instruction asks to take code out.
 SHORT_FRACTION = 0.5
-_REMOVAL = re.compile(r"\b(delet|remov|drop|strip|shorten|simplif|trim|cut|eliminat|get rid|condens|minif|collaps"
-                      r"|reduc|dedup|clean ?up|keep only|only keep|extract|split|move)", re.I)
+_REMOVAL = re.compile(
+    r"\b(delet|remov|drop|strip|shorten|simplif|trim|cut|eliminat|get rid|condens|minif|collaps"
+    r"|reduc|dedup|clean ?up|keep only|only keep|extract|split|move)",
+    re.I,
+)
 _REWRITE = re.compile(r"\b(rewrite|translate|port|convert the (whole )?file|from scratch)\b", re.I)
 # Names the model invents for "the updated file" instead of writing it (the issue's `obj['updated_code']`).
-_PLACEHOLDER_NAME = re.compile(r"\b(updated|modified|edited|refactored|new|complete|full|final|your)_?"
-                               r"(code|file|source|content|contents|version)\b", re.I)
+_PLACEHOLDER_NAME = re.compile(
+    r"\b(updated|modified|edited|refactored|new|complete|full|final|your)_?"
+    r"(code|file|source|content|contents|version)\b",
+    re.I,
+)
 _COMMENT = re.compile(r"^(#+|//+|/\*+|\*+|<!--|--|;+|%+|'|rem\b)\s*(?P<body>.*?)\s*(\*+/|-->)?$", re.I)
 # The text of a comment (or of a <bracketed> line), ellipses and brackets taken out, that stands for code
 # the model left out: "rest of the file", "existing code here", "code unchanged", "same as before", ...
@@ -98,10 +125,15 @@ _ELISION = re.compile(
     r"|(code|everything|the rest|rest|body|implementation|file)"
     r"|unchanged|omitted|elided|truncated|snip|same as (before|above)|as before"
     r")( (here|below|above|unchanged|omitted|elided|as before|goes here|follows|for brevity|(remains?|stays?|is|are) "
-    r"(the )?(same|unchanged|as before)))*$", re.I)
-_PROSE_START = re.compile(r"^(here(\'s| is| are)|sure\b|certainly\b|okay\b|ok,|below\b|the following\b|i have\b|"
-                          r"i\'ve\b|i will\b|this (code|file|version)\b|to (rename|add|change|do)\b|"
-                          r"as requested\b|the updated\b|updated (code|file)\b)", re.I)
+    r"(the )?(same|unchanged|as before)))*$",
+    re.I,
+)
+_PROSE_START = re.compile(
+    r"^(here(\'s| is| are)|sure\b|certainly\b|okay\b|ok,|below\b|the following\b|i have\b|"
+    r"i\'ve\b|i will\b|this (code|file|version)\b|to (rename|add|change|do)\b|"
+    r"as requested\b|the updated\b|updated (code|file)\b)",
+    re.I,
+)
 
 
 def _is_elision(line: str, prev: str) -> bool:
@@ -123,8 +155,11 @@ def _is_elision(line: str, prev: str) -> bool:
 
 def _elision_text(text: str) -> bool:
     words = re.sub(r"\.\.\.+|…|[()\[\]<>{}:;,.!-]", " ", text).lower().split()
-    if not words or len(words) > 10 or words in (["code"], ["file"], ["rest"], ["everything"], ["body"],
-                                                  ["the", "rest"], ["implementation"]):
+    if (
+        not words
+        or len(words) > 10
+        or words in (["code"], ["file"], ["rest"], ["everything"], ["body"], ["the", "rest"], ["implementation"])
+    ):
         return False
     return bool(_ELISION.match(" ".join(words)))
 
@@ -155,11 +190,15 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
     prose_ok = language in ("markdown", "text")  # there prose and fences are the content
     if not prose_ok and first not in old_set and _PROSE_START.match(first) and not _COMMENT.match(first):
         problems.append(f"the answer is prose, not code: {_clip(first)!r}")
-    elif not prose_ok and any(ln.lstrip().startswith("```") for ln in new_lines) and not any(
-            ln.lstrip().startswith("```") for ln in old_lines):
+    elif (
+        not prose_ok
+        and any(ln.lstrip().startswith("```") for ln in new_lines)
+        and not any(ln.lstrip().startswith("```") for ln in old_lines)
+    ):
         problems.append("the answer mixes prose and a ``` fenced block")
     names = {m.group(0) for m in _PLACEHOLDER_NAME.finditer(answer)} - {
-        m.group(0) for m in _PLACEHOLDER_NAME.finditer(original)}
+        m.group(0) for m in _PLACEHOLDER_NAME.finditer(original)
+    }
     if names and len(new_lines) <= 3:
         problems.append(f"the answer is a placeholder, not the file: {_clip(new_lines[0].strip())!r}")
     else:
@@ -177,9 +216,11 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
         old_chars = sum(len(ln.strip()) for ln in old_lines)
         new_chars = sum(len(ln.strip()) for ln in new_lines)
         if len(new_lines) < SHORT_FRACTION * len(old_lines) or new_chars < SHORT_FRACTION * old_chars:
-            problems.append(f"the answer is far shorter than the file ({len(new_lines)} of {len(old_lines)} "
-                            f"non-blank lines, {new_chars} of {old_chars} characters) and the instruction "
-                            "asks for no removal")
+            problems.append(
+                f"the answer is far shorter than the file ({len(new_lines)} of {len(old_lines)} "
+                f"non-blank lines, {new_chars} of {old_chars} characters) and the instruction "
+                "asks for no removal"
+            )
     if language == "python" and not problems:
         err = _syntax_error(answer)
         if err and not _syntax_error(original):
@@ -219,42 +260,58 @@ class EditPrompt:
     user: str
 
     def messages(self, original_code: str, instruction: str, language: str = "") -> list[dict]:
-        return [{"role": "system", "content": self.system},
-                {"role": "user", "content": self.user.format(instruction=instruction, language=language,
-                                                             code=original_code)}]
+        return [
+            {"role": "system", "content": self.system},
+            {
+                "role": "user",
+                "content": self.user.format(instruction=instruction, language=language, code=original_code),
+            },
+        ]
 
 
-PROMPTS: dict[str, EditPrompt] = {p.name: p for p in (
-    # The first prompt specserve shipped: instruction first, then the file.
-    EditPrompt("instruction-first",
-               "You are a coding assistant. Reply with the complete updated file only, no explanations.",
-               "{instruction}\n\n```{language}\n{code}\n```"),
-    # The file first and the instruction last, nearest to the answer, with the reply's shape spelled out.
-    EditPrompt("file-first",
-               "You are a coding assistant that edits source files.",
-               "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
-               "after this change, in one ```{language} code block, and nothing else."),
-    # Explicit rules against the failures seen: shortened files, elisions, placeholders.
-    EditPrompt("rules",
-               "You are an expert programmer who edits code. When asked to change a file, you write out the "
-               "entire file with the change applied: every line, in order, from the first to the last, "
-               "including the lines that do not change. Never shorten the file, never write placeholders "
-               "such as '...' or '# rest of the code', and do not explain.",
-               "Instruction: {instruction}\n\nFile:\n```{language}\n{code}\n```"),
-    # The same rules, with the file first and the instruction last.
-    EditPrompt("rules-file-first",
-               "You are an expert programmer who edits code. When asked to change a file, you write out the "
-               "entire file with the change applied: every line, in order, from the first to the last, "
-               "including the lines that do not change. Never shorten the file, never write placeholders "
-               "such as '...' or '# rest of the code', and do not explain.",
-               "```{language}\n{code}\n```\n\n{instruction}\nWrite the full updated file."),
-)}
+PROMPTS: dict[str, EditPrompt] = {
+    p.name: p
+    for p in (
+        # The first prompt specserve shipped: instruction first, then the file.
+        EditPrompt(
+            "instruction-first",
+            "You are a coding assistant. Reply with the complete updated file only, no explanations.",
+            "{instruction}\n\n```{language}\n{code}\n```",
+        ),
+        # The file first and the instruction last, nearest to the answer, with the reply's shape spelled out.
+        EditPrompt(
+            "file-first",
+            "You are a coding assistant that edits source files.",
+            "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
+            "after this change, in one ```{language} code block, and nothing else.",
+        ),
+        # Explicit rules against the failures seen: shortened files, elisions, placeholders.
+        EditPrompt(
+            "rules",
+            "You are an expert programmer who edits code. When asked to change a file, you write out the "
+            "entire file with the change applied: every line, in order, from the first to the last, "
+            "including the lines that do not change. Never shorten the file, never write placeholders "
+            "such as '...' or '# rest of the code', and do not explain.",
+            "Instruction: {instruction}\n\nFile:\n```{language}\n{code}\n```",
+        ),
+        # The same rules, with the file first and the instruction last.
+        EditPrompt(
+            "rules-file-first",
+            "You are an expert programmer who edits code. When asked to change a file, you write out the "
+            "entire file with the change applied: every line, in order, from the first to the last, "
+            "including the lines that do not change. Never shorten the file, never write placeholders "
+            "such as '...' or '# rest of the code', and do not explain.",
+            "```{language}\n{code}\n```\n\n{instruction}\nWrite the full updated file.",
+        ),
+    )
+}
 DEFAULT_PROMPT = "instruction-first"
 SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
 
 
-def build_messages(original_code: str, instruction: str, language: str = "",
-                   prompt: str | EditPrompt = DEFAULT_PROMPT) -> list[dict]:
+def build_messages(
+    original_code: str, instruction: str, language: str = "", prompt: str | EditPrompt = DEFAULT_PROMPT
+) -> list[dict]:
     """The edit prompt (`PROMPTS[prompt]`, by default the measured best) for this file and instruction."""
     p = prompt if isinstance(prompt, EditPrompt) else PROMPTS[prompt]
     return p.messages(original_code, instruction, language)
@@ -278,9 +335,15 @@ def default_model(client) -> str:
     return models[0].id if models else DEFAULT_MODEL
 
 
-def refactor_with_predicted_outputs(original_code: str, instruction: str, client=None, model: str | None = None,
-                                    language: str = "", max_tokens: int | None = None,
-                                    on_delta: Callable[[str], None] | None = None) -> EditResult:
+def refactor_with_predicted_outputs(
+    original_code: str,
+    instruction: str,
+    client=None,
+    model: str | None = None,
+    language: str = "",
+    max_tokens: int | None = None,
+    on_delta: Callable[[str], None] | None = None,
+) -> EditResult:
     """Ask the model to apply `instruction` to `original_code`, with the code as the prediction.
 
     Streams the answer (on_delta gets each text delta) and returns when the stream ends.
@@ -294,9 +357,14 @@ def refactor_with_predicted_outputs(original_code: str, instruction: str, client
     t0 = time.perf_counter()
     try:
         stream = client.chat.completions.create(
-            model=model, messages=build_messages(original_code, instruction, language), temperature=0,
-            prediction={"type": "content", "content": original_code}, stream=True,
-            stream_options={"include_usage": True}, **kwargs)
+            model=model,
+            messages=build_messages(original_code, instruction, language),
+            temperature=0,
+            prediction={"type": "content", "content": original_code},
+            stream=True,
+            stream_options={"include_usage": True},
+            **kwargs,
+        )
         result = _collect(stream, model, t0, on_delta)
     except openai.APIConnectionError as e:
         raise EditError(f"cannot reach the server at {client.base_url}: {e}") from e

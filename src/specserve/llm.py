@@ -1,10 +1,10 @@
 """The user-facing Python API, shaped like vLLM's.
 
-    from specserve import LLM, SamplingParams
-    llm = LLM()                                   # default Qwen2.5-Coder 1.5B + 0.5B draft packs
-    out = llm.generate("def fib(n):", SamplingParams(max_tokens=64))
-    out = llm.chat([{"role": "user", "content": "..."}], params, prediction=old_code)
-    print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].accepted)
+from specserve import LLM, SamplingParams
+llm = LLM()                                   # default Qwen2.5-Coder 1.5B + 0.5B draft packs
+out = llm.generate("def fib(n):", SamplingParams(max_tokens=64))
+out = llm.chat([{"role": "user", "content": "..."}], params, prediction=old_code)
+print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].accepted)
 """
 
 from __future__ import annotations
@@ -40,13 +40,25 @@ class LLM:
     they share (see config.EngineLimits); `generate([...])` and the server batch up to that.
     """
 
-    def __init__(self, model: str | None = None, draft_model: str | None = None, dtype: str | None = None,
-                 device: str | None = None, speculation: str | SpeculationConfig = "auto",
-                 max_context: int | None = None, backend: str = "auto", threads: int | None = None,
-                 exact: bool = False, max_num_seqs: int = 8, kv_cache_tokens: int | None = None,
-                 options: LoadOptions | None = None, limits: EngineLimits | None = None):
-        options = options or LoadOptions(backend=backend, dtype=dtype, device=device, max_context=max_context,
-                                         threads=threads, exact=exact)
+    def __init__(
+        self,
+        model: str | None = None,
+        draft_model: str | None = None,
+        dtype: str | None = None,
+        device: str | None = None,
+        speculation: str | SpeculationConfig = "auto",
+        max_context: int | None = None,
+        backend: str = "auto",
+        threads: int | None = None,
+        exact: bool = False,
+        max_num_seqs: int = 8,
+        kv_cache_tokens: int | None = None,
+        options: LoadOptions | None = None,
+        limits: EngineLimits | None = None,
+    ):
+        options = options or LoadOptions(
+            backend=backend, dtype=dtype, device=device, max_context=max_context, threads=threads, exact=exact
+        )
         limits = limits or EngineLimits(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens)
         target = load(model, "target", options, limits)
         draft = None
@@ -54,8 +66,15 @@ class LLM:
         if default_draft or draft_model not in (None, *NO_DRAFT):
             draft = load(None if default_draft else draft_model, "draft", options, limits)
         try:
-            self._init(target.backend, target.tokenizer, draft.backend if draft else None, target.name,
-                       SpeculationConfig.coerce(speculation), target.eos_token_ids, limits)
+            self._init(
+                target.backend,
+                target.tokenizer,
+                draft.backend if draft else None,
+                target.name,
+                SpeculationConfig.coerce(speculation),
+                target.eos_token_ids,
+                limits,
+            )
         except ModelLoadError as e:  # name both files: the engine only knows the two backends
             raise ModelLoadError(f"{draft.name} cannot draft for {target.name}: {e}") from None
         self.draft_model_name = draft.name if draft else None
@@ -63,23 +82,44 @@ class LLM:
             self.engine.prices()  # measured (or read from the price cache) now, so no request waits for it
 
     @classmethod
-    def from_options(cls, model: str | None, draft_model: str | None, options: LoadOptions,
-                     speculation: str | SpeculationConfig = "auto", limits: EngineLimits | None = None) -> LLM:
+    def from_options(
+        cls,
+        model: str | None,
+        draft_model: str | None,
+        options: LoadOptions,
+        speculation: str | SpeculationConfig = "auto",
+        limits: EngineLimits | None = None,
+    ) -> LLM:
         """LLM(...) with the model flags shared by the CLI commands."""
         return cls(model, draft_model, speculation=speculation, options=options, limits=limits)
 
     @classmethod
-    def from_models(cls, model, tokenizer, draft_model=None, name: str = "model",
-                    speculation: str | SpeculationConfig = "auto", max_context: int | None = None) -> LLM:
+    def from_models(
+        cls,
+        model,
+        tokenizer,
+        draft_model=None,
+        name: str = "model",
+        speculation: str | SpeculationConfig = "auto",
+        max_context: int | None = None,
+    ) -> LLM:
         """Wrap already-loaded transformers models (tests, notebooks)."""
         draft = TransformersBackend(draft_model, max_context) if draft_model is not None else None
-        return cls.from_backends(TransformersBackend(model, max_context), tokenizer, draft, name, speculation,
-                                 eos_ids(model, tokenizer))
+        return cls.from_backends(
+            TransformersBackend(model, max_context), tokenizer, draft, name, speculation, eos_ids(model, tokenizer)
+        )
 
     @classmethod
-    def from_backends(cls, target, tokenizer, draft=None, name: str = "model",
-                      speculation: str | SpeculationConfig = "auto", eos_token_ids: set[int] | None = None,
-                      limits: EngineLimits | None = None) -> LLM:
+    def from_backends(
+        cls,
+        target,
+        tokenizer,
+        draft=None,
+        name: str = "model",
+        speculation: str | SpeculationConfig = "auto",
+        eos_token_ids: set[int] | None = None,
+        limits: EngineLimits | None = None,
+    ) -> LLM:
         """Wrap already-built backends (tests, notebooks); EOS defaults to the tokenizer's."""
         self = cls.__new__(cls)
         eos = eos_token_ids if eos_token_ids is not None else {tokenizer.eos_token_id} - {None}
@@ -87,8 +127,16 @@ class LLM:
         self.draft_model_name = "draft" if draft is not None else None
         return self
 
-    def _init(self, target, tokenizer, draft, name: str, speculation: SpeculationConfig, eos: set[int],
-              limits: EngineLimits | None) -> None:
+    def _init(
+        self,
+        target,
+        tokenizer,
+        draft,
+        name: str,
+        speculation: SpeculationConfig,
+        eos: set[int],
+        limits: EngineLimits | None,
+    ) -> None:
         self.model_name = name
         self.tokenizer = tokenizer = per_thread(tokenizer)  # one copy per thread (engine/tokenizer.py)
         self.speculation = speculation
@@ -121,8 +169,9 @@ class LLM:
             messages = template_messages(messages, tools, template)
         if template:
             native = tools if tools and template_supports_tools(template) else None
-            text = self.tokenizer.apply_chat_template(messages, tools=native, add_generation_prompt=True,
-                                                      tokenize=False)
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=native, add_generation_prompt=True, tokenize=False
+            )
         else:  # base models: plain role-prefixed transcript
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         return self.encode(text)
@@ -158,19 +207,37 @@ class LLM:
         """A fresh grammar Constraint for one request (None: unconstrained)."""
         return None if guide is None else self._factory()(guide)
 
-    def request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
-                should_cancel: Callable[[], bool] | None = None, guide: GrammarSpec | CompiledGuide | None = None,
-                on_event=None):
+    def request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        prediction: str | list[int] | None = None,
+        speculation: str | SpeculationConfig | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        guide: GrammarSpec | CompiledGuide | None = None,
+        on_event=None,
+    ):
         """A validated engine Request (not yet queued): what `stream`, `generate` and the server run."""
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
-        return self.engine.request(self.prompt_ids(prompt), params or SamplingParams(), spec, prediction,
-                                   should_cancel, self.constraint(guide), on_event)
+        return self.engine.request(
+            self.prompt_ids(prompt),
+            params or SamplingParams(),
+            spec,
+            prediction,
+            should_cancel,
+            self.constraint(guide),
+            on_event,
+        )
 
-    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               prediction: str | list[int] | None = None, speculation: str | SpeculationConfig | None = None,
-               should_cancel: Callable[[], bool] | None = None,
-               guide: GrammarSpec | CompiledGuide | None = None) -> Generation:
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        prediction: str | list[int] | None = None,
+        speculation: str | SpeculationConfig | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        guide: GrammarSpec | CompiledGuide | None = None,
+    ) -> Generation:
         """Start one request; iterate it for StepEvents (text as soon as each step is accepted).
 
         guide: a structured-output grammar (JSON schema, regex, EBNF) the output must follow.
@@ -179,25 +246,36 @@ class LLM:
         req = self.request(prompt, params, prediction, speculation, should_cancel, guide)
         return Generation(self.engine.core, req)
 
-    def generate(self, prompts, params: SamplingParams | None = None, prediction: str | list[int] | None = None,
-                 speculation: str | SpeculationConfig | None = None,
-                 guide: GrammarSpec | CompiledGuide | None = None) -> RequestOutput | list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        params: SamplingParams | None = None,
+        prediction: str | list[int] | None = None,
+        speculation: str | SpeculationConfig | None = None,
+        guide: GrammarSpec | CompiledGuide | None = None,
+    ) -> RequestOutput | list[RequestOutput]:
         """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list, run
         together (continuous batching, up to max_num_seqs at once; the rest join as others end).
 
         params / prediction may also be lists, one per prompt."""
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
             n = len(prompts)
-            each = lambda x: x if isinstance(x, list) and len(x) == n and not isinstance(x[0], int) \
-                else [x] * n  # noqa: E731
-            reqs = [self.request(p, sp, pr, speculation, guide=guide)
-                    for p, sp, pr in zip(prompts, each(params), each(prediction))]
+            each = lambda x: x if isinstance(x, list) and len(x) == n and not isinstance(x[0], int) else [x] * n  # noqa: E731
+            reqs = [
+                self.request(p, sp, pr, speculation, guide=guide)
+                for p, sp, pr in zip(prompts, each(params), each(prediction))
+            ]
             return self.engine.run(reqs)
         return self.engine.run([self.request(prompts, params, prediction, speculation, guide=guide)])[0]
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None,
-             prediction: str | list[int] | None = None,
-             speculation: str | SpeculationConfig | None = None, guide: GrammarSpec | CompiledGuide | None = None,
-             tools: list[dict] | None = None) -> RequestOutput:
+    def chat(
+        self,
+        messages: list[dict],
+        params: SamplingParams | None = None,
+        prediction: str | list[int] | None = None,
+        speculation: str | SpeculationConfig | None = None,
+        guide: GrammarSpec | CompiledGuide | None = None,
+        tools: list[dict] | None = None,
+    ) -> RequestOutput:
         """Apply the target's chat template (with `tools` when given), then generate."""
         return self.generate(self.apply_chat_template(messages, tools), params, prediction, speculation, guide)

@@ -14,8 +14,9 @@ one of those into a one-sequence Backend, so the engine core runs them unchanged
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

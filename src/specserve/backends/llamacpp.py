@@ -31,8 +31,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -66,8 +66,10 @@ def _lib():
     try:
         import llama_cpp
     except ImportError as e:  # pragma: no cover - depends on the install
-        raise ModelLoadError("the llama.cpp backend needs llama-cpp-python; install it with "
-                             "`pip install 'llama-cpp-python>=0.3.36,<0.4'` (or run `make venv`)") from e
+        raise ModelLoadError(
+            "the llama.cpp backend needs llama-cpp-python; install it with "
+            "`pip install 'llama-cpp-python>=0.3.36,<0.4'` (or run `make venv`)"
+        ) from e
     return llama_cpp
 
 
@@ -95,12 +97,16 @@ def exactness_problem(system_info: str, tiled_mm: str | None) -> str | None:
     reads (or read) on its first matmul. The other two causes (KV cache type and repacked weights)
     are set per model by this backend and cannot be overridden from outside."""
     if "LLAMAFILE = 1" in system_info:
-        return ("--exact needs llama.cpp built without llamafile's sgemm, but this llama-cpp-python has it "
-                "(LLAMAFILE = 1): reinstall it with scripts/install_llama_cpp.sh (GGML_LLAMAFILE=OFF), "
-                "or run `make venv`")
+        return (
+            "--exact needs llama.cpp built without llamafile's sgemm, but this llama-cpp-python has it "
+            "(LLAMAFILE = 1): reinstall it with scripts/install_llama_cpp.sh (GGML_LLAMAFILE=OFF), "
+            "or run `make venv`"
+        )
     if not tiled_mm_off(tiled_mm):
-        return (f"--exact needs GGML_CPU_TILED_MM=0, but the environment sets GGML_CPU_TILED_MM={tiled_mm}: "
-                "unset it (exact mode then sets 0) or set it to 0")
+        return (
+            f"--exact needs GGML_CPU_TILED_MM=0, but the environment sets GGML_CPU_TILED_MM={tiled_mm}: "
+            "unset it (exact mode then sets 0) or set it to 0"
+        )
     return None
 
 
@@ -128,13 +134,16 @@ def _init_backend(batch_invariant: bool) -> None:
             ll.llama_backend_init()
             _initialised = True
         elif batch_invariant and not tiled_mm_off(_tiled_mm):
-            raise ModelLoadError("batch-invariant (exact) llama.cpp models must be loaded before any other "
-                                 "llama.cpp model in a process (GGML_CPU_TILED_MM is read once); start a "
-                                 "fresh process")
+            raise ModelLoadError(
+                "batch-invariant (exact) llama.cpp models must be loaded before any other "
+                "llama.cpp model in a process (GGML_CPU_TILED_MM is read once); start a "
+                "fresh process"
+            )
         if batch_invariant:  # and the build: llamafile's sgemm compiled out
             info = _lib().llama_print_system_info()
-            problem = exactness_problem(info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info),
-                                        _tiled_mm)
+            problem = exactness_problem(
+                info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info), _tiled_mm
+            )
             if problem:
                 raise ModelLoadError(problem)
 
@@ -179,9 +188,18 @@ class LlamaCppBackend:
     name = "llama.cpp"
     batches_sequences = True
 
-    def __init__(self, gguf_path: str | Path, max_context: int | None = None, max_sequences: int = 1,
-                 cache_tokens: int | None = None, threads: int | None = None, batch_invariant: bool = False, n_batch: int = 512,
-                 gpu_layers: int | None = None, prefix_sequences: int = 0):
+    def __init__(
+        self,
+        gguf_path: str | Path,
+        max_context: int | None = None,
+        max_sequences: int = 1,
+        cache_tokens: int | None = None,
+        threads: int | None = None,
+        batch_invariant: bool = False,
+        n_batch: int = 512,
+        gpu_layers: int | None = None,
+        prefix_sequences: int = 0,
+    ):
         _init_backend(batch_invariant)
         ll = self._ll = _lib()
         self.path = Path(gguf_path)
@@ -255,9 +273,11 @@ class LlamaCppBackend:
         p.no_perf = True
         ctx = ll.llama_init_from_model(self._model, p)
         if not ctx:
-            raise ModelLoadError(f"cannot create a llama.cpp context for {self.path.name} "
-                                 f"({self.cache_tokens} cache cells, {self.max_sequences} sequences): "
-                                 f"{_load_error(self.path)}")
+            raise ModelLoadError(
+                f"cannot create a llama.cpp context for {self.path.name} "
+                f"({self.cache_tokens} cache cells, {self.max_sequences} sequences): "
+                f"{_load_error(self.path)}"
+            )
         return ctx
 
     def close(self) -> None:
@@ -327,12 +347,11 @@ class LlamaCppBackend:
         for x in inputs:
             if self._lengths[x.seq] + len(x.token_ids) > self.max_context:
                 raise ValueError(f"cache would exceed the context length {self.max_context}")
-        flat = [(i, x.seq, tok, self._wants(x, j))
-                for i, x in enumerate(inputs) for j, tok in enumerate(x.token_ids)]
+        flat = [(i, x.seq, tok, self._wants(x, j)) for i, x in enumerate(inputs) for j, tok in enumerate(x.token_ids)]
         out = [self._output(x) for x in inputs]  # [T_i, V], [1, V] or None, filled row by row
         filled = [0] * len(inputs)
         for start in range(0, len(flat), self.n_batch):
-            self._decode(flat[start:start + self.n_batch], out, filled)
+            self._decode(flat[start : start + self.n_batch], out, filled)
         return [None if o is None else torch.from_numpy(o) for o in out]
 
     @staticmethod
@@ -346,8 +365,7 @@ class LlamaCppBackend:
         n = len(x.token_ids) if x.logits == "all" else min(1, len(x.token_ids))
         return np.empty((n, self.vocab_size), dtype=np.float32)
 
-    def _decode(self, chunk: list[tuple[int, int, int, bool]], out: list[np.ndarray | None],
-                filled: list[int]) -> None:
+    def _decode(self, chunk: list[tuple[int, int, int, bool]], out: list[np.ndarray | None], filled: list[int]) -> None:
         """One llama_decode over `chunk` = [(input index, seq, token, wants logits)]; the wanted
         rows are copied from llama.cpp's buffer (overwritten by the next decode) into `out`."""
         b = self._batch

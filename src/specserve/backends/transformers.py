@@ -7,7 +7,7 @@ compare against. Rolling back is `DynamicCache.crop`, which drops the tail witho
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel

@@ -1,11 +1,11 @@
 """Benchmarks and their reports.
 
-    runner.py       refactor scenarios x speculation modes x peers on the same weights
-    load.py         `bench --concurrency`: many requests at once, in-process and through the server
-    peers.py        llama-cpp-python and transformers generate() on the same weights
-    replay.py       what the prediction drafter would accept, without a model
-    report_html.py  the token-source HTML report
-    samples/        the scenario files
+runner.py       refactor scenarios x speculation modes x peers on the same weights
+load.py         `bench --concurrency`: many requests at once, in-process and through the server
+peers.py        llama-cpp-python and transformers generate() on the same weights
+replay.py       what the prediction drafter would accept, without a model
+report_html.py  the token-source HTML report
+samples/        the scenario files
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ def require(*modules: str) -> None:
     before a benchmark runs for minutes, not when it writes its chart."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise SpecServeError(f"specserve bench needs {' and '.join(missing)}, which a server install leaves out; "
-                             f"install them with: {BENCH_EXTRA}")
+        raise SpecServeError(
+            f"specserve bench needs {' and '.join(missing)}, which a server install leaves out; "
+            f"install them with: {BENCH_EXTRA}"
+        )
 
 
 def pyplot():

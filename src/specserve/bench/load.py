@@ -149,11 +149,11 @@ def load_modes(modes: tuple[str, ...], note: bool = True) -> tuple[str, ...]:
     kept = tuple(m for m in LOAD_MODES if m in modes)
     ignored = [m for m in modes if m not in LOAD_MODES]
     if not kept:
-        raise ValueError(f"the load benchmark (--concurrency) runs modes {', '.join(LOAD_MODES)}; "
-                         f"--modes has neither")
+        raise ValueError(f"the load benchmark (--concurrency) runs modes {', '.join(LOAD_MODES)}; --modes has neither")
     if ignored and note:
-        print(f"note: --concurrency runs only {', '.join(kept)}; ignoring mode(s) {', '.join(ignored)}",
-              file=sys.stderr)
+        print(
+            f"note: --concurrency runs only {', '.join(kept)}; ignoring mode(s) {', '.join(ignored)}", file=sys.stderr
+        )
     return kept
 
 
@@ -175,8 +175,10 @@ def load_prompts(llm, opts: LoadBenchOptions) -> list[Prompt]:
         chat = [s.name for s in scenarios if s.kind != "edit"]
         scenarios = [s for s in scenarios if s.kind == "edit"]
         if not scenarios:
-            raise ValueError("prediction mode needs an edit scenario (chat scenarios have no prediction); "
-                             "pick one with --scenarios, or run --modes plain")
+            raise ValueError(
+                "prediction mode needs an edit scenario (chat scenarios have no prediction); "
+                "pick one with --scenarios, or run --modes plain"
+            )
         if chat:
             print(f"note: prediction runs: leaving out chat scenario(s) {', '.join(chat)}", file=sys.stderr)
     prompts = []
@@ -212,15 +214,26 @@ def summarize(via: str, mode: str, concurrency: int, timings: list[RequestTiming
     itls = [x for t in timings for x in t.itl_samples()]
     rates = [r for r in (t.decode_rate() for t in timings) if r is not None]
     proposed, accepted = sum(t.proposed for t in timings), sum(t.accepted for t in timings)
-    return LoadRow(via, mode, concurrency, len(timings), output_tokens=out_tokens,
-                   prompt_tokens=sum(t.prompt_tokens for t in timings), wall_s=wall,
-                   aggregate_tok_s=out_tokens / wall if wall > 0 else 0.0,
-                   per_request_tok_s_p50=percentile(rates, 50), ttft_p50=percentile(ttfts, 50),
-                   ttft_p99=percentile(ttfts, 99), itl_p50=percentile(itls, 50), itl_p99=percentile(itls, 99),
-                   acceptance_rate=accepted / proposed if mode == "prediction" and proposed else None,
-                   proposed=proposed, accepted=accepted,
-                   finish_reasons=dict(Counter(t.finish_reason for t in timings)),
-                   steady_tok_s=steady_rate(timings))
+    return LoadRow(
+        via,
+        mode,
+        concurrency,
+        len(timings),
+        output_tokens=out_tokens,
+        prompt_tokens=sum(t.prompt_tokens for t in timings),
+        wall_s=wall,
+        aggregate_tok_s=out_tokens / wall if wall > 0 else 0.0,
+        per_request_tok_s_p50=percentile(rates, 50),
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p99=percentile(ttfts, 99),
+        itl_p50=percentile(itls, 50),
+        itl_p99=percentile(itls, 99),
+        acceptance_rate=accepted / proposed if mode == "prediction" and proposed else None,
+        proposed=proposed,
+        accepted=accepted,
+        finish_reasons=dict(Counter(t.finish_reason for t in timings)),
+        steady_tok_s=steady_rate(timings),
+    )
 
 
 def steady_rate(timings: list[RequestTiming]) -> float | None:
@@ -290,8 +303,13 @@ def run_inproc(llm, prompts: list[Prompt], mode: str, concurrency: int, max_toke
     reqs = []
     for i in range(concurrency):
         p = prompt_for(prompts, i)
-        req = llm.request(p.ids, _params(max_tokens), prediction=p.prediction if mode == "prediction" else None,
-                          speculation=METHOD[mode], on_event=on_event)
+        req = llm.request(
+            p.ids,
+            _params(max_tokens),
+            prediction=p.prediction if mode == "prediction" else None,
+            speculation=METHOD[mode],
+            on_event=on_event,
+        )
         by_request[id(req)] = timings[i]
         timings[i].prompt_tokens = len(p.ids)
         reqs.append(req)
@@ -344,19 +362,43 @@ def server_model_args(llm, llm_kwargs: dict) -> list[str]:
     return args
 
 
-def bench_server(model_args: list[str], max_num_seqs: int, log_path: Path, engine_args: list[str] = (),
-                 startup_timeout: float = SERVER_STARTUP_TIMEOUT_S) -> ServerProcess:
+def bench_server(
+    model_args: list[str],
+    max_num_seqs: int,
+    log_path: Path,
+    engine_args: list[str] = (),
+    startup_timeout: float = SERVER_STARTUP_TIMEOUT_S,
+) -> ServerProcess:
     """`specserve serve` for the load runs: the in-process run's model and engine flags, no request timeout,
     a queue deep enough for every request at once; its log in `log_path`."""
-    args = [*model_args, "--max-num-seqs", str(max_num_seqs), *engine_args,
-            "--max-queue", str(max(1024, 4 * max_num_seqs)), "--request-timeout", "0",
-            "--served-model-name", SERVED_NAME, "--log-level", "warning"]
+    args = [
+        *model_args,
+        "--max-num-seqs",
+        str(max_num_seqs),
+        *engine_args,
+        "--max-queue",
+        str(max(1024, 4 * max_num_seqs)),
+        "--request-timeout",
+        "0",
+        "--served-model-name",
+        SERVED_NAME,
+        "--log-level",
+        "warning",
+    ]
     return ServerProcess(args, log_path=log_path, startup_timeout=startup_timeout, stop_timeout=30.0)
 
 
 def completion_body(p: Prompt, mode: str, max_tokens: int) -> dict:
-    body = {"model": SERVED_NAME, "prompt": p.ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "logprobs": 0, "speculation": {"method": METHOD[mode]}}
+    body = {
+        "model": SERVED_NAME,
+        "prompt": p.ids,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "speculation": {"method": METHOD[mode]},
+    }
     if mode == "prediction" and p.prediction is not None:
         body["prediction"] = {"type": "content", "content": p.prediction}
     return body
@@ -405,10 +447,16 @@ def run_server(url: str, prompts: list[Prompt], mode: str, concurrency: int, max
     errors: list[BaseException] = []
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     with httpx.Client(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
+
         def work(i: int) -> None:
             try:
-                _stream_one(client, f"{url}/v1/completions", completion_body(prompt_for(prompts, i), mode, max_tokens),
-                            timings[i], barrier)
+                _stream_one(
+                    client,
+                    f"{url}/v1/completions",
+                    completion_body(prompt_for(prompts, i), mode, max_tokens),
+                    timings[i],
+                    barrier,
+                )
             except BaseException as e:  # noqa: BLE001 - reported below, on the calling thread
                 errors.append(e)
                 barrier.abort()
@@ -441,22 +489,26 @@ def _ms(v) -> str:
 
 
 def markdown(rows: list[LoadRow], env: dict) -> str:
-    head = (f"# specserve bench: load\n\ntarget `{env.get('model')}`, draft `{env.get('draft_model')}` on the "
-            f"**{env.get('backend')}** backend ({env.get('dtype')}, {env.get('device')}, {env.get('threads')} "
-            f"threads); CPU {env.get('cpu', '?')}; {env.get('load_max_tokens')} output tokens per request "
-            f"(EOS ignored); the backend's prefill rate (one 512-token pass): {env.get('prefill_tok_s')} tok/s; "
-            f"{env.get('date', '')}\n\n"
-            "*steady tok/s*: tokens per second while all C requests decode together (from the last first "
-            "token to the first finish); *of prefill*: that over the prefill rate, the ceiling on a CPU.\n\n"
-            "| via | mode | C | out tok | wall s | aggregate tok/s | per-request tok/s p50 | TTFT p50 ms "
-            "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance | vs C=1 | steady tok/s | of prefill |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    head = (
+        f"# specserve bench: load\n\ntarget `{env.get('model')}`, draft `{env.get('draft_model')}` on the "
+        f"**{env.get('backend')}** backend ({env.get('dtype')}, {env.get('device')}, {env.get('threads')} "
+        f"threads); CPU {env.get('cpu', '?')}; {env.get('load_max_tokens')} output tokens per request "
+        f"(EOS ignored); the backend's prefill rate (one 512-token pass): {env.get('prefill_tok_s')} tok/s; "
+        f"{env.get('date', '')}\n\n"
+        "*steady tok/s*: tokens per second while all C requests decode together (from the last first "
+        "token to the first finish); *of prefill*: that over the prefill rate, the ceiling on a CPU.\n\n"
+        "| via | mode | C | out tok | wall s | aggregate tok/s | per-request tok/s p50 | TTFT p50 ms "
+        "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance | vs C=1 | steady tok/s | of prefill |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
     body = "".join(
         f"| {r.via} | {r.mode} | {r.concurrency} | {r.output_tokens} | {r.wall_s:.2f} | {r.aggregate_tok_s:.1f} | "
         f"{_f(r.per_request_tok_s_p50, '.1f')} | {_ms(r.ttft_p50)} | {_ms(r.ttft_p99)} | {_ms(r.itl_p50)} | "
         f"{_ms(r.itl_p99)} | {_f(r.acceptance_rate, '.1%')} | "
         f"{'–' if r.speedup_vs_c1 is None else f'{r.speedup_vs_c1:.2f}x'} | {_f(r.steady_tok_s, '.1f')} | "
-        f"{_f(r.of_prefill, '.0%')} |\n" for r in rows)
+        f"{_f(r.of_prefill, '.0%')} |\n"
+        for r in rows
+    )
     lines = []
     for via, mode in dict.fromkeys((r.via, r.mode) for r in rows):
         mine = [r for r in rows if r.via == via and r.mode == mode]
@@ -477,10 +529,16 @@ def write_chart(rows: list[LoadRow], path: Path) -> Path:
     for via, mode in dict.fromkeys((r.via, r.mode) for r in rows):
         mine = sorted((r for r in rows if r.via == via and r.mode == mode), key=lambda r: r.concurrency)
         style = "-" if via == "inproc" else "--"
-        axes[0].plot([r.concurrency for r in mine], [r.aggregate_tok_s for r in mine], style, marker="o",
-                     label=f"{mode} ({via})")
-        axes[1].plot([r.concurrency for r in mine], [r.per_request_tok_s_p50 or 0.0 for r in mine], style,
-                     marker="o", label=f"{mode} ({via})")
+        axes[0].plot(
+            [r.concurrency for r in mine], [r.aggregate_tok_s for r in mine], style, marker="o", label=f"{mode} ({via})"
+        )
+        axes[1].plot(
+            [r.concurrency for r in mine],
+            [r.per_request_tok_s_p50 or 0.0 for r in mine],
+            style,
+            marker="o",
+            label=f"{mode} ({via})",
+        )
     if len(cs) > 1 and cs[-1] / cs[0] >= 4:
         axes[1].set_xscale("log", base=2)
     axes[1].set_xticks(cs, [str(c) for c in cs])
@@ -517,9 +575,15 @@ def _release_memory() -> None:
         pass
 
 
-def run_load(llm_factory, llm_kwargs: dict, opts: LoadBenchOptions, bench_opts: BenchOptions, out: Path,
-             engine_args: list[str] = (), max_num_seqs: int | None = None,
-             ) -> tuple[list[LoadRow], dict, dict[str, Path]]:
+def run_load(
+    llm_factory,
+    llm_kwargs: dict,
+    opts: LoadBenchOptions,
+    bench_opts: BenchOptions,
+    out: Path,
+    engine_args: list[str] = (),
+    max_num_seqs: int | None = None,
+) -> tuple[list[LoadRow], dict, dict[str, Path]]:
     """Build prompts, run every (via, mode, C), write load.json / load.md / load.png into `out`.
 
     llm_factory(): the in-process LLM (it must allow max(concurrency) sequences). The server gets
@@ -529,11 +593,17 @@ def run_load(llm_factory, llm_kwargs: dict, opts: LoadBenchOptions, bench_opts: 
     require("matplotlib", *(("httpx",) if "server" in opts.vias else ()))  # before minutes of runs
     llm = llm_factory()
     prompts = load_prompts(llm, opts)
-    env = environment(llm, dataclasses.replace(bench_opts, max_tokens=opts.max_tokens,
-                                               max_prompt_tokens=opts.max_prompt_tokens))
-    env.update(load_max_tokens=opts.max_tokens, concurrency=list(opts.concurrency), load_via=list(opts.vias),
-               load_modes=list(opts.modes), scenarios=[p.scenario for p in prompts],
-               prompt_tokens=[len(p.ids) for p in prompts])
+    env = environment(
+        llm, dataclasses.replace(bench_opts, max_tokens=opts.max_tokens, max_prompt_tokens=opts.max_prompt_tokens)
+    )
+    env.update(
+        load_max_tokens=opts.max_tokens,
+        concurrency=list(opts.concurrency),
+        load_via=list(opts.vias),
+        load_modes=list(opts.modes),
+        scenarios=[p.scenario for p in prompts],
+        prompt_tokens=[len(p.ids) for p in prompts],
+    )
     top = max(opts.concurrency)
     env["max_num_seqs"] = max_num_seqs or top
     env["prefill_tok_s"] = round(measure_prefill_rate(llm), 1)
@@ -557,13 +627,22 @@ def run_load(llm_factory, llm_kwargs: dict, opts: LoadBenchOptions, bench_opts: 
                 for mode in opts.modes:
                     for c in opts.concurrency:
                         bar.set_postfix_str(f"server/{mode}/C={c}")
-                        rows.append(summarize("server", mode, c, run_server(srv.url, prompts, mode, c,
-                                                                            opts.max_tokens)))
+                        rows.append(
+                            summarize("server", mode, c, run_server(srv.url, prompts, mode, c, opts.max_tokens))
+                        )
                         bar.update(1)
     add_speedups(rows)
     add_ceiling(rows, env["prefill_tok_s"])
     return rows, env, write_results(rows, env, out)
 
 
-__all__ = ["LoadBenchOptions", "LoadRow", "RequestTiming", "parse_concurrency", "parse_vias", "run_load",
-           "percentile", "summarize"]
+__all__ = [
+    "LoadBenchOptions",
+    "LoadRow",
+    "RequestTiming",
+    "parse_concurrency",
+    "parse_vias",
+    "run_load",
+    "percentile",
+    "summarize",
+]

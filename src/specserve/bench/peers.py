@@ -68,9 +68,16 @@ def _llama(llm, lookup: bool, n_ctx: int):
         _LLAMAS.pop(key).close()
     if key not in _LLAMAS:
         draft = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS) if lookup else None
-        _LLAMAS[key] = Llama(model_path=str(backend.path), n_ctx=n_ctx, n_batch=512, logits_all=lookup,
-                             n_threads=backend.threads, n_threads_batch=backend.threads, draft_model=draft,
-                             verbose=False)
+        _LLAMAS[key] = Llama(
+            model_path=str(backend.path),
+            n_ctx=n_ctx,
+            n_batch=512,
+            logits_all=lookup,
+            n_threads=backend.threads,
+            n_threads_batch=backend.threads,
+            draft_model=draft,
+            verbose=False,
+        )
     return _LLAMAS[key]
 
 
@@ -79,8 +86,7 @@ def _run_llamacpp(llm, prompt_ids, max_tokens: int, lookup: bool, clock) -> list
     peer.reset()  # no prefix reuse from the previous run: every run pays its prefill
     eos = llm.engine.eos_token_ids
     out: list[int] = []
-    for tok in peer.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
-                             reset=True):
+    for tok in peer.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
         out.append(int(tok))
         clock.emitted(1)
         if tok in eos or len(out) >= max_tokens:
@@ -112,9 +118,16 @@ def peer_config(llm, max_tokens: int, peer: str):
 
     eos = sorted(llm.engine.eos_token_ids)
     extra = {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS} if peer == "hf-prompt-lookup" else {}
-    return GenerationConfig(max_new_tokens=max_tokens, do_sample=False, temperature=1.0, top_p=1.0,
-                            repetition_penalty=1.0, eos_token_id=eos or None,
-                            pad_token_id=eos[0] if eos else llm.tokenizer.pad_token_id, **extra)
+    return GenerationConfig(
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        temperature=1.0,
+        top_p=1.0,
+        repetition_penalty=1.0,
+        eos_token_id=eos or None,
+        pad_token_id=eos[0] if eos else llm.tokenizer.pad_token_id,
+        **extra,
+    )
 
 
 @torch.inference_mode()
@@ -123,6 +136,11 @@ def _run_transformers(llm, prompt_ids, max_tokens: int, peer: str, clock) -> lis
     model = llm.target_backend.model
     assistant = {"assistant_model": llm.draft_backend.model} if peer == "hf-assisted" else {}
     ids = torch.tensor([prompt_ids], device=llm.target_backend.device)  # [1, P]
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=peer_config(
-        llm, max_tokens, peer), streamer=_PeerStreamer(clock), **assistant)  # [1, P + N]
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        generation_config=peer_config(llm, max_tokens, peer),
+        streamer=_PeerStreamer(clock),
+        **assistant,
+    )  # [1, P + N]
+    return out[0, len(prompt_ids) :].tolist()

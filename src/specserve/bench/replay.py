@@ -109,8 +109,9 @@ def step_cost(n_verified: int, cost_ratio: float) -> float:
     return 1.0 + (cost_ratio - 1.0) * (n_verified - 1) / (COST_REF_TOKENS - 1)
 
 
-def projected_speedup(output_tokens: int, step_sizes: list[int], cost_ratio: float,
-                      prices: CostModel | None = None) -> float:
+def projected_speedup(
+    output_tokens: int, step_sizes: list[int], cost_ratio: float, prices: CostModel | None = None
+) -> float:
     """Plain decoding cost (one pass per token) over the speculative steps' cost (the linear
     model of cost_ratio, or the measured curve of `prices`)."""
     cost = sum(prices.target(n) if prices is not None else step_cost(n, cost_ratio) for n in step_sizes)
@@ -128,9 +129,14 @@ def parse_curve(text: str) -> CostModel:
     return CostModel(tuple(points))
 
 
-def replay_ids(tokenizer, prediction: str | None, output_ids: list[int],
-               spec: SpeculationConfig | None = None, prices: CostModel | None = None,
-               prompt_ids: list[int] | None = None) -> RequestOutput:
+def replay_ids(
+    tokenizer,
+    prediction: str | None,
+    output_ids: list[int],
+    spec: SpeculationConfig | None = None,
+    prices: CostModel | None = None,
+    prompt_ids: list[int] | None = None,
+) -> RequestOutput:
     """Run the real engine with an oracle target that writes exactly `output_ids` (after
     `prompt_ids`, by default one token: no prefill), drafting with `prices` when given."""
     prompt = list(prompt_ids) if prompt_ids else [output_ids[0] if output_ids else 0]
@@ -142,9 +148,15 @@ def replay_ids(tokenizer, prediction: str | None, output_ids: list[int],
     return engine.generate(prompt, params, spec or SpeculationConfig("prediction"), prediction=prediction).run()
 
 
-def replay(tokenizer, prediction: str, output: str, cost_ratio: float = DEFAULT_COST_RATIO,
-           spec: SpeculationConfig | None = None, prices: CostModel | None = None,
-           prompt: str | None = None) -> ReplayResult:
+def replay(
+    tokenizer,
+    prediction: str,
+    output: str,
+    cost_ratio: float = DEFAULT_COST_RATIO,
+    spec: SpeculationConfig | None = None,
+    prices: CostModel | None = None,
+    prompt: str | None = None,
+) -> ReplayResult:
     """Replay the prediction drafter against `output`; see the module docstring. prompt: a
     prompt the oracle target reads first (what `auto`'s prompt drafting can copy from)."""
     output_ids = tokenizer.encode(output, add_special_tokens=False)
@@ -157,27 +169,40 @@ def replay(tokenizer, prediction: str, output: str, cost_ratio: float = DEFAULT_
     return ReplayResult(
         output_tokens=s.output_tokens,
         prediction_tokens=len(tokenizer.encode(prediction, add_special_tokens=False)) if prediction else 0,
-        steps=s.steps, proposed=s.proposed, accepted=s.accepted, rejected=s.rejected,
-        tokens_per_step=s.tokens_per_step, acceptance_rate=s.acceptance_rate,
+        steps=s.steps,
+        proposed=s.proposed,
+        accepted=s.accepted,
+        rejected=s.rejected,
+        tokens_per_step=s.tokens_per_step,
+        acceptance_rate=s.acceptance_rate,
         cost_ratio=prices.target(COST_REF_TOKENS) if prices is not None else cost_ratio,
         projected_speedup=projected_speedup(s.output_tokens, sizes, cost_ratio, prices),
-        exact=out.token_ids == output_ids, step_sizes=sizes)
+        exact=out.token_ids == output_ids,
+        step_sizes=sizes,
+    )
 
 
-def aggregate(results: list[ReplayResult], cost_ratio: float = DEFAULT_COST_RATIO,
-              prices: CostModel | None = None) -> dict:
+def aggregate(
+    results: list[ReplayResult], cost_ratio: float = DEFAULT_COST_RATIO, prices: CostModel | None = None
+) -> dict:
     """Corpus totals: sums of counts, ratios of sums (long files weigh more, as in real time)."""
     tokens = sum(r.output_tokens for r in results)
     steps = sum(r.steps for r in results)
     proposed = sum(r.proposed for r in results)
     accepted = sum(r.accepted for r in results)
     sizes = [n for r in results for n in r.step_sizes]
-    return {"pairs": len(results), "output_tokens": tokens, "steps": steps, "proposed": proposed,
-            "accepted": accepted, "rejected": proposed - accepted,
-            "acceptance_rate": accepted / proposed if proposed else 0.0,
-            "tokens_per_step": tokens / steps if steps else 0.0,
-            "median_pair_tokens_per_step": statistics.median(r.tokens_per_step for r in results) if results else 0.0,
-            "projected_speedup": projected_speedup(tokens, sizes, cost_ratio, prices)}
+    return {
+        "pairs": len(results),
+        "output_tokens": tokens,
+        "steps": steps,
+        "proposed": proposed,
+        "accepted": accepted,
+        "rejected": proposed - accepted,
+        "acceptance_rate": accepted / proposed if proposed else 0.0,
+        "tokens_per_step": tokens / steps if steps else 0.0,
+        "median_pair_tokens_per_step": statistics.median(r.tokens_per_step for r in results) if results else 0.0,
+        "projected_speedup": projected_speedup(tokens, sizes, cost_ratio, prices),
+    }
 
 
 @torch.inference_mode()

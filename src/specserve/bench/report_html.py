@@ -18,11 +18,22 @@ from pathlib import Path
 from ..engine.detokenize import IncrementalDetokenizer
 from ..engine.stats import RequestOutput
 
-COLORS = {"prediction": "#b7ebc0", "prompt": "#d9f2b3", "ngram": "#bcd9ff", "draft": "#ddc8ff", "target": "#ffffff", "none": "#e6e6e6"}
+COLORS = {
+    "prediction": "#b7ebc0",
+    "prompt": "#d9f2b3",
+    "ngram": "#bcd9ff",
+    "draft": "#ddc8ff",
+    "target": "#ffffff",
+    "none": "#e6e6e6",
+}
 DRAFT_SOURCES = ("prediction", "prompt", "ngram", "draft")
-LEGEND = {"prediction": "accepted from the prediction", "prompt": "accepted from the prompt's code",
-          "ngram": "accepted from n-gram lookup",
-          "draft": "accepted from the draft model", "target": "produced by the target (recovered / bonus)"}
+LEGEND = {
+    "prediction": "accepted from the prediction",
+    "prompt": "accepted from the prompt's code",
+    "ngram": "accepted from n-gram lookup",
+    "draft": "accepted from the draft model",
+    "target": "produced by the target (recovered / bonus)",
+}
 
 Segment = tuple[str, str]  # (text, source) of one token's piece on one line
 
@@ -89,10 +100,19 @@ def _code_table(lines: list[list[Segment]]) -> str:
     rows = []
     for n, line in enumerate(lines, 1):
         acc = line_acceptance(line)
-        gauge = "" if acc is None else (f'<div class="track" title="{acc:.0%} of tokens drafted">'
-                                        f'<div class="bar" style="width:{acc * 100:.0f}%"></div></div>')
-        spans = "".join(f'<span class="tok s-{src}" style="background:{COLORS.get(src, "#fff")}">'
-                        f"{html.escape(text)}</span>" for text, src in line if text)
+        gauge = (
+            ""
+            if acc is None
+            else (
+                f'<div class="track" title="{acc:.0%} of tokens drafted">'
+                f'<div class="bar" style="width:{acc * 100:.0f}%"></div></div>'
+            )
+        )
+        spans = "".join(
+            f'<span class="tok s-{src}" style="background:{COLORS.get(src, "#fff")}">{html.escape(text)}</span>'
+            for text, src in line
+            if text
+        )
         rows.append(f'<tr><td class="ln">{n}</td><td class="acc">{gauge}</td><td class="src">{spans}</td></tr>')
     return '<table class="code">' + "".join(rows) + "</table>"
 
@@ -108,51 +128,65 @@ def _timeline_svg(steps: list[dict]) -> str:
         h_ver = height * (s.get("proposed", 0) + 1) / top
         h_com = height * s.get("committed", 0) / top
         color = COLORS.get(s.get("source", "none"), "#ccc")
-        tip = (f"step {i + 1}: {s.get('source')} proposed {s.get('proposed')} accepted {s.get('accepted')} "
-               f"committed {s.get('committed')} in {1000 * s.get('time', 0):.1f} ms")
-        bars.append(f'<g><title>{html.escape(tip)}</title>'
-                    f'<rect x="{i}" y="{height - h_ver:.2f}" width="0.9" height="{h_ver:.2f}" fill="#f2f2f2" '
-                    f'stroke="#bbb" stroke-width="0.02"/>'
-                    f'<rect x="{i}" y="{height - h_com:.2f}" width="0.9" height="{h_com:.2f}" fill="{color}" '
-                    f'stroke="#666" stroke-width="0.02"/></g>')
-    return (f'<svg class="timeline" viewBox="0 0 {width} {height}" preserveAspectRatio="none" '
-            f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="step timeline">'
-            + "".join(bars) + "</svg>"
-            f'<p class="legend">{len(steps)} steps; bar height = tokens committed (fill) of tokens '
-            f"verified (outline, proposed + 1), max {top}</p>")
+        tip = (
+            f"step {i + 1}: {s.get('source')} proposed {s.get('proposed')} accepted {s.get('accepted')} "
+            f"committed {s.get('committed')} in {1000 * s.get('time', 0):.1f} ms"
+        )
+        bars.append(
+            f"<g><title>{html.escape(tip)}</title>"
+            f'<rect x="{i}" y="{height - h_ver:.2f}" width="0.9" height="{h_ver:.2f}" fill="#f2f2f2" '
+            f'stroke="#bbb" stroke-width="0.02"/>'
+            f'<rect x="{i}" y="{height - h_com:.2f}" width="0.9" height="{h_com:.2f}" fill="{color}" '
+            f'stroke="#666" stroke-width="0.02"/></g>'
+        )
+    return (
+        f'<svg class="timeline" viewBox="0 0 {width} {height}" preserveAspectRatio="none" '
+        f'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="step timeline">' + "".join(bars) + "</svg>"
+        f'<p class="legend">{len(steps)} steps; bar height = tokens committed (fill) of tokens '
+        f"verified (outline, proposed + 1), max {top}</p>"
+    )
 
 
 def _stats_table(summary: dict) -> str:
-    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in summary.items())
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary.items())
     return f'<table class="stats">{rows}</table>'
 
 
 def _legend() -> str:
-    return '<p class="legend">' + "".join(
-        f'<span class="sw" style="background:{COLORS[s]}"></span>{html.escape(LEGEND[s])}' for s in LEGEND) + "</p>"
+    return (
+        '<p class="legend">'
+        + "".join(f'<span class="sw" style="background:{COLORS[s]}"></span>{html.escape(LEGEND[s])}' for s in LEGEND)
+        + "</p>"
+    )
 
 
 def page(title: str, lines: list[list[Segment]], summary: dict, steps: list[dict] | None) -> str:
     """Assemble the page from output lines, a summary dict and (optionally) the step timeline."""
     timeline = f"<h2>Step timeline</h2>{_timeline_svg(steps)}" if steps is not None else ""
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
-            f'<section id="summary"><h2>Summary</h2>{_stats_table(summary)}</section>'
-            f'<section id="timeline">{timeline}</section>'
-            f'<section id="output"><h2>Output</h2>{_legend()}{_code_table(lines)}</section>'
-            "</body></html>\n")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+        f'<section id="summary"><h2>Summary</h2>{_stats_table(summary)}</section>'
+        f'<section id="timeline">{timeline}</section>'
+        f'<section id="output"><h2>Output</h2>{_legend()}{_code_table(lines)}</section>'
+        "</body></html>\n"
+    )
 
 
 def summarize(output: RequestOutput) -> dict:
     """The headline numbers of one request, for the summary table."""
     s = output.stats
-    d = {"finish reason": output.finish_reason, "output tokens": s.output_tokens, "steps": s.steps,
-         "tokens per step": f"{s.tokens_per_step:.2f}", "acceptance rate": f"{s.acceptance_rate:.1%}",
-         "proposed / accepted / rejected": f"{s.proposed} / {s.accepted} / {s.rejected}",
-         "output tokens/s": f"{s.tokens_per_second:.2f}",
-         "time to first token": "-" if s.time_to_first_token is None else f"{s.time_to_first_token:.3f} s",
-         "total time": f"{s.total_time:.3f} s"}
+    d = {
+        "finish reason": output.finish_reason,
+        "output tokens": s.output_tokens,
+        "steps": s.steps,
+        "tokens per step": f"{s.tokens_per_step:.2f}",
+        "acceptance rate": f"{s.acceptance_rate:.1%}",
+        "proposed / accepted / rejected": f"{s.proposed} / {s.accepted} / {s.rejected}",
+        "output tokens/s": f"{s.tokens_per_second:.2f}",
+        "time to first token": "-" if s.time_to_first_token is None else f"{s.time_to_first_token:.3f} s",
+        "total time": f"{s.total_time:.3f} s",
+    }
     for name, src in s.by_source.items():
         if src.steps:
             d[f"{name}: steps / proposed / accepted"] = f"{src.steps} / {src.proposed} / {src.accepted}"

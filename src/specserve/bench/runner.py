@@ -123,12 +123,16 @@ def load_scenarios(names: tuple[str, ...] | None = None) -> tuple[str, list[Scen
 
 
 def scenario_messages(s: Scenario, code: str) -> list[dict]:
-    return build_messages(code, s.instruction, s.lang) if s.kind == "edit" else [
-        {"role": "user", "content": s.instruction}]
+    return (
+        build_messages(code, s.instruction, s.lang)
+        if s.kind == "edit"
+        else [{"role": "user", "content": s.instruction}]
+    )
 
 
-def build_prompt(llm, s: Scenario, max_tokens: int,
-                 max_prompt_tokens: int | None = None) -> tuple[list[int], str | None, int]:
+def build_prompt(
+    llm, s: Scenario, max_tokens: int, max_prompt_tokens: int | None = None
+) -> tuple[list[int], str | None, int]:
     """(prompt ids, prediction, lines trimmed): the file is cut at a line boundary so that the
     prompt + max_tokens fit the context (and the prompt fits max_prompt_tokens, if given)."""
     limit = llm.max_context - max_tokens - 1
@@ -207,20 +211,39 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
     a = plain[n] if n < len(plain) else None
     b = other[n] if n < len(other) else None
     pair_gap = float(logits[a] - logits[b]) if a is not None and b is not None else None  # plain's minus run's
-    return {"position": n, "plain_token": a, "plain_text": tok(a), "run_token": b, "run_text": tok(b),
-            "top2": top.indices.tolist(), "top2_gap": round(gap, 4),
-            "pair_gap": None if pair_gap is None else round(pair_gap, 4), "near_tie": gap < NEAR_TIE}
+    return {
+        "position": n,
+        "plain_token": a,
+        "plain_text": tok(a),
+        "run_token": b,
+        "run_text": tok(b),
+        "top2": top.indices.tolist(),
+        "top2_gap": round(gap, 4),
+        "pair_gap": None if pair_gap is None else round(pair_gap, 4),
+        "near_tie": gap < NEAR_TIE,
+    }
 
 
 def _ours_run(llm, s: Scenario, mode: str, prompt_ids, prediction, trimmed, opts: BenchOptions, bar):
     out, clock = run_ours(llm, prompt_ids, opts.cap(mode), mode, prediction, bar)
     st = out.stats
     prefill = (len(prompt_ids) - 1) / st.prefill_time if st.prefill_time > 0 and len(prompt_ids) > 1 else None
-    run = Run(s.name, mode, "specserve", prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
-              output_tokens=len(out.token_ids), finish_reason=out.finish_reason, latency=clock.latency,
-              ttft=clock.first, tokens_per_second=clock.decode_rate(len(out.token_ids)),
-              acceptance_rate=st.acceptance_rate if st.proposed else None, tokens_per_step=st.tokens_per_step,
-              prefill_rate=prefill, stats=st.to_dict())
+    run = Run(
+        s.name,
+        mode,
+        "specserve",
+        prompt_tokens=len(prompt_ids),
+        trimmed_lines=trimmed,
+        output_tokens=len(out.token_ids),
+        finish_reason=out.finish_reason,
+        latency=clock.latency,
+        ttft=clock.first,
+        tokens_per_second=clock.decode_rate(len(out.token_ids)),
+        acceptance_rate=st.acceptance_rate if st.proposed else None,
+        tokens_per_step=st.tokens_per_step,
+        prefill_rate=prefill,
+        stats=st.to_dict(),
+    )
     return run, out
 
 
@@ -229,9 +252,18 @@ def _peer_run(llm, s: Scenario, peer: str, prompt_ids, trimmed, opts: BenchOptio
     ids = run_peer(llm, prompt_ids, opts.cap(peer), peer, clock)
     eos = llm.engine.eos_token_ids
     finish = "stop" if ids and ids[-1] in eos else "length"
-    run = Run(s.name, peer, PEER_ENGINE[peer], prompt_tokens=len(prompt_ids), trimmed_lines=trimmed,
-              output_tokens=len(ids), finish_reason=finish, latency=clock.latency, ttft=clock.first,
-              tokens_per_second=clock.decode_rate(len(ids)))
+    run = Run(
+        s.name,
+        peer,
+        PEER_ENGINE[peer],
+        prompt_tokens=len(prompt_ids),
+        trimmed_lines=trimmed,
+        output_tokens=len(ids),
+        finish_reason=finish,
+        latency=clock.latency,
+        ttft=clock.first,
+        tokens_per_second=clock.decode_rate(len(ids)),
+    )
     return run, ids
 
 
@@ -294,8 +326,9 @@ def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: d
             runs.append(Run(s.name, mode, PEER_ENGINE.get(mode, "specserve"), skipped=reason))
             outer.update(1)
             continue
-        with tqdm(total=opts.cap(mode), desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr,
-                  disable=None) as bar:
+        with tqdm(
+            total=opts.cap(mode), desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr, disable=None
+        ) as bar:
             if mode in PEERS:
                 run, ids = _peer_run(llm, s, mode, prompt_ids, trimmed, opts, bar)
             else:
@@ -340,15 +373,30 @@ def environment(llm, opts: BenchOptions) -> dict:
         weights, device, threads = "GGUF as is", "cpu", backend.threads
         versions = {"llama_cpp_python": llama_cpp.__version__, "batch_invariant": backend.batch_invariant}
     else:
-        weights, device, threads = str(backend.dtype).removeprefix("torch."), str(backend.device), \
-            torch.get_num_threads()
+        weights, device, threads = (
+            str(backend.dtype).removeprefix("torch."),
+            str(backend.device),
+            torch.get_num_threads(),
+        )
         versions = {}
-    return {"model": llm.model_name, "draft_model": llm.draft_model_name, "backend": llm.backend_name,
-            "dtype": weights, "device": device, "threads": threads, **cpu_info(),
-            "max_tokens": opts.max_tokens, "max_prompt_tokens": opts.max_prompt_tokens,
-            "torch": torch.__version__, "transformers": transformers.__version__, **versions,
-            "python": platform.python_version(), "machine": platform.machine(),
-            "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "model": llm.model_name,
+        "draft_model": llm.draft_model_name,
+        "backend": llm.backend_name,
+        "dtype": weights,
+        "device": device,
+        "threads": threads,
+        **cpu_info(),
+        "max_tokens": opts.max_tokens,
+        "max_prompt_tokens": opts.max_prompt_tokens,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        **versions,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def _f(v, spec: str = ".2f", suffix: str = "") -> str:
@@ -363,9 +411,11 @@ def divergence_row(r: Run) -> dict:
         return {"equal to plain decoding": "yes, token for token"}
     d = r.first_difference or {}
     kind = "a near-tie" if d.get("near_tie") else "NOT a near-tie"
-    return {"equal to plain decoding": f"no: first difference at output token {d.get('position')} "
-                                       f"(plain {d.get('plain_text')!r}, this run {d.get('run_text')!r}); the "
-                                       f"target's top-2 logit gap there is {d.get('top2_gap')}, {kind}"}
+    return {
+        "equal to plain decoding": f"no: first difference at output token {d.get('position')} "
+        f"(plain {d.get('plain_text')!r}, this run {d.get('run_text')!r}); the "
+        f"target's top-2 logit gap there is {d.get('top2_gap')}, {kind}"
+    }
 
 
 def _equal_cell(r: Run) -> str:
@@ -380,26 +430,30 @@ def _equal_cell(r: Run) -> str:
 
 def markdown_table(runs: list[Run], env: dict) -> str:
     flags = " ".join(env.get("cpu_flags") or []) or "no AVX2/AVX-512/AMX"
-    head = (f"# specserve bench\n\ntarget `{env['model']}`, draft `{env['draft_model']}` on the "
-            f"**{env.get('backend', 'transformers')}** backend ({env['dtype']}"
-            + (", exact: batch-invariant kernels" if env.get("batch_invariant") else "")
-            + f", {env['device']}, {env['threads']} "
-            f"threads); CPU {env.get('cpu', '?')} ({flags}); max_tokens {env['max_tokens']}; torch {env['torch']}, "
-            f"transformers {env['transformers']}"
-            + (f", llama-cpp-python {env['llama_cpp_python']}" if env.get("llama_cpp_python") else "")
-            + f"; {env['date']}\n\n"
-            "| scenario | mode | engine | out tok | latency s | TTFT s | tok/s | acceptance | tok/step | speedup "
-            "| e2e speedup | of prefill | equal to plain |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+    head = (
+        f"# specserve bench\n\ntarget `{env['model']}`, draft `{env['draft_model']}` on the "
+        f"**{env.get('backend', 'transformers')}** backend ({env['dtype']}"
+        + (", exact: batch-invariant kernels" if env.get("batch_invariant") else "")
+        + f", {env['device']}, {env['threads']} "
+        f"threads); CPU {env.get('cpu', '?')} ({flags}); max_tokens {env['max_tokens']}; torch {env['torch']}, "
+        f"transformers {env['transformers']}"
+        + (f", llama-cpp-python {env['llama_cpp_python']}" if env.get("llama_cpp_python") else "")
+        + f"; {env['date']}\n\n"
+        "| scenario | mode | engine | out tok | latency s | TTFT s | tok/s | acceptance | tok/step | speedup "
+        "| e2e speedup | of prefill | equal to plain |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    )
     rows = []
     for r in runs:
         if r.skipped:
             rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | skipped: {r.skipped} ||||||||||\n")
             continue
-        rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "
-                    f"{_f(r.ttft)} | {r.tokens_per_second:.2f} | {_f(r.acceptance_rate, '.1%')} | "
-                    f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.e2e_speedup, '.2f', 'x')} | "
-                    f"{_f(r.of_prefill, '.0%')} | {_equal_cell(r)} |\n")
+        rows.append(
+            f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "
+            f"{_f(r.ttft)} | {r.tokens_per_second:.2f} | {_f(r.acceptance_rate, '.1%')} | "
+            f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.e2e_speedup, '.2f', 'x')} | "
+            f"{_f(r.of_prefill, '.0%')} | {_equal_cell(r)} |\n"
+        )
     return head + "".join(rows)
 
 

@@ -1,9 +1,9 @@
 """`specserve bench`: scenarios x speculation modes x peers on the same weights -> JSON, Markdown, PNG.
 
-    specserve bench --quick --out bench-quick            # SmolLM2-135M, one scenario, short outputs (CI)
-    specserve bench --out bench --max-tokens 256 --scenarios py-rename,ts-async --modes plain,prediction
-    specserve bench --concurrency 1,4,16 --modes plain,prediction --load-via both --out bench-load
-                                                         # load: C requests at once (bench_load.py)
+specserve bench --quick --out bench-quick            # SmolLM2-135M, one scenario, short outputs (CI)
+specserve bench --out bench --max-tokens 256 --scenarios py-rename,ts-async --modes plain,prediction
+specserve bench --concurrency 1,4,16 --modes plain,prediction --load-via both --out bench-load
+                                                     # load: C requests at once (bench_load.py)
 """
 
 from __future__ import annotations
@@ -29,8 +29,14 @@ QUICK_SCENARIO = "py-rename"
 QUICK_PROMPT_TOKENS = 1024  # a quarter of the file: CI time goes into prefill on CPU
 # `make demo`: the whole 434-line file on the default Qwen pair (llama.cpp); plain decoding's rate is
 # measured on its first 64 tokens (the full file would take plain decoding minutes on 2 CPU cores).
-DEMO = {"scenarios": "py-rename", "modes": "plain,prediction,auto", "peers": "none", "max_tokens": 4096,
-        "plain_max_tokens": 64, "html": Path("bench-out/demo/report.html")}
+DEMO = {
+    "scenarios": "py-rename",
+    "modes": "plain,prediction,auto",
+    "peers": "none",
+    "max_tokens": 4096,
+    "plain_max_tokens": 64,
+    "html": Path("bench-out/demo/report.html"),
+}
 
 
 def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = "") -> tuple[str, ...] | None:
@@ -45,41 +51,82 @@ def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = 
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmark speculation modes and peers on refactor scenarios",
-                              description="Run refactor scenarios under each speculation mode and peers on the "
-                                          "same weights (llama-cpp-python on llama.cpp, transformers generate() on "
-                                          "transformers); write bench.json, bench.md and bench.png into --out.")
-    p.add_argument("--quick", action="store_true", help=f"CI size: {QUICK_MODEL} (or --model), one scenario, "
-                                                        f"32 output tokens, prompt <= {QUICK_PROMPT_TOKENS} tokens")
-    p.add_argument("--demo", action="store_true", help="the README demo: the py-rename refactor of the whole file "
-                                                       "on the default packs, plain vs prediction vs auto")
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark speculation modes and peers on refactor scenarios",
+        description="Run refactor scenarios under each speculation mode and peers on the "
+        "same weights (llama-cpp-python on llama.cpp, transformers generate() on "
+        "transformers); write bench.json, bench.md and bench.png into --out.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"CI size: {QUICK_MODEL} (or --model), one scenario, "
+        f"32 output tokens, prompt <= {QUICK_PROMPT_TOKENS} tokens",
+    )
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="the README demo: the py-rename refactor of the whole file "
+        "on the default packs, plain vs prediction vs auto",
+    )
     add_model_args(p)
     p.add_argument("--max-tokens", type=int, default=None, help="output cap per run (default 256; 32 with --quick)")
-    p.add_argument("--plain-max-tokens", type=int, default=None,
-                   help="cap for the slow reference runs (plain, hf): their rate is measured on that many tokens "
-                        "and the other runs are checked against that prefix (default: --max-tokens)")
-    p.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="cut each file at a line boundary so the prompt stays under this many tokens "
-                        f"(default: the model's context; {QUICK_PROMPT_TOKENS} with --quick)")
-    p.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: all; "
-                                                     f"{QUICK_SCENARIO} with --quick)")
+    p.add_argument(
+        "--plain-max-tokens",
+        type=int,
+        default=None,
+        help="cap for the slow reference runs (plain, hf): their rate is measured on that many tokens "
+        "and the other runs are checked against that prefix (default: --max-tokens)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="cut each file at a line boundary so the prompt stays under this many tokens "
+        f"(default: the model's context; {QUICK_PROMPT_TOKENS} with --quick)",
+    )
+    p.add_argument(
+        "--scenarios",
+        default=None,
+        help=f"comma-separated scenario names (default: all; {QUICK_SCENARIO} with --quick)",
+    )
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES)}")
-    p.add_argument("--peers", default=None, help=f"peers, from {','.join(PEERS)}; 'none' for none (default: "
-                                                 "those on the same backend)")
+    p.add_argument(
+        "--peers",
+        default=None,
+        help=f"peers, from {','.join(PEERS)}; 'none' for none (default: those on the same backend)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     p.add_argument("--html", type=Path, default=None, help="also write an HTML token-source report of one run")
-    p.add_argument("--html-run", default=None, help="which run the HTML shows, as scenario/mode "
-                                                    "(default: the first prediction run)")
+    p.add_argument(
+        "--html-run",
+        default=None,
+        help="which run the HTML shows, as scenario/mode (default: the first prediction run)",
+    )
     add_engine_args(p, max_num_seqs=1)  # scenarios run one request at a time; --concurrency raises it
-    p.add_argument("--concurrency", default=None, metavar="C1,C2,...",
-                   help="run the load benchmark instead: for each C, start C requests at once (plain and "
-                        "prediction modes) and measure aggregate and per-request tok/s, TTFT and inter-token "
-                        "latency; writes load.json, load.md and load.png into --out")
-    p.add_argument("--load-via", default="inproc", choices=("inproc", "server", "both"),
-                   help="load benchmark path: engine requests in this process, streaming requests to a "
-                        "`specserve serve` subprocess, or both (default inproc)")
-    p.add_argument("--load-max-tokens", type=int, default=128, metavar="N",
-                   help="output tokens per load-benchmark request, EOS ignored (default 128)")
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        metavar="C1,C2,...",
+        help="run the load benchmark instead: for each C, start C requests at once (plain and "
+        "prediction modes) and measure aggregate and per-request tok/s, TTFT and inter-token "
+        "latency; writes load.json, load.md and load.png into --out",
+    )
+    p.add_argument(
+        "--load-via",
+        default="inproc",
+        choices=("inproc", "server", "both"),
+        help="load benchmark path: engine requests in this process, streaming requests to a "
+        "`specserve serve` subprocess, or both (default inproc)",
+    )
+    p.add_argument(
+        "--load-max-tokens",
+        type=int,
+        default=128,
+        metavar="N",
+        help="output tokens per load-benchmark request, EOS ignored (default 128)",
+    )
     p.set_defaults(func=run)
 
 
@@ -103,10 +150,15 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
     if max_tokens < 1:
         raise ValueError("--max-tokens must be at least 1")
     scenarios = _csv(args.scenarios) or ((QUICK_SCENARIO,) if quick else None)
-    opts = BenchOptions(max_tokens=max_tokens, scenarios=scenarios, modes=_csv(args.modes, MODES, "mode"),
-                        peers=_csv(args.peers, PEERS, "peer"), html_run=args.html_run,
-                        max_prompt_tokens=args.max_prompt_tokens or (QUICK_PROMPT_TOKENS if quick else None),
-                        plain_max_tokens=args.plain_max_tokens)
+    opts = BenchOptions(
+        max_tokens=max_tokens,
+        scenarios=scenarios,
+        modes=_csv(args.modes, MODES, "mode"),
+        peers=_csv(args.peers, PEERS, "peer"),
+        html_run=args.html_run,
+        max_prompt_tokens=args.max_prompt_tokens or (QUICK_PROMPT_TOKENS if quick else None),
+        plain_max_tokens=args.plain_max_tokens,
+    )
     return llm_kwargs, opts
 
 
@@ -125,8 +177,9 @@ def run(args) -> int:
     from ..llm import LLM
 
     llm_kwargs, opts = resolve_options(args)
-    llm = LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"],
-                           limits=engine_limits(args))
+    llm = LLM.from_options(
+        llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"], limits=engine_limits(args)
+    )
     runs, html = run_bench(llm, opts)
     env = environment(llm, opts)
     paths = write_results(runs, env, args.out)
@@ -136,15 +189,23 @@ def run(args) -> int:
         if "output" not in html:
             print("no speculative run to render as HTML (check --html-run)", file=sys.stderr)
         else:
-            paths["html"] = write_html(args.html, llm.tokenizer, html["output"], f"specserve bench: {html['title']}",
-                                       divergence_row(html["run"]))
+            paths["html"] = write_html(
+                args.html,
+                llm.tokenizer,
+                html["output"],
+                f"specserve bench: {html['title']}",
+                divergence_row(html["run"]),
+            )
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)
     bad = [r for r in runs if r.engine == "specserve" and r.equal_to_plain is False]
     if bad and exact(env):
-        print(f"{len(bad)} speculative run(s) differ from plain greedy decoding on {env['backend']} "
-              f"({env['dtype']}), where outputs must be identical: that is a bug", file=sys.stderr)
+        print(
+            f"{len(bad)} speculative run(s) differ from plain greedy decoding on {env['backend']} "
+            f"({env['dtype']}), where outputs must be identical: that is a bug",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -168,21 +229,26 @@ def run_load(args) -> int:
     if limits.max_num_batched_tokens <= seqs:
         raise ValueError(f"--max-num-batched-tokens must exceed {seqs} (the largest concurrency)")
     limits = dataclasses.replace(limits, max_num_seqs=seqs)
-    load_opts = bench_load.LoadBenchOptions(concurrency=concurrency, modes=modes, vias=vias,
-                                            max_tokens=args.load_max_tokens, scenarios=opts.scenarios,
-                                            max_prompt_tokens=opts.max_prompt_tokens)
+    load_opts = bench_load.LoadBenchOptions(
+        concurrency=concurrency,
+        modes=modes,
+        vias=vias,
+        max_tokens=args.load_max_tokens,
+        scenarios=opts.scenarios,
+        max_prompt_tokens=opts.max_prompt_tokens,
+    )
 
     def make_llm():
         from ..llm import LLM
 
-        return LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"],
-                                limits=limits)
+        return LLM.from_options(llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"], limits=limits)
 
     engine_args = ["--max-num-batched-tokens", str(limits.max_num_batched_tokens)]
     if limits.kv_cache_tokens:
         engine_args += ["--kv-cache-tokens", str(limits.kv_cache_tokens)]
-    _, _, paths = bench_load.run_load(make_llm, llm_kwargs, load_opts, opts, args.out, engine_args,
-                                      max_num_seqs=limits.max_num_seqs)
+    _, _, paths = bench_load.run_load(
+        make_llm, llm_kwargs, load_opts, opts, args.out, engine_args, max_num_seqs=limits.max_num_seqs
+    )
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)

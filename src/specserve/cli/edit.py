@@ -28,24 +28,34 @@ from ..edit import (
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("edit", help="edit a file with an LLM, using the file as the predicted output",
-                              description="Send FILE and an instruction to an OpenAI-compatible server with "
-                                          "prediction = FILE (temperature 0), show the diff, and write the result "
-                                          "only when the answer is complete.")
+    p = subparsers.add_parser(
+        "edit",
+        help="edit a file with an LLM, using the file as the predicted output",
+        description="Send FILE and an instruction to an OpenAI-compatible server with "
+        "prediction = FILE (temperature 0), show the diff, and write the result "
+        "only when the answer is complete.",
+    )
     p.add_argument("file", type=Path, help="the file to edit")
     p.add_argument("--instruction", "-i", required=True, help="what to change")
-    p.add_argument("--base-url", default=None,
-                   help="server URL (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1)")
+    p.add_argument(
+        "--base-url", default=None, help="server URL (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1)"
+    )
     p.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
     p.add_argument("--api-key", default=None, help="API key (default: $OPENAI_API_KEY, or none for local servers)")
     dest = p.add_mutually_exclusive_group()
     dest.add_argument("--output", "-o", type=Path, help="write the edited file here")
     dest.add_argument("--in-place", action="store_true", help="overwrite FILE (the original is kept as FILE.bak)")
-    dest.add_argument("--dry-run", action="store_true", help="show the diff, write nothing (the default "
-                                                              "without --output / --in-place)")
-    p.add_argument("--force", action="store_true",
-                   help="write the answer even when it does not look like the updated file (far shorter than "
-                        "the original, no code, a placeholder); a truncated answer is never written")
+    dest.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the diff, write nothing (the default without --output / --in-place)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write the answer even when it does not look like the updated file (far shorter than "
+        "the original, no code, a placeholder); a truncated answer is never written",
+    )
     p.add_argument("--max-tokens", type=int, default=None, help="cap on the answer's length")
     p.add_argument("--html", type=Path, help="also write an HTML report of the edit (lines kept vs changed)")
     p.set_defaults(func=run)
@@ -75,11 +85,16 @@ def colorize(diff: str) -> str:
 def summary(result: EditResult) -> dict:
     """The numbers we print and put in the HTML report."""
     ttft = "-" if result.time_to_first_token is None else f"{result.time_to_first_token:.2f} s"
-    d = {"model": result.model, "finish reason": result.finish_reason, "completion tokens": result.completion_tokens,
-         "accepted prediction tokens": result.accepted_prediction_tokens,
-         "rejected prediction tokens": result.rejected_prediction_tokens,
-         "tokens/s": f"{result.tokens_per_second:.2f}", "time to first token": ttft,
-         "total time": f"{result.elapsed:.2f} s"}
+    d = {
+        "model": result.model,
+        "finish reason": result.finish_reason,
+        "completion tokens": result.completion_tokens,
+        "accepted prediction tokens": result.accepted_prediction_tokens,
+        "rejected prediction tokens": result.rejected_prediction_tokens,
+        "tokens/s": f"{result.tokens_per_second:.2f}",
+        "time to first token": ttft,
+        "total time": f"{result.elapsed:.2f} s",
+    }
     if result.speculation:
         d["tokens per step"] = result.speculation.get("tokens_per_step")
         d["acceptance rate"] = result.speculation.get("acceptance_rate")
@@ -106,33 +121,49 @@ def run(args) -> int:
     original = args.file.read_text(encoding="utf-8")
     client = make_client(args.base_url, args.api_key)
     with tqdm(desc="receiving", unit="chunk", file=sys.stderr, leave=False, disable=None) as bar:
-        result = refactor_with_predicted_outputs(original, args.instruction, client, args.model,
-                                                 language_for(args.file), args.max_tokens,
-                                                 on_delta=lambda _: bar.update(1))
+        result = refactor_with_predicted_outputs(
+            original,
+            args.instruction,
+            client,
+            args.model,
+            language_for(args.file),
+            args.max_tokens,
+            on_delta=lambda _: bar.update(1),
+        )
     if args.html:
         from ..bench.report_html import render_diff_html
 
-        args.html.write_text(render_diff_html(original, result.code, f"specserve edit: {args.file.name}",
-                                               summary(result)), encoding="utf-8")
+        args.html.write_text(
+            render_diff_html(original, result.code, f"specserve edit: {args.file.name}", summary(result)),
+            encoding="utf-8",
+        )
     for k, v in summary(result).items():
         print(f"{k:28s} {v}", file=sys.stderr)
     if not result.complete:
-        raise EditError(f"the answer is incomplete (finish_reason={result.finish_reason!r}); nothing written"
-                        + (" — raise --max-tokens" if result.finish_reason == "length" else ""))
+        raise EditError(
+            f"the answer is incomplete (finish_reason={result.finish_reason!r}); nothing written"
+            + (" — raise --max-tokens" if result.finish_reason == "length" else "")
+        )
     problems = check_answer(original, result.code, args.instruction, language_for(args.file))
     dest = target_path(args)
     if problems and dest is not None and not args.force:
-        print(f"--- the answer ({len(result.raw)} characters) ---\n{shown(result.raw)}\n--- end of the answer ---",
-              file=sys.stderr)
-        raise EditError(f"the answer cannot be the updated file: {'; '.join(problems)}; nothing written "
-                        "(--force writes it anyway)")
+        print(
+            f"--- the answer ({len(result.raw)} characters) ---\n{shown(result.raw)}\n--- end of the answer ---",
+            file=sys.stderr,
+        )
+        raise EditError(
+            f"the answer cannot be the updated file: {'; '.join(problems)}; nothing written (--force writes it anyway)"
+        )
     diff = unified_diff(original, result.code, args.file.name)
     print(colorize(diff) if sys.stdout.isatty() else diff, end="")
     if not diff:
         print("no changes", file=sys.stderr)
     if problems:
-        print(f"warning: the answer may not be the updated file: {'; '.join(problems)}"
-              + (" (written because of --force)" if dest is not None else ""), file=sys.stderr)
+        print(
+            f"warning: the answer may not be the updated file: {'; '.join(problems)}"
+            + (" (written because of --force)" if dest is not None else ""),
+            file=sys.stderr,
+        )
     if dest is None:
         return 0
     if args.in_place:

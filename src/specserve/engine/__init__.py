@@ -1,9 +1,9 @@
 """The engine: requests in, one batched step at a time, tokens out.
 
-    core.py       EngineCore.step(): retire -> admit -> draft -> schedule -> run -> commit
-    request.py    one request's state: prefill progress, draft, verification, stop handling
-    scheduler.py  admission by cache capacity, prefill chunks, drafts trimmed to what pays
-    client.py     the worker thread and the small interface the HTTP server talks to
+core.py       EngineCore.step(): retire -> admit -> draft -> schedule -> run -> commit
+request.py    one request's state: prefill progress, draft, verification, stop handling
+scheduler.py  admission by cache capacity, prefill chunks, drafts trimmed to what pays
+client.py     the worker thread and the small interface the HTTP server talks to
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ class Engine:
     target/draft: a `Backend`, or a single-sequence `Runner` (tests, the replay oracle), which
     then runs one request at a time."""
 
-    def __init__(self, target, tokenizer, draft=None, eos_token_ids: set[int] | None = None,
-                 limits: EngineLimits | None = None):
+    def __init__(
+        self, target, tokenizer, draft=None, eos_token_ids: set[int] | None = None, limits: EngineLimits | None = None
+    ):
         target = as_backend(target)
         draft = as_backend(draft) if draft is not None else None
         self.core = EngineCore(target, per_thread(tokenizer), draft, eos_token_ids, limits)
@@ -68,15 +69,28 @@ class Engine:
             finally:
                 runner.close()
 
-    def request(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,
-                prediction: str | list[int] | None = None, should_cancel: Callable[[], bool] | None = None,
-                constraint=None, on_event=None) -> Request:
+    def request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        spec: SpeculationConfig,
+        prediction: str | list[int] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        constraint=None,
+        on_event=None,
+    ) -> Request:
         """A validated request, not yet queued (see `EngineCore.make_request`)."""
         return self.core.make_request(prompt_ids, params, spec, prediction, constraint, should_cancel, on_event)
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig,
-                 prediction: str | list[int] | None = None,
-                 should_cancel: Callable[[], bool] | None = None, constraint=None) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        spec: SpeculationConfig,
+        prediction: str | list[int] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        constraint=None,
+    ) -> Generation:
         """Start a request; iterate the result for StepEvents, then read `.output`.
 
         constraint: an optional grammar (constrain.Constraint) that cuts drafts, masks the

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from .core import EngineCore, EngineFault
 from .request import Request
@@ -145,8 +146,11 @@ class EngineWorker:
     def _die(self, error: BaseException) -> None:
         """Refuse new requests, then fail every request in flight (none can finish now)."""
         log.critical("the engine's worker thread died; the server cannot serve until restarted", exc_info=error)
-        dead = EngineDead(error, f"the engine stopped: its worker thread died ({type(error).__name__}: {error}); "
-                                 "the server must be restarted")
+        dead = EngineDead(
+            error,
+            f"the engine stopped: its worker thread died ({type(error).__name__}: {error}); "
+            "the server must be restarted",
+        )
         with self._cond:  # after this, submit refuses: nothing can slip into the queue unseen
             self._dead = dead
         self.core.fail_all(dead)

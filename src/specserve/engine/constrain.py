@@ -57,13 +57,42 @@ import xgrammar as xgr
 from .tokenizer import shared
 
 # JSON-schema keywords the constraint enforces; anything else is refused (400), not ignored.
-SUPPORTED_SCHEMA_KEYWORDS = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const",
-    "anyOf", "oneOf", "$ref", "$defs", "definitions", "minLength", "maxLength", "pattern", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "format",
-    # annotations: no effect on validity
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "strict",
-})
+SUPPORTED_SCHEMA_KEYWORDS = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "$ref",
+        "$defs",
+        "definitions",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minItems",
+        "maxItems",
+        "format",
+        # annotations: no effect on validity
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "strict",
+    }
+)
 SUPPORTED_FORMATS = frozenset({"date", "time", "date-time", "email", "uuid", "ipv4", "ipv6", "uri", "hostname"})
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keyword -> {name: subschema}
 _SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")  # keyword -> [subschema]
@@ -143,8 +172,9 @@ class GrammarSpec:
                     return xgr.Grammar.builtin_json_grammar()
                 return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
             if self.kind == "json_schema":
-                return xgr.Grammar.from_json_schema(json.dumps(self.source), any_whitespace=self.any_whitespace,
-                                                    strict_mode=True)
+                return xgr.Grammar.from_json_schema(
+                    json.dumps(self.source), any_whitespace=self.any_whitespace, strict_mode=True
+                )
             if self.kind == "regex":
                 return xgr.Grammar.from_regex(self.source)
             if self.kind == "ebnf":
@@ -181,7 +211,7 @@ class GrammarCache:
     def __init__(self, max_bytes: int = GRAMMAR_CACHE_BYTES):
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._items: OrderedDict[tuple, tuple["CompiledGuide", int]] = OrderedDict()
+        self._items: OrderedDict[tuple, tuple[CompiledGuide, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -190,7 +220,7 @@ class GrammarCache:
     def __contains__(self, key: tuple) -> bool:
         return key in self._items
 
-    def get(self, key: tuple) -> "CompiledGuide | None":
+    def get(self, key: tuple) -> CompiledGuide | None:
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -198,7 +228,7 @@ class GrammarCache:
             self._items.move_to_end(key)
             return item[0]
 
-    def put(self, key: tuple, guide: "CompiledGuide", nbytes: int) -> None:
+    def put(self, key: tuple, guide: CompiledGuide, nbytes: int) -> None:
         with self._lock:
             if key in self._items:
                 self.bytes -= self._items.pop(key)[1]
@@ -237,11 +267,11 @@ class PendingGuide:
     """A grammar being compiled for one request: wait with `result()` (any thread) or
     `await wait_async()` (an event loop); both give up at the same deadline, set at submission."""
 
-    def __init__(self, future: Future, spec: "GrammarSpec", limit_s: float, pool: _CompilePool | None):
+    def __init__(self, future: Future, spec: GrammarSpec, limit_s: float, pool: _CompilePool | None):
         self.future, self.spec, self.limit_s, self.pool = future, spec, limit_s, pool
         self.deadline = time.monotonic() + limit_s
 
-    def result(self) -> "CompiledGuide":
+    def result(self) -> CompiledGuide:
         try:
             return self.future.result(max(0.0, self.deadline - time.monotonic()))
         except TimeoutError:
@@ -249,7 +279,7 @@ class PendingGuide:
         except CancelledError:
             raise self._overdue() from None
 
-    async def wait_async(self) -> "CompiledGuide":
+    async def wait_async(self) -> CompiledGuide:
         wrapped = asyncio.wrap_future(self.future)
         done, _ = await asyncio.wait({wrapped}, timeout=max(0.0, self.deadline - time.monotonic()))
         if not done:  # the compilation goes on (or is dropped, if still queued)
@@ -263,11 +293,17 @@ class PendingGuide:
             return self.future.exception()  # it failed just as time ran out: the real reason
         if self.future.cancel() or self.future.cancelled():  # still queued: drop it, it never runs
             running = self.pool.running if self.pool is not None else 0
-            return GrammarBusy(f"the server's grammar compilers were busy ({running} compilations running) for "
-                               f"the whole {self.limit_s:g} s limit; retry later", self.spec.param)
-        return ConstraintError(f"compiling the {self.spec.kind} constraint exceeded the server's limit of "
-                               f"{self.limit_s:g} s; simplify it (fewer anyOf/enum alternatives, less nesting, "
-                               f"smaller repetition bounds)", self.spec.param)
+            return GrammarBusy(
+                f"the server's grammar compilers were busy ({running} compilations running) for "
+                f"the whole {self.limit_s:g} s limit; retry later",
+                self.spec.param,
+            )
+        return ConstraintError(
+            f"compiling the {self.spec.kind} constraint exceeded the server's limit of "
+            f"{self.limit_s:g} s; simplify it (fewer anyOf/enum alternatives, less nesting, "
+            f"smaller repetition bounds)",
+            self.spec.param,
+        )
 
 
 class ConstraintFactory:
@@ -282,12 +318,11 @@ class ConstraintFactory:
         self._setup(info)
 
     @classmethod
-    def from_vocab(cls, vocab: list[str], stop_token_ids: set[int]) -> "ConstraintFactory":
+    def from_vocab(cls, vocab: list[str], stop_token_ids: set[int]) -> ConstraintFactory:
         """A factory over a raw string vocabulary (synthetic tests: token i is the string vocab[i])."""
         self = cls.__new__(cls)
         self.vocab_size = len(vocab)
-        info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=len(vocab),
-                                 stop_token_ids=sorted(stop_token_ids))
+        info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=len(vocab), stop_token_ids=sorted(stop_token_ids))
         self._setup(info)
         return self
 
@@ -345,14 +380,14 @@ class ConstraintFactory:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]
 
-    def _compile_and_keep(self, spec: GrammarSpec, key: tuple) -> "CompiledGuide":
+    def _compile_and_keep(self, spec: GrammarSpec, key: tuple) -> CompiledGuide:
         """Runs on a pool thread; the result is cached even if its caller stopped waiting."""
         compiled = self.compile(spec)
         guide = CompiledGuide(compiled, self.banned(spec.banned))
         self.cache.put(key, guide, compiled.memory_size_bytes)
         return guide
 
-    def prepare(self, spec: "GrammarSpec | CompiledGuide | PendingGuide") -> "CompiledGuide":
+    def prepare(self, spec: GrammarSpec | CompiledGuide | PendingGuide) -> CompiledGuide:
         """Compile once (e.g. while validating a request), within the time limit; make many Constraints from it."""
         if isinstance(spec, CompiledGuide):
             return spec
@@ -360,7 +395,7 @@ class ConstraintFactory:
             spec = self.submit(spec)
         return spec.result()
 
-    def __call__(self, spec: "GrammarSpec | CompiledGuide | PendingGuide") -> "Constraint":
+    def __call__(self, spec: GrammarSpec | CompiledGuide | PendingGuide) -> Constraint:
         guide = self.prepare(spec)
         return Constraint(guide.compiled, self.vocab_size, guide.banned)
 

@@ -61,8 +61,14 @@ class StepInfo:
 class EngineCore:
     """Owns the target (and draft) backend, the scheduler and every request in flight."""
 
-    def __init__(self, target: Backend, tokenizer, draft: Backend | None = None,
-                 eos_token_ids: set[int] | None = None, limits: EngineLimits | None = None):
+    def __init__(
+        self,
+        target: Backend,
+        tokenizer,
+        draft: Backend | None = None,
+        eos_token_ids: set[int] | None = None,
+        limits: EngineLimits | None = None,
+    ):
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise ModelLoadError(
                 f"the draft model's vocabulary ({draft.vocab_size} tokens) differs from the target's "
@@ -82,26 +88,50 @@ class EngineCore:
         # Prefix caching: sequence ids beyond the running requests' and the spare one hold
         # finished requests' prefixes (entries); running requests are shared in any case.
         entries = max(0, target.max_sequences - 1 - self.limits.max_num_seqs)
-        self.prefix = PrefixCache(target.free_sequence, entries) \
-            if self.limits.prefix_caching and hasattr(target, "copy_prefix") else None
+        self.prefix = (
+            PrefixCache(target.free_sequence, entries)
+            if self.limits.prefix_caching and hasattr(target, "copy_prefix")
+            else None
+        )
         self._prices: CostModel | None = None
         self._incoming: deque[Request] = deque()
         self.lock = threading.RLock()
         self.on_step = None  # optional callback(StepInfo), e.g. the server's metrics
 
     # -- requests in ------------------------------------------------------------------------------
-    def make_request(self, prompt_ids, params, spec, prediction=None, constraint=None, should_cancel=None,
-                     on_event=None) -> Request:
+    def make_request(
+        self, prompt_ids, params, spec, prediction=None, constraint=None, should_cancel=None, on_event=None
+    ) -> Request:
         """Validate a request and build its proposers (raises InvalidRequestError and the like
         here, on the caller's thread, before anything is queued)."""
-        req = Request(list(prompt_ids), params, spec, max_context=self.target.max_context, prediction=prediction,
-                      constraint=constraint, should_cancel=should_cancel, on_event=on_event)
+        req = Request(
+            list(prompt_ids),
+            params,
+            spec,
+            max_context=self.target.max_context,
+            prediction=prediction,
+            constraint=constraint,
+            should_cancel=should_cancel,
+            on_event=on_event,
+        )
         if not self.scheduler.fits_ever(req):
-            raise ContextLengthError(f"the request needs {req.reserve} cache cells (prompt + max_tokens) but the "
-                                     f"engine's cache holds {self.scheduler.cache_tokens}; lower max_tokens")
+            raise ContextLengthError(
+                f"the request needs {req.reserve} cache cells (prompt + max_tokens) but the "
+                f"engine's cache holds {self.scheduler.cache_tokens}; lower max_tokens"
+            )
         req.draft_runner = SequenceRunner(self.draft) if self.draft is not None else None
-        req.chain = build_chain(ProposerContext(spec, params, len(req.prompt_ids), self.tokenizer, prediction,
-                                                req.draft_runner, req.generator, prices=lambda: self._prices))
+        req.chain = build_chain(
+            ProposerContext(
+                spec,
+                params,
+                len(req.prompt_ids),
+                self.tokenizer,
+                prediction,
+                req.draft_runner,
+                req.generator,
+                prices=lambda: self._prices,
+            )
+        )
         return req
 
     def add(self, req: Request) -> None:
@@ -146,8 +176,9 @@ class EngineCore:
                 target, draft = SequenceRunner(self.target), SequenceRunner(self.draft) if self.draft else None
                 try:
                     batched = self.target.batches_sequences
-                    self._prices = measured(self.target, self.draft, batched,
-                                            lambda: CostModel.calibrate(target, draft, batched))
+                    self._prices = measured(
+                        self.target, self.draft, batched, lambda: CostModel.calibrate(target, draft, batched)
+                    )
                 finally:
                     target.close()
                     if draft is not None:
@@ -207,8 +238,14 @@ class EngineCore:
                 seq = self.target.new_sequence()
                 if hit is not None:
                     self.target.copy_prefix(hit.seq, seq, hit.length)
-                req.admit(seq, governor, self.tokenizer, self.eos_token_ids, self.target.vocab_size,
-                          cached=hit.length if hit else 0)
+                req.admit(
+                    seq,
+                    governor,
+                    self.tokenizer,
+                    self.eos_token_ids,
+                    self.target.vocab_size,
+                    cached=hit.length if hit else 0,
+                )
             except Exception as e:  # noqa: BLE001 - this request fails; the others run on
                 self._fail(req, e)
                 if seq is not None:  # the request never ran: its sequence goes back
@@ -238,9 +275,12 @@ class EngineCore:
             return False
         have = (hit.length if (hit := self.prefix.match(req.prompt_ids)) else 0) + self.prefix.block
         limit = len(req.prompt_ids) - 1
-        return any(r.phase == PREFILL and common_prefix(r.prompt_ids, req.prompt_ids,
-                                                        min(limit, len(r.prompt_ids) - 1)) >= max(have, r.cached + 1)
-                   for r in self.scheduler.running)
+        return any(
+            r.phase == PREFILL
+            and common_prefix(r.prompt_ids, req.prompt_ids, min(limit, len(r.prompt_ids) - 1))
+            >= max(have, r.cached + 1)
+            for r in self.scheduler.running
+        )
 
     def _make_room(self, req: Request) -> Hit | None:
         """The cached prefix the request will start from; entries are evicted, least recently
@@ -374,6 +414,13 @@ class EngineCore:
             self.scheduler.waiting.clear()
 
     def _info(self, plan: StepPlan) -> StepInfo:
-        return StepInfo(len(plan.decode), len(plan.prefill), plan.tokens, sum(len(r.draft_ids) for r in plan.decode),
-                        0.0, self.cache_used, self.num_waiting, self.prefix.cells if self.prefix else 0)
-
+        return StepInfo(
+            len(plan.decode),
+            len(plan.prefill),
+            plan.tokens,
+            sum(len(r.draft_ids) for r in plan.decode),
+            0.0,
+            self.cache_used,
+            self.num_waiting,
+            self.prefix.cells if self.prefix else 0,
+        )

@@ -16,8 +16,9 @@ if every draft were accepted (a draft model whose passes cost too much next to t
 on a CPU where every verified token costs nearly a step) sits out for the whole request, without
 probes (a probe of it could only lose). Otherwise,
 per request, the governor keeps moving averages of each source's committed tokens and cost per
-step; a source whose tokens per unit fall below 1 sits out (the next source in the chain drafts, or the step is plain), except for one probe
-step every `probe_every` steps so that it comes back when the text turns predictable again.
+step; a source whose tokens per unit fall below 1 sits out (the next source in the chain drafts, or
+the step is plain), except for one probe step every `probe_every` steps so that it comes back
+when the text turns predictable again.
 
 Decisions depend only on the request's own history and the calibrated prices, never on the
 wall clock during the request, so a seeded request stays reproducible. Only `auto` is
@@ -54,7 +55,7 @@ class CostModel:
     batched: bool = True
 
     @classmethod
-    def linear(cls, per_token: float, draft: float = 0.0, batched: bool = True) -> "CostModel":
+    def linear(cls, per_token: float, draft: float = 0.0, batched: bool = True) -> CostModel:
         """Every token past the first costs `per_token` (tests and back-of-envelope figures)."""
         return cls(((1, 1.0), (2, 1.0 + per_token)), draft, batched)
 
@@ -85,7 +86,7 @@ class CostModel:
         return (self.target(32) - 1.0) / 31
 
     @classmethod
-    def calibrate(cls, target, draft=None, batched: bool = True) -> "CostModel":
+    def calibrate(cls, target, draft=None, batched: bool = True) -> CostModel:
         """Time passes of CALIBRATION_SIZES tokens on the target runner (and a 1-token pass on
         the draft's); both runners are reset afterwards."""
         context = min(CALIBRATION_CONTEXT, target.max_context // 4)

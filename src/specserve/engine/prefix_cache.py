@@ -21,8 +21,8 @@ the backend is touched only through the `free` callback that releases an evicted
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 BLOCK = 16  # tokens per hashed block; a prefix shorter than one block is not worth a lookup
 
@@ -90,9 +90,14 @@ class PrefixCache:
         return sum(o.length for o in self.owners.values() if not o.live)
 
     def stats(self) -> dict:
-        return {"entries": self.entries, "cells": self.cells, "lookups": self.lookups, "hits": self.hits,
-                "hit_rate": round(self.hits / self.lookups, 4) if self.lookups else 0.0,
-                "tokens_saved": self.tokens_saved}
+        return {
+            "entries": self.entries,
+            "cells": self.cells,
+            "lookups": self.lookups,
+            "hits": self.hits,
+            "hit_rate": round(self.hits / self.lookups, 4) if self.lookups else 0.0,
+            "tokens_saved": self.tokens_saved,
+        }
 
     # -- owners -----------------------------------------------------------------------------------
     def track(self, seq: int, tokens: list[int], length: int, parent: int | None = None) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .. import hardware
 from .governor import CALIBRATION_SIZES, CostModel
@@ -45,10 +45,15 @@ def backend_key(backend) -> dict | None:
         model = _file_key(Path(path))
         if model is None:
             return None
-        return {"backend": name, "model": model, "threads": getattr(backend, "threads", None),
-                "exact": bool(getattr(backend, "batch_invariant", False)),
-                "context": getattr(backend, "max_context", None), "sequences": getattr(backend, "max_sequences", None),
-                "cache_tokens": getattr(backend, "cache_tokens", None)}
+        return {
+            "backend": name,
+            "model": model,
+            "threads": getattr(backend, "threads", None),
+            "exact": bool(getattr(backend, "batch_invariant", False)),
+            "context": getattr(backend, "max_context", None),
+            "sequences": getattr(backend, "max_sequences", None),
+            "cache_tokens": getattr(backend, "cache_tokens", None),
+        }
     model = getattr(backend, "model", None)
     folder = Path(getattr(model, "name_or_path", "") or "")
     weights = sorted(folder.glob("*.safetensors")) if str(folder) and folder.is_dir() else []
@@ -56,8 +61,13 @@ def backend_key(backend) -> dict | None:
         return None
     import torch
 
-    return {"backend": name, "model": [_file_key(w) for w in weights], "dtype": str(getattr(backend, "dtype", "")),
-            "device": str(getattr(backend, "device", "")), "threads": torch.get_num_threads()}
+    return {
+        "backend": name,
+        "model": [_file_key(w) for w in weights],
+        "dtype": str(getattr(backend, "dtype", "")),
+        "device": str(getattr(backend, "device", "")),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def cpu_key() -> dict:
@@ -71,8 +81,14 @@ def cache_key(target, draft=None, batched: bool = True) -> str | None:
     d = backend_key(draft) if draft is not None else None
     if t is None or (draft is not None and d is None):
         return None
-    payload = {"version": CACHE_VERSION, "sizes": CALIBRATION_SIZES, "target": t, "draft": d, "batched": batched,
-               "cpu": cpu_key()}
+    payload = {
+        "version": CACHE_VERSION,
+        "sizes": CALIBRATION_SIZES,
+        "target": t,
+        "draft": d,
+        "batched": batched,
+        "cpu": cpu_key(),
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -93,8 +109,9 @@ def save(key: str, prices: CostModel) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"{key}.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps({"curve": prices.curve, "draft": prices.draft, "batched": prices.batched}),
-                       encoding="utf-8")
+        tmp.write_text(
+            json.dumps({"curve": prices.curve, "draft": prices.draft, "batched": prices.batched}), encoding="utf-8"
+        )
         tmp.replace(folder / f"{key}.json")  # atomic: a concurrent reader sees the old file or the new
     except OSError:
         pass  # a read-only home only costs the next process a calibration

@@ -19,7 +19,7 @@ import itertools
 import random
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -47,15 +47,24 @@ class Request:
     event loop); events are also queued in `events` for callers that poll.
     """
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, spec: SpeculationConfig, *,
-                 max_context: int, prediction: str | list[int] | None = None, constraint=None,
-                 should_cancel: Callable[[], bool] | None = None,
-                 on_event: Callable[["Request", StepEvent], None] | None = None):
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        spec: SpeculationConfig,
+        *,
+        max_context: int,
+        prediction: str | list[int] | None = None,
+        constraint=None,
+        should_cancel: Callable[[], bool] | None = None,
+        on_event: Callable[[Request, StepEvent], None] | None = None,
+    ):
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
         if len(prompt_ids) >= max_context:
-            raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens but the model's context "
-                                     f"length is {max_context}")
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context length is {max_context}"
+            )
         self.id = next(_ids)
         self.prompt_ids, self.params, self.spec = list(prompt_ids), params, spec
         self.prediction, self.constraint = prediction, constraint
@@ -65,8 +74,9 @@ class Request:
         self.events: deque[StepEvent] = deque()
         self.phase = WAITING
         self.output: RequestOutput | None = None
-        self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None
-                                                       else random.getrandbits(63))
+        self.generator = torch.Generator().manual_seed(
+            params.seed if params.seed is not None else random.getrandbits(63)
+        )
         self.seq: int | None = None  # the target cache sequence, once admitted
         self.cached = 0  # prompt tokens in the target cache (prefill progress)
         self.chain: list[Proposer] = []
@@ -89,8 +99,9 @@ class Request:
         return self.phase == FINISHED
 
     # -- admit ----------------------------------------------------------------------------------
-    def admit(self, seq: int, governor: Governor | None, tokenizer,
-              eos_token_ids: set[int], vocab_size: int, cached: int = 0) -> None:
+    def admit(
+        self, seq: int, governor: Governor | None, tokenizer, eos_token_ids: set[int], vocab_size: int, cached: int = 0
+    ) -> None:
         """Take a cache sequence (the proposers were built with the request); start the clock of
         the request's own stats. cached: prompt tokens the sequence already holds (a prefix
         copied from the prefix cache); only the rest is prefilled."""
@@ -123,8 +134,7 @@ class Request:
     # -- decode: draft ------------------------------------------------------------------------
     def room(self) -> int:
         """Draft tokens this step may carry: output and context room left after the pending token."""
-        return min(self.params.max_tokens - len(self.builder.token_ids) - 1,
-                   self.max_context - len(self.tokens) - 1)
+        return min(self.params.max_tokens - len(self.builder.token_ids) - 1, self.max_context - len(self.tokens) - 1)
 
     def plan_draft(self) -> None:
         """Ask the proposer chain for this step's draft (the governor caps `auto` sources)."""
@@ -133,8 +143,9 @@ class Request:
         draft = choose_draft(self.chain, self.tokens, limit, self.governor)
         ids = draft.token_ids[:limit] if draft else []
         if self.constraint is not None:  # cut at the first token the grammar rejects (and plan the row masks)
-            ids = self.constraint.cut(ids, sampled=not self.params.greedy and draft is not None
-                                      and draft.probs is not None)
+            ids = self.constraint.cut(
+                ids, sampled=not self.params.greedy and draft is not None and draft.probs is not None
+            )
         self.draft, self.draft_ids, self.planned = draft, ids, len(ids)
         self.stats.draft_time += time.perf_counter() - t
 
@@ -213,15 +224,21 @@ class Request:
             p.observe(self.tokens, heard, n_acc)
         if self.stats.time_to_first_token is None:
             self.stats.time_to_first_token = time.perf_counter() - self.t0
-        self.timeline.append({"source": src, "proposed": len(draft_ids), "accepted": n_acc,
-                              "committed": committed, "time": round(step_time, 5)})
+        self.timeline.append(
+            {
+                "source": src,
+                "proposed": len(draft_ids),
+                "accepted": n_acc,
+                "committed": committed,
+                "time": round(step_time, 5),
+            }
+        )
         self.starved = self.starved + 1 if self.planned and not draft_ids else 0
         self.draft, self.draft_ids, self.planned = None, [], 0
         reason = self.builder.finish_reason
         if reason is None and len(self.tokens) >= self.max_context:
             self.builder.finish("length")
-        self._emit(StepEvent(new, new_sources, self.builder.release(), step_lp, self.builder.finish_reason,
-                             step_time))
+        self._emit(StepEvent(new, new_sources, self.builder.release(), step_lp, self.builder.finish_reason, step_time))
         return keep
 
     # -- finish -------------------------------------------------------------------------------
@@ -249,9 +266,16 @@ class Request:
         if event.finish_reason is not None:
             self.stats.output_tokens = len(self.builder.token_ids)
             self.stats.total_time = time.perf_counter() - self.t0
-            self.output = RequestOutput(self.prompt_ids, self.builder.token_ids, self.builder.text,
-                                        self.builder.finish_reason, self.stats, self.sources, self.logprobs,
-                                        self.timeline)
+            self.output = RequestOutput(
+                self.prompt_ids,
+                self.builder.token_ids,
+                self.builder.text,
+                self.builder.finish_reason,
+                self.stats,
+                self.sources,
+                self.logprobs,
+                self.timeline,
+            )
             self.phase = FINISHED
         self._deliver(event)
 
@@ -261,8 +285,9 @@ class Request:
             self.on_event(self, event)
 
 
-def _verify(logits: torch.Tensor, draft_ids: list[int], draft: Draft | None, params: SamplingParams,
-            generator: torch.Generator):
+def _verify(
+    logits: torch.Tensor, draft_ids: list[int], draft: Draft | None, params: SamplingParams, generator: torch.Generator
+):
     """Greedy: exact argmax path. Sampling: lossless rejection sampling. logits: [K+1, V]."""
     if params.greedy:
         v = verify_greedy(logits, draft_ids)

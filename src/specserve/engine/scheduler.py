@@ -77,8 +77,9 @@ class Scheduler:
         budget = self.limits.max_num_batched_tokens - len(decode)
         prefill = self._prefill_chunks(len(decode), budget, prices)
         if len(decode) > 1 and prices is not None:
-            trim_drafts(decode, [n for _, n in prefill], self.measured.correct(prices),
-                        budget - sum(n for _, n in prefill))
+            trim_drafts(
+                decode, [n for _, n in prefill], self.measured.correct(prices), budget - sum(n for _, n in prefill)
+            )
         return StepPlan(decode, prefill)
 
     def observe(self, plan: StepPlan, prices: CostModel | None, seconds: float) -> None:
@@ -96,8 +97,10 @@ class Scheduler:
         prefilling = sum(r.phase == PREFILL for r in self.running) + len(self.waiting)
         self.throttled = bool(decoding and prices is not None and prefilling < decoding)
         if self.throttled:
-            budget = min(budget, max(self.limits.min_prefill_chunk,
-                                     self.pacer.scale(prefill_allowance(decoding, prices, self.limits))))
+            budget = min(
+                budget,
+                max(self.limits.min_prefill_chunk, self.pacer.scale(prefill_allowance(decoding, prices, self.limits))),
+            )
         chunks = []
         for r in self.running:
             if r.phase == PREFILL and budget > 0:
@@ -127,7 +130,7 @@ class StepTimes:
         old = self.factor.get(bucket)
         self.factor[bucket] = ratio if old is None else 0.7 * old + 0.3 * ratio
 
-    def correct(self, prices: CostModel) -> "CorrectedCosts":
+    def correct(self, prices: CostModel) -> CorrectedCosts:
         return CorrectedCosts(prices, dict(self.factor))
 
 
@@ -209,8 +212,10 @@ def trim_drafts(decode: list[Request], prefill: list[int], prices: CostModel, bu
     sizes = [1 + (0 if r.trimmable else len(r.draft_ids)) for r in decode] + list(prefill)
     value = sum(1 + (0 if r.trimmable else r.acceptance() * len(r.draft_ids)) for r in decode)
     budget -= sum(len(r.draft_ids) for r in decode if not r.trimmable)
-    candidates = sorted(((r.acceptance(), i) for i, r in enumerate(decode) if r.trimmable
-                         for _ in range(len(r.draft_ids))), key=lambda c: -c[0])
+    candidates = sorted(
+        ((r.acceptance(), i) for i, r in enumerate(decode) if r.trimmable for _ in range(len(r.draft_ids))),
+        key=lambda c: -c[0],
+    )
     best, best_m = value / prices.batch(sizes), 0
     for m, (a, i) in enumerate(candidates[: max(budget, 0)], start=1):
         sizes[i] += 1

@@ -56,8 +56,10 @@ class PerThreadTokenizer:
         return len(self.thread_copy())
 
     def __setattr__(self, name: str, value) -> None:
-        raise AttributeError(f"cannot set {name!r} on a per-thread tokenizer: set it on the tokenizer before "
-                             "wrapping it (each thread holds its own copy)")
+        raise AttributeError(
+            f"cannot set {name!r} on a per-thread tokenizer: set it on the tokenizer before "
+            "wrapping it (each thread holds its own copy)"
+        )
 
     def __reduce__(self):
         return PerThreadTokenizer, (self._template,)

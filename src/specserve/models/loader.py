@@ -20,8 +20,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..config import SPARE_CELLS, EngineLimits, LoadOptions
 from ..errors import ModelLoadError
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
-          "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass
@@ -49,16 +55,20 @@ def choose_backend(source, options: LoadOptions) -> str:
         return "llama.cpp" if source.gguf_file and options.dtype is None else "transformers"
     if options.backend == "llama.cpp":
         if not source.gguf_file:
-            raise ModelLoadError(f"the llama.cpp backend runs GGUF files, and {source.display_name!r} is a "
-                                 f"Hugging Face model; use --backend transformers or give a .gguf file or pack")
+            raise ModelLoadError(
+                f"the llama.cpp backend runs GGUF files, and {source.display_name!r} is a "
+                f"Hugging Face model; use --backend transformers or give a .gguf file or pack"
+            )
         if options.dtype is not None:
-            raise ModelLoadError("--dtype applies to the transformers backend only; llama.cpp runs the "
-                                 "GGUF's own weights as they are")
+            raise ModelLoadError(
+                "--dtype applies to the transformers backend only; llama.cpp runs the GGUF's own weights as they are"
+            )
     return options.backend
 
 
-def load(spec: str | None, role: str, options: LoadOptions | None = None,
-         limits: EngineLimits | None = None) -> LoadedModel:
+def load(
+    spec: str | None, role: str, options: LoadOptions | None = None, limits: EngineLimits | None = None
+) -> LoadedModel:
     """Resolve and load one model on the chosen backend, with cache room for `limits`."""
     from .packs import resolve_model
 
@@ -70,11 +80,16 @@ def load(spec: str | None, role: str, options: LoadOptions | None = None,
         loaded = _load_llamacpp(source, options, limits or EngineLimits())
     else:
         loaded = _load_transformers(source, options)
-    what = ("GGUF as is" + (", exact" if options.exact else "")) if backend_name == "llama.cpp" \
+    what = (
+        ("GGUF as is" + (", exact" if options.exact else ""))
+        if backend_name == "llama.cpp"
         else (options.dtype or options.default_dtype)
+    )
     cache = f"; {loaded.backend.describe_cache()}" if hasattr(loaded.backend, "describe_cache") else ""
-    print(f"loaded {source.display_name} on {backend_name} ({what}) in {time.perf_counter() - t0:.1f}s{cache}",
-          file=sys.stderr)
+    print(
+        f"loaded {source.display_name} on {backend_name} ({what}) in {time.perf_counter() - t0:.1f}s{cache}",
+        file=sys.stderr,
+    )
     return loaded
 
 
@@ -105,9 +120,15 @@ def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> Loaded
     cache = limits.kv_cache_tokens + SPARE_CELLS if limits.kv_cache_tokens else None
     # Prefix caching keeps up to max_num_seqs finished requests' sequences (ids only: their cells
     # count against the same cache and are evicted first when a request needs room).
-    backend = LlamaCppBackend(path, max_context=options.max_context, max_sequences=limits.max_num_seqs + 1,
-                              cache_tokens=cache, threads=options.threads, batch_invariant=options.exact,
-                              prefix_sequences=limits.max_num_seqs if limits.prefix_caching else 0)
+    backend = LlamaCppBackend(
+        path,
+        max_context=options.max_context,
+        max_sequences=limits.max_num_seqs + 1,
+        cache_tokens=cache,
+        threads=options.threads,
+        batch_invariant=options.exact,
+        prefix_sequences=limits.max_num_seqs if limits.prefix_caching else 0,
+    )
     tokenizer = load_tokenizer(source)
     eos = backend.eog_token_ids()
     if tokenizer.eos_token_id is not None:

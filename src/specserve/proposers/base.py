@@ -8,8 +8,9 @@ After every step each proposer hears what was committed, so it can adapt K and r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 

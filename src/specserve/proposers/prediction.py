@@ -60,9 +60,17 @@ def _grid(k_max: int) -> list[int]:
 class PredictionProposer:
     name = "prediction"
 
-    def __init__(self, tokenizer, prediction: str | list[int], prompt_len: int,
-                 k_init: int = 8, k_max: int = 128, min_anchor_chars: int = 4, prices=None,
-                 learn_edits: bool = True):
+    def __init__(
+        self,
+        tokenizer,
+        prediction: str | list[int],
+        prompt_len: int,
+        k_init: int = 8,
+        k_max: int = 128,
+        min_anchor_chars: int = 4,
+        prices=None,
+        learn_edits: bool = True,
+    ):
         self.tok = tokenizer
         self.prompt_len = prompt_len
         self.k_max = k_max
@@ -245,7 +253,8 @@ class PredictionProposer:
                 w_end, o_end = s.w1, s.o1
         rest, spans = rewrite(self.orig, o_end + at - w_end, self.subs)
         self.spans = [s for s in self.spans if s.w1 <= at] + [
-            Span(s.w0 + at, s.w1 + at, s.o0, s.o1, s.old) for s in spans]
+            Span(s.w0 + at, s.w1 + at, s.o0, s.o1, s.old) for s in spans
+        ]
         self.text = self.text[:at] + rest
         enc = self.tok(self.text, add_special_tokens=False, return_offsets_mapping=True)
         self.ids, self.starts = list(enc["input_ids"]), _token_starts(enc["offset_mapping"])
@@ -277,5 +286,13 @@ def make_prediction(ctx: ProposerContext) -> PredictionProposer | None:
         return None
     s = ctx.spec
     k_init = s.num_speculative_tokens or 8
-    return PredictionProposer(ctx.tokenizer, ctx.prediction, ctx.prompt_len, k_init, max(k_init, s.prediction_k_max),
-                              s.prediction_min_anchor_chars, ctx.prices, s.prediction_learn_edits)
+    return PredictionProposer(
+        ctx.tokenizer,
+        ctx.prediction,
+        ctx.prompt_len,
+        k_init,
+        max(k_init, s.prediction_k_max),
+        s.prediction_min_anchor_chars,
+        ctx.prices,
+        s.prediction_learn_edits,
+    )

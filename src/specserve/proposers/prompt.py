@@ -35,8 +35,16 @@ def prompt_code(text: str) -> str:
 class PromptProposer(PredictionProposer):
     name = "prompt"
 
-    def __init__(self, tokenizer, prompt_len: int, k_init: int = 8, k_max: int = 128,
-                 min_anchor_chars: int = PROMPT_MIN_ANCHOR, prices=None, learn_edits: bool = True):
+    def __init__(
+        self,
+        tokenizer,
+        prompt_len: int,
+        k_init: int = 8,
+        k_max: int = 128,
+        min_anchor_chars: int = PROMPT_MIN_ANCHOR,
+        prices=None,
+        learn_edits: bool = True,
+    ):
         super().__init__(tokenizer, "", prompt_len, k_init, k_max, min_anchor_chars, prices, learn_edits)
         self.anchored = False  # nothing to follow until the output matches the prompt's code
         self.loaded = False
@@ -67,6 +75,12 @@ def make_prompt(ctx: ProposerContext) -> PromptProposer | None:
         return None
     s = ctx.spec
     k_init = s.num_speculative_tokens or 8
-    return PromptProposer(ctx.tokenizer, ctx.prompt_len, k_init, max(k_init, s.prediction_k_max),
-                          max(PROMPT_MIN_ANCHOR, s.prediction_min_anchor_chars), ctx.prices,
-                          s.prediction_learn_edits)
+    return PromptProposer(
+        ctx.tokenizer,
+        ctx.prompt_len,
+        k_init,
+        max(k_init, s.prediction_k_max),
+        max(PROMPT_MIN_ANCHOR, s.prediction_min_anchor_chars),
+        ctx.prices,
+        s.prediction_learn_edits,
+    )

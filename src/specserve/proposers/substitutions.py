@@ -57,7 +57,7 @@ def learn(text: str, p0: int, p1: int, out: str, o0: int, o1: int) -> list[tuple
     if len(changes) > MAX_CHANGES or matcher.ratio() < MIN_RATIO:
         return []  # not a few local edits: a wrong anchor or a rewritten block
     subs: list[tuple[str, str]] = []
-    for op, i1, i2, j1, j2 in changes:
+    for _op, i1, i2, j1, j2 in changes:
         a = p0 + (pw[i1][0] if i1 < len(pw) else p1 - p0)
         b = p0 + pw[i2 - 1][1] if i2 > i1 else a
         c = o0 + (ow[j1][0] if j1 < len(ow) else o1 - o0)

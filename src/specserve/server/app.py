@@ -21,10 +21,11 @@ import logging
 import math
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -67,8 +68,12 @@ class ClientGone(Exception):
 
 
 def timeout_error(seconds: float | None) -> APIError:
-    return APIError(504, f"the request did not finish within the server's timeout of {seconds:g} s",
-                    "timeout_error", code="request_timeout")
+    return APIError(
+        504,
+        f"the request did not finish within the server's timeout of {seconds:g} s",
+        "timeout_error",
+        code="request_timeout",
+    )
 
 
 def unavailable(message: str) -> APIError:
@@ -105,9 +110,18 @@ class Job:
     def build(self, llm) -> None:
         """The engine requests of every choice (on the prep thread: predictions get tokenized here)."""
         p = self.prepared
-        self.requests = [llm.request(p.prompt_ids, params, p.prediction, p.speculation, should_cancel=self.should_stop,
-                                     guide=p.guide, on_event=self._on_event)
-                         for params in choice_params(p.params, p.n)]
+        self.requests = [
+            llm.request(
+                p.prompt_ids,
+                params,
+                p.prediction,
+                p.speculation,
+                should_cancel=self.should_stop,
+                guide=p.guide,
+                on_event=self._on_event,
+            )
+            for params in choice_params(p.params, p.n)
+        ]
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an item to the event loop; safe from any thread."""
@@ -178,8 +192,13 @@ class Server:
             self.engine.submit(job.requests)
         except QueueFull as e:
             retry = str(max(1, math.ceil(self.mean_request_s)))
-            raise APIError(429, f"the server is busy ({e.waiting} requests waiting); retry later",
-                           "rate_limit_error", code="queue_full", headers={"Retry-After": retry}) from None
+            raise APIError(
+                429,
+                f"the server is busy ({e.waiting} requests waiting); retry later",
+                "rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": retry},
+            ) from None
         except ShuttingDown:
             raise unavailable("the server is shutting down") from None
         except EngineDead as e:
@@ -205,8 +224,12 @@ class Server:
 
     def check_model(self, name: str) -> None:
         if name not in (self.model_name, self.llm.model_name):
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     # -- one request ----------------------------------------------------------------------------
     async def handle(self, request: Request, dialect: Dialect) -> Response:
@@ -251,7 +274,7 @@ class Server:
         wait = None if job.deadline is None else max(0.0, job.deadline - time.monotonic()) + GRACE_S
         try:
             return await asyncio.wait_for(job.items.get(), wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.cancel(job, "timeout")
             raise timeout_error(self.options.request_timeout) from None
 
@@ -273,8 +296,7 @@ class Server:
                 self.cancel(job, "client")
                 return
 
-    def _record(self, dialect: Dialect, job: Job | None, status: int, outputs, ttft: float | None,
-                t0: float) -> None:
+    def _record(self, dialect: Dialect, job: Job | None, status: int, outputs, ttft: float | None, t0: float) -> None:
         self.metrics.request(dialect.name, status)
         self.jobs.discard(job)
         self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
@@ -323,11 +345,13 @@ class Server:
                 return Response(status_code=499)
             raise
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(self._sse(dialect, ctx, job, first, watcher, t0), media_type="text/event-stream",
-                                 headers=headers)
+        return StreamingResponse(
+            self._sse(dialect, ctx, job, first, watcher, t0), media_type="text/event-stream", headers=headers
+        )
 
-    async def _sse(self, dialect: Dialect, ctx: ResponseContext, job: Job, item, watcher,
-                   t0: float) -> AsyncIterator[str]:
+    async def _sse(
+        self, dialect: Dialect, ctx: ResponseContext, job: Job, item, watcher, t0: float
+    ) -> AsyncIterator[str]:
         """SSE: role chunk, one chunk per step's new text, finish chunk, usage chunk, [DONE]."""
         status, output, ttft = 499, None, None
         try:
@@ -363,8 +387,9 @@ class Server:
             log.exception("stream failed")
             status = 500
             self.cancel(job, "error")
-            yield _sse(APIError(500, f"internal error: {type(e).__name__}", "server_error",
-                                code="internal_error").body())
+            yield _sse(
+                APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error").body()
+            )
             yield "data: [DONE]\n\n"
         finally:
             watcher.cancel()
@@ -374,19 +399,30 @@ class Server:
 
     # -- small endpoints ------------------------------------------------------------------------
     def models(self) -> dict:
-        card = {"id": self.model_name, "object": "model", "created": int(self.started), "owned_by": "specserve",
-                "max_model_len": self.llm.max_context,
-                "draft_model": getattr(self.llm, "draft_model_name", None)}
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": int(self.started),
+            "owned_by": "specserve",
+            "max_model_len": self.llm.max_context,
+            "draft_model": getattr(self.llm, "draft_model_name", None),
+        }
         return {"object": "list", "data": [card]}
 
     def health(self) -> tuple[dict, int]:
         s = self.engine
-        body = {"status": "ok" if s.alive else "unavailable", "model": self.model_name,
-                "queued": s.num_waiting, "active": s.num_running, "max_queue": s.max_queue,
-                "kv_cache_usage": round(self.llm.engine.core.cache_used, 4),
-                "prefix_cache": self.llm.engine.core.prefix_stats(),
-                "worker_alive": s.alive, "threads": threading.active_count(),
-                "thread_names": sorted(t.name for t in threading.enumerate())}
+        body = {
+            "status": "ok" if s.alive else "unavailable",
+            "model": self.model_name,
+            "queued": s.num_waiting,
+            "active": s.num_running,
+            "max_queue": s.max_queue,
+            "kv_cache_usage": round(self.llm.engine.core.cache_used, 4),
+            "prefix_cache": self.llm.engine.core.prefix_stats(),
+            "worker_alive": s.alive,
+            "threads": threading.active_count(),
+            "thread_names": sorted(t.name for t in threading.enumerate()),
+        }
         return body, 200 if s.alive else 503
 
 
@@ -409,8 +445,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def validation_error(request: Request, e: RequestValidationError):  # FastAPI's 422 -> 400
         err = (e.errors() or [{}])[0]
         param = ".".join(str(p) for p in err.get("loc", ())[1:]) or None
-        return _error_response(APIError(400, f"{param or 'request'}: {err.get('msg', 'invalid request')}", param=param,
-                                        code="invalid_value"))
+        return _error_response(
+            APIError(
+                400, f"{param or 'request'}: {err.get('msg', 'invalid request')}", param=param, code="invalid_value"
+            )
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
@@ -420,8 +459,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):
         log.exception("unhandled error")
-        return _error_response(APIError(500, f"internal error: {type(e).__name__}", "server_error",
-                                        code="internal_error"))
+        return _error_response(
+            APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error")
+        )
 
 
 def create_app(llm, model_name: str | None = None, options: ServerOptions | None = None) -> FastAPI:
@@ -470,16 +510,23 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
 
     @app.get("/metrics")
     async def metrics():
-        server.metrics.set_engine_state(server.engine.num_waiting, server.engine.num_running,
-                                        server.llm.engine.core.cache_used)
+        server.metrics.set_engine_state(
+            server.engine.num_waiting, server.engine.num_running, server.llm.engine.core.cache_used
+        )
         content, content_type = server.metrics.render()
         return Response(content, media_type=content_type)
 
     return app
 
 
-def serve(llm, host: str = "127.0.0.1", port: int = 8000, options: ServerOptions | None = None,
-          model_name: str | None = None, log_level: str = "info") -> None:
+def serve(
+    llm,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    options: ServerOptions | None = None,
+    model_name: str | None = None,
+    log_level: str = "info",
+) -> None:
     """Run the server until interrupted (SIGINT/SIGTERM)."""
     import uvicorn
 

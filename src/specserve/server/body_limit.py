@@ -35,9 +35,14 @@ def default_max_body_bytes(max_context: int) -> int:
 
 def too_large_body(limit: int) -> dict:
     """OpenAI's error shape for a refused body."""
-    return {"error": {"message": f"the request body is larger than this server's limit of {limit} bytes "
-                                 "(see --max-body-bytes)",
-                      "type": "invalid_request_error", "param": None, "code": "request_too_large"}}
+    return {
+        "error": {
+            "message": f"the request body is larger than this server's limit of {limit} bytes (see --max-body-bytes)",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_too_large",
+        }
+    }
 
 
 class BodyLimitMiddleware:

@@ -16,8 +16,15 @@ from ..errors import ContextLengthError, InvalidRequestError
 class APIError(Exception):
     """An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code, self.headers = param, code, headers or {}
@@ -31,8 +38,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
 
 
 def unsupported(param: str, what: str) -> APIError:
-    return APIError(400, f"{param}: {what} is not supported by this server", param=param,
-                    code="unsupported_parameter")
+    return APIError(400, f"{param}: {what} is not supported by this server", param=param, code="unsupported_parameter")
 
 
 def engine_error(exc: Exception) -> APIError:
@@ -77,8 +83,17 @@ def _param_path(loc: tuple) -> str | None:
     return out or None
 
 
-_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long",
-                 "string_too_short", "string_too_long", "literal_error"}
+_RANGE_ERRORS = {
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "too_short",
+    "too_long",
+    "string_too_short",
+    "string_too_long",
+    "literal_error",
+}
 
 
 def _validation_error(e: ValidationError) -> APIError:

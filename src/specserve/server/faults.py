@@ -88,8 +88,10 @@ def install(app: FastAPI, core) -> FaultyBackend:
             kind, after = str(body.get("kind")), int(body.get("after", 1))
             backend.arm(kind, after)
         except (ValueError, TypeError, AttributeError) as e:  # not JSON, not an object, a bad kind or count
-            return JSONResponse({"error": {"message": f"bad fault: {e}", "type": "invalid_request_error",
-                                           "param": None, "code": None}}, 400)
+            return JSONResponse(
+                {"error": {"message": f"bad fault: {e}", "type": "invalid_request_error", "param": None, "code": None}},
+                400,
+            )
         return {"armed": kind, "after": after}
 
     return backend

@@ -52,9 +52,17 @@ class ServerProcess:
     stop_timeout: seconds from SIGTERM to SIGKILL.
     """
 
-    def __init__(self, args: Sequence[str], *, log_path: str | Path | None = None, env: dict[str, str] | None = None,
-                 startup_timeout: float = 120.0, stop_timeout: float = 15.0, host: str = HOST,
-                 port: int | None = None):
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        log_path: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 120.0,
+        stop_timeout: float = 15.0,
+        host: str = HOST,
+        port: int | None = None,
+    ):
         self.host = host
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
@@ -73,7 +81,8 @@ class ServerProcess:
         if self.log_path is None:
             # The log lives as long as the process: closed in stop(), so no `with` (SIM115).
             self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
-                "w+", prefix="specserve-server-", suffix=".log", delete=False)
+                "w+", prefix="specserve-server-", suffix=".log", delete=False
+            )
             self.log_path = Path(self._log.name)
         else:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,42 +31,82 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("specserve_requests", "Requests by endpoint and outcome status "
-                                "(499: client went away, 504: timed out)", ["endpoint", "status"], registry=r)
-        self.ttft = Histogram("specserve_time_to_first_token_seconds", "Arrival to first output token "
-                              "(queue wait included)", buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("specserve_time_per_output_token_seconds", "Mean time per output token after "
-                              "the first", buckets=TPOT_BUCKETS, registry=r)
-        self.e2e = Histogram("specserve_e2e_request_latency_seconds", "Arrival to last byte",
-                             ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "specserve_requests",
+            "Requests by endpoint and outcome status (499: client went away, 504: timed out)",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "specserve_time_to_first_token_seconds",
+            "Arrival to first output token (queue wait included)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "specserve_time_per_output_token_seconds",
+            "Mean time per output token after the first",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "specserve_e2e_request_latency_seconds",
+            "Arrival to last byte",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter("specserve_prompt_tokens", "Prompt tokens processed", registry=r)
-        self.cached_tokens = Counter("specserve_prompt_tokens_cached", "Prompt tokens reused from the prefix "
-                                     "cache instead of prefilled", registry=r)
-        self.prefix_hits = Counter("specserve_prefix_cache_hit_requests", "Requests that started from a cached "
-                                   "prefix", registry=r)
-        self.prefix_cells = Gauge("specserve_prefix_cache_cells", "KV cache cells held by cached prefixes of "
-                                  "finished requests (evicted first when a request needs room)", registry=r)
+        self.cached_tokens = Counter(
+            "specserve_prompt_tokens_cached",
+            "Prompt tokens reused from the prefix cache instead of prefilled",
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "specserve_prefix_cache_hit_requests", "Requests that started from a cached prefix", registry=r
+        )
+        self.prefix_cells = Gauge(
+            "specserve_prefix_cache_cells",
+            "KV cache cells held by cached prefixes of finished requests (evicted first when a request needs room)",
+            registry=r,
+        )
         self.completion_tokens = Counter("specserve_completion_tokens", "Output tokens generated", registry=r)
-        self.queue_depth = Gauge("specserve_queue_depth", "Requests waiting for a place in the running batch",
-                                 registry=r)
-        self.active = Gauge("specserve_active_requests", "Requests in the running batch (prefilling or "
-                            "decoding)", registry=r)
-        self.batch_size = Histogram("specserve_batch_size", "Requests decoding in one engine step",
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.step_tokens = Histogram("specserve_scheduled_tokens", "Tokens one engine step fed the target "
-                                     "(pending + draft + prefill)", buckets=TOKEN_BUCKETS, registry=r)
-        self.step_draft_tokens = Counter("specserve_step_draft_tokens", "Draft tokens verified, summed over "
-                                         "steps", registry=r)
-        self.step_seconds = Histogram("specserve_step_seconds", "Wall time of one engine step's target pass",
-                                      buckets=TPOT_BUCKETS + (5.0, 10.0), registry=r)
-        self.kv_usage = Gauge("specserve_kv_cache_usage", "Share of the KV cache reserved by running requests",
-                              registry=r)
-        self.proposed = Counter("specserve_spec_proposed_tokens", "Draft tokens sent to the target",
-                                ["source"], registry=r)
-        self.accepted = Counter("specserve_spec_accepted_tokens", "Draft tokens the target accepted",
-                                ["source"], registry=r)
-        self.steps = Counter("specserve_spec_steps", "Target verification passes (source 'none': no draft)",
-                             ["source"], registry=r)
+        self.queue_depth = Gauge(
+            "specserve_queue_depth", "Requests waiting for a place in the running batch", registry=r
+        )
+        self.active = Gauge(
+            "specserve_active_requests", "Requests in the running batch (prefilling or decoding)", registry=r
+        )
+        self.batch_size = Histogram(
+            "specserve_batch_size", "Requests decoding in one engine step", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.step_tokens = Histogram(
+            "specserve_scheduled_tokens",
+            "Tokens one engine step fed the target (pending + draft + prefill)",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.step_draft_tokens = Counter(
+            "specserve_step_draft_tokens", "Draft tokens verified, summed over steps", registry=r
+        )
+        self.step_seconds = Histogram(
+            "specserve_step_seconds",
+            "Wall time of one engine step's target pass",
+            buckets=TPOT_BUCKETS + (5.0, 10.0),
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "specserve_kv_cache_usage", "Share of the KV cache reserved by running requests", registry=r
+        )
+        self.proposed = Counter(
+            "specserve_spec_proposed_tokens", "Draft tokens sent to the target", ["source"], registry=r
+        )
+        self.accepted = Counter(
+            "specserve_spec_accepted_tokens", "Draft tokens the target accepted", ["source"], registry=r
+        )
+        self.steps = Counter(
+            "specserve_spec_steps", "Target verification passes (source 'none': no draft)", ["source"], registry=r
+        )
         for s in SOURCES:  # export zeros from the start so rates are defined
             for c in (self.proposed, self.accepted, self.steps):
                 c.labels(source=s)

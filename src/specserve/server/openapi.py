@@ -26,63 +26,107 @@ ERROR_STATUSES = {
     "504": "the request passed --request-timeout",
 }
 ERROR_SCHEMA = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
 }
 USAGE_SCHEMA = {
-    "type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-    "properties": {"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
-                   "total_tokens": {"type": "integer"}},
+    "type": "object",
+    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+    "properties": {
+        "prompt_tokens": {"type": "integer"},
+        "completion_tokens": {"type": "integer"},
+        "total_tokens": {"type": "integer"},
+    },
 }
 
 
 def _completion_schema(obj: str, choice_required: list[str]) -> dict:
     """A chat.completion / text_completion body (the fields every answer carries)."""
-    choice = {"type": "object", "required": ["index", "finish_reason", *choice_required],
-              "properties": {"index": {"type": "integer"},
-                             "finish_reason": {"enum": ["stop", "length", "tool_calls"]}}}
-    return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
-            "properties": {"id": {"type": "string"}, "object": {"const": obj}, "created": {"type": "integer"},
-                           "model": {"type": "string"}, "choices": {"type": "array", "items": choice},
-                           "usage": {"$ref": REF.format(model="Usage")},
-                           "speculation": {"anyOf": [{"type": "object"},  # one per choice when n > 1
-                                                     {"type": "array", "items": {"type": "object"}}]}}}
+    choice = {
+        "type": "object",
+        "required": ["index", "finish_reason", *choice_required],
+        "properties": {"index": {"type": "integer"}, "finish_reason": {"enum": ["stop", "length", "tool_calls"]}},
+    }
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": obj},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": choice},
+            "usage": {"$ref": REF.format(model="Usage")},
+            "speculation": {
+                "anyOf": [
+                    {"type": "object"},  # one per choice when n > 1
+                    {"type": "array", "items": {"type": "object"}},
+                ]
+            },
+        },
+    }
 
 
 # OpenAPI 3.1 (what FastAPI writes): the `schema` of an event stream describes one event. Ours are
 # `data:` lines only: a JSON chunk, an error object, or the final "[DONE]".
-SSE_EVENT_SCHEMA = {"type": "object", "required": ["data"],
-                    "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
-MODEL_SCHEMA = {"type": "object", "required": ["id", "object"],
-                "properties": {"id": {"type": "string"}, "object": {"const": "model"}}}
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
+MODEL_SCHEMA = {
+    "type": "object",
+    "required": ["id", "object"],
+    "properties": {"id": {"type": "string"}, "object": {"const": "model"}},
+}
 EXTRA_SCHEMAS = {
     "ErrorResponse": ERROR_SCHEMA,
     "Usage": USAGE_SCHEMA,
     "ChatCompletion": _completion_schema("chat.completion", ["message"]),
     "Completion": _completion_schema("text_completion", ["text"]),
     "Model": MODEL_SCHEMA,
-    "ModelList": {"type": "object", "required": ["object", "data"],
-                  "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL_SCHEMA}}},
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": MODEL_SCHEMA}},
+    },
 }
 
 
 def _errors(*statuses: str) -> dict:
     """OpenAPI responses for error statuses, all in OpenAI's error shape."""
     ref = {"$ref": REF.format(model="ErrorResponse")}
-    return {s: {"description": ERROR_STATUSES[s], "content": {"application/json": {"schema": ref}}}
-            for s in statuses}
+    return {s: {"description": ERROR_STATUSES[s], "content": {"application/json": {"schema": ref}}} for s in statuses}
 
 
 def _generation(model: type[BaseModel], answer: str) -> dict:
     """requestBody and responses of a generation route (JSON answer, or SSE when stream is true)."""
-    ok = {"description": f"a {answer}, or server-sent events of chunks when stream is true", "content": {
-        "application/json": {"schema": {"$ref": REF.format(model=answer)}},
-        "text/event-stream": {"schema": SSE_EVENT_SCHEMA}}}
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}},
-            "responses": {"200": ok, **_errors("400", "401", "404", "413", "429", "503", "504")}}
+    ok = {
+        "description": f"a {answer}, or server-sent events of chunks when stream is true",
+        "content": {
+            "application/json": {"schema": {"$ref": REF.format(model=answer)}},
+            "text/event-stream": {"schema": SSE_EVENT_SCHEMA},
+        },
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
+        },
+        "responses": {"200": ok, **_errors("400", "401", "404", "413", "429", "503", "504")},
+    }
 
 
 def _model_schemas(*models: type[BaseModel]) -> dict:
@@ -99,21 +143,27 @@ def build_openapi(app: FastAPI) -> dict:
     """FastAPI's document with the request models and response schemas filled in."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     doc.setdefault("components", {}).setdefault("schemas", {}).update(
-        {**_model_schemas(ChatCompletionRequest, CompletionRequest), **EXTRA_SCHEMAS})
+        {**_model_schemas(ChatCompletionRequest, CompletionRequest), **EXTRA_SCHEMAS}
+    )
     paths = doc["paths"]
     paths["/v1/chat/completions"]["post"].update(_generation(ChatCompletionRequest, "ChatCompletion"))
     paths["/v1/completions"]["post"].update(_generation(CompletionRequest, "Completion"))
     ok = {"description": "the served model", "content": {"application/json": {"schema": {}}}}
     paths["/v1/models"]["get"]["responses"] = {
         "200": {**ok, "content": {"application/json": {"schema": {"$ref": REF.format(model="ModelList")}}}},
-        **_errors("401")}
+        **_errors("401"),
+    }
     paths["/v1/models/{model_id}"]["get"]["responses"] = {
         "200": {**ok, "content": {"application/json": {"schema": {"$ref": REF.format(model="Model")}}}},
-        **_errors("401", "404")}
-    paths["/health"]["get"]["responses"] = {"200": {"description": "serving", "content": {"application/json": {}}},
-                                            "503": {"description": "worker down", "content": {"application/json": {}}}}
-    paths["/metrics"]["get"]["responses"] = {"200": {"description": "Prometheus text format",
-                                                     "content": {"text/plain": {"schema": {"type": "string"}}}}}
+        **_errors("401", "404"),
+    }
+    paths["/health"]["get"]["responses"] = {
+        "200": {"description": "serving", "content": {"application/json": {}}},
+        "503": {"description": "worker down", "content": {"application/json": {}}},
+    }
+    paths["/metrics"]["get"]["responses"] = {
+        "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    }
     return doc
 
 

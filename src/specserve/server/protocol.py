@@ -83,8 +83,11 @@ def _refuse_chat(req: ChatCompletionRequest) -> None:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
 
-def speculation_config(req: SpeculationRequest | str | None, default: SpeculationConfig, has_draft: bool,
-                       ) -> SpeculationConfig:
+def speculation_config(
+    req: SpeculationRequest | str | None,
+    default: SpeculationConfig,
+    has_draft: bool,
+) -> SpeculationConfig:
     """The server's default speculation, overridden field by field by the request's object (a
     string is shorthand for `{"method": <string>}`, as `LLM(speculation="ngram")` takes it)."""
     if isinstance(req, str):
@@ -101,8 +104,10 @@ def speculation_config(req: SpeculationRequest | str | None, default: Speculatio
         except ValueError as e:
             raise bad_request(str(e), "speculation.method") from None
     if spec.method == "draft" and not has_draft:
-        raise bad_request("speculation method 'draft' needs a draft model; start the server with --draft-model",
-                          "speculation" if isinstance(req, str) else "speculation.method")
+        raise bad_request(
+            "speculation method 'draft' needs a draft model; start the server with --draft-model",
+            "speculation" if isinstance(req, str) else "speculation.method",
+        )
     return spec
 
 
@@ -113,29 +118,43 @@ def sampling_params(req: _Common, max_tokens: int, logprobs: int | None) -> Samp
         raise bad_request("stop strings must be non-empty", "stop")
     try:
         return SamplingParams(
-            max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, top_k=max(0, req.top_k or 0), seed=req.seed,
-            stop=tuple(stop), presence_penalty=req.presence_penalty or 0.0,
-            frequency_penalty=req.frequency_penalty or 0.0, logprobs=logprobs, ignore_eos=bool(req.ignore_eos))
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=max(0, req.top_k or 0),
+            seed=req.seed,
+            stop=tuple(stop),
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            logprobs=logprobs,
+            ignore_eos=bool(req.ignore_eos),
+        )
     except ValueError as e:
         raise bad_request(str(e)) from None
 
 
-def _max_tokens(requested: int | None, default: int | None, prompt_len: int, max_context: int,
-                prompt_param: str) -> int:
+def _max_tokens(
+    requested: int | None, default: int | None, prompt_len: int, max_context: int, prompt_param: str
+) -> int:
     """Check prompt + max_tokens against the context; fill the default (capped to what fits)."""
     room = max_context - prompt_len
     if room <= 0:
-        raise bad_request(f"This model's maximum context length is {max_context} tokens, but the "
-                          f"{prompt_param} has {prompt_len} tokens. Please shorten it.", prompt_param,
-                          "context_length_exceeded")
+        raise bad_request(
+            f"This model's maximum context length is {max_context} tokens, but the "
+            f"{prompt_param} has {prompt_len} tokens. Please shorten it.",
+            prompt_param,
+            "context_length_exceeded",
+        )
     if requested is None:
         return room if default is None else min(default, room)
     if prompt_len + requested > max_context:
-        raise bad_request(f"This model's maximum context length is {max_context} tokens. However, you requested "
-                          f"{prompt_len + requested} tokens ({prompt_len} in the {prompt_param}, {requested} for "
-                          f"the completion). Please reduce the length of the {prompt_param} or max_tokens.",
-                          "max_tokens", "context_length_exceeded")
+        raise bad_request(
+            f"This model's maximum context length is {max_context} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the {prompt_param}, {requested} for "
+            f"the completion). Please reduce the length of the {prompt_param} or max_tokens.",
+            "max_tokens",
+            "context_length_exceeded",
+        )
     return requested
 
 
@@ -145,8 +164,11 @@ def _prediction_text(pred: Prediction | None, llm) -> str | None:
         return None
     text = content_text(pred.content, "prediction.content")
     if text and len(llm.encode(text)) > llm.max_context:
-        raise bad_request(f"the prediction is longer than the model's context length ({llm.max_context} tokens)",
-                          "prediction.content", "context_length_exceeded")
+        raise bad_request(
+            f"the prediction is longer than the model's context length ({llm.max_context} tokens)",
+            "prediction.content",
+            "context_length_exceeded",
+        )
     return text or None
 
 
@@ -154,8 +176,10 @@ def _chat_message(m: ChatMessage, i: int) -> dict:
     """One OpenAI message as the chat template wants it, tool calls and tool results included."""
     if m.role == "function":
         raise unsupported(f"messages[{i}].role", "legacy 'function' messages (use role 'tool')")
-    out = {"role": "system" if m.role == "developer" else m.role,
-           "content": content_text(m.content, f"messages[{i}].content")}
+    out = {
+        "role": "system" if m.role == "developer" else m.role,
+        "content": content_text(m.content, f"messages[{i}].content"),
+    }
     if m.tool_calls:
         out["tool_calls"] = check_message_tool_calls(m.tool_calls, f"messages[{i}].tool_calls")
     if m.role == "tool":
@@ -192,11 +216,17 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")
     top_n = (req.top_logprobs or 0) if req.logprobs else None
-    return Prepared(prompt_ids, sampling_params(req, max_tokens, top_n),
-                    speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
-                    _prediction_text(req.prediction, llm), bool(req.stream),
-                    bool(req.stream_options and req.stream_options.include_usage),
-                    _compile(spec, llm, req), tools if tools.parse_calls else None, check_n(req.n))
+    return Prepared(
+        prompt_ids,
+        sampling_params(req, max_tokens, top_n),
+        speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
+        _prediction_text(req.prediction, llm),
+        bool(req.stream),
+        bool(req.stream_options and req.stream_options.include_usage),
+        _compile(spec, llm, req),
+        tools if tools.parse_calls else None,
+        check_n(req.n),
+    )
 
 
 def _completion_prompt_ids(prompt, llm) -> list[int]:
@@ -220,13 +250,20 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     if req.suffix:
         raise unsupported("suffix", "suffix (fill-in-the-middle)")
     if req.best_of not in (None, 1):
-        raise unsupported("best_of", f"best_of={req.best_of} (server-side ranking of extra samples; "
-                          "ask for n choices and rank them yourself)")
+        raise unsupported(
+            "best_of",
+            f"best_of={req.best_of} (server-side ranking of extra samples; ask for n choices and rank them yourself)",
+        )
     prompt_ids = _completion_prompt_ids(req.prompt, llm)
-    max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context,
-                             "prompt")
-    return Prepared(prompt_ids, sampling_params(req, max_tokens, req.logprobs),
-                    speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
-                    _prediction_text(req.prediction, llm), bool(req.stream),
-                    bool(req.stream_options and req.stream_options.include_usage),
-                    _compile(extension_guide(_extension_fields(req)), llm, req), None, check_n(req.n))
+    max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context, "prompt")
+    return Prepared(
+        prompt_ids,
+        sampling_params(req, max_tokens, req.logprobs),
+        speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
+        _prediction_text(req.prediction, llm),
+        bool(req.stream),
+        bool(req.stream_options and req.stream_options.include_usage),
+        _compile(extension_guide(_extension_fields(req)), llm, req),
+        None,
+        check_n(req.n),
+    )

@@ -97,9 +97,12 @@ class ScaleConfig:
             opts["num_replicas"] = self.replicas
         else:
             low = self.min_replicas if self.min_replicas is not None else 1
-            opts["autoscaling_config"] = {"min_replicas": low, "max_replicas": max(low, self.max_replicas or low),
-                                          "initial_replicas": max(low, min(self.replicas, self.max_replicas or low)),
-                                          "target_ongoing_requests": self.target_ongoing_requests}
+            opts["autoscaling_config"] = {
+                "min_replicas": low,
+                "max_replicas": max(low, self.max_replicas or low),
+                "initial_replicas": max(low, min(self.replicas, self.max_replicas or low)),
+                "target_ongoing_requests": self.target_ongoing_requests,
+            }
         return opts
 
 
@@ -107,8 +110,10 @@ class ScaleConfig:
 def _rendezvous_order(session: str, replica_ids: list[str]) -> list[str]:
     """Replicas ordered by rendezvous (highest-random-weight) hashing of the session id: stable
     while the replica set is, and a lost replica moves only its own sessions."""
+
     def weight(rid: str) -> bytes:
         return hashlib.blake2b(f"{session}\x00{rid}".encode(), digest_size=8).digest()
+
     return sorted(replica_ids, key=weight, reverse=True)
 
 
@@ -193,8 +198,9 @@ def metrics_hub(app_name: str = APP_NAME):
     import ray
 
     hub = ray.remote(num_cpus=0)(MetricsHub)
-    return hub.options(name=f"{app_name}-metrics", namespace=HUB_NAMESPACE, lifetime="detached",
-                       get_if_exists=True).remote()
+    return hub.options(
+        name=f"{app_name}-metrics", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()
 
 
 def _push_forever(server, replica: str, app_name: str) -> None:
@@ -258,10 +264,10 @@ class SpecServeReplica:
         torch.set_num_threads(max(1, config.threads))
         self.config, self.app_name = config, app_name
         self.replica = serve.get_replica_context().replica_tag
-        speculation = SpeculationConfig(method=config.speculation,
-                                        num_speculative_tokens=config.num_speculative_tokens)
-        options = LoadOptions(backend=config.backend, dtype=config.dtype, device=config.device,
-                              threads=config.threads, exact=config.exact)
+        speculation = SpeculationConfig(method=config.speculation, num_speculative_tokens=config.num_speculative_tokens)
+        options = LoadOptions(
+            backend=config.backend, dtype=config.dtype, device=config.device, threads=config.threads, exact=config.exact
+        )
         self.llm = LLM(model=config.model, draft_model=config.draft_model, speculation=speculation, options=options)
 
     def __serve_build_asgi_app__(self):
@@ -269,14 +275,16 @@ class SpecServeReplica:
         from .app import ServerOptions, create_app
 
         c = self.config
-        options = ServerOptions(api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout,
-                                max_body_bytes=c.max_body_bytes)
+        options = ServerOptions(
+            api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout, max_body_bytes=c.max_body_bytes
+        )
         app = create_app(self.llm, c.served_model_name, options)
         server = app.state.server
         _serve_cluster_metrics(app, server, self.replica, self.app_name)
         app.add_middleware(ReplicaHeader, replica=self.replica)
-        threading.Thread(target=_push_forever, args=(server, self.replica, self.app_name),
-                         name="specserve-metrics-push", daemon=True).start()
+        threading.Thread(
+            target=_push_forever, args=(server, self.replica, self.app_name), name="specserve-metrics-push", daemon=True
+        ).start()
         return app
 
 
@@ -293,8 +301,9 @@ def build_app(args: dict) -> Any:
 
     Every ReplicaConfig and ScaleConfig field can be given as `key=value` (strings are converted).
     """
-    return deployment(config_from_args(ReplicaConfig, args), config_from_args(ScaleConfig, args),
-                      args.get("app_name", APP_NAME))
+    return deployment(
+        config_from_args(ReplicaConfig, args), config_from_args(ScaleConfig, args), args.get("app_name", APP_NAME)
+    )
 
 
 def config_from_args(cls, args: dict):
@@ -318,27 +327,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The Ray flags of `specserve serve` (used only with --ray)."""
     g = p.add_argument_group("Ray Serve (with --ray; needs pip install 'specserve[ray]')")
     g.add_argument("--ray", action="store_true", help="serve N replicas behind one endpoint with Ray Serve")
-    g.add_argument("--ray-address", default=None,
-                   help="join this Ray cluster ('auto' or ray://host:10001); default: start a local one")
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster ('auto' or ray://host:10001); default: start a local one",
+    )
     g.add_argument("--replicas", type=int, default=2, help="number of replicas (fixed; default 2)")
     g.add_argument("--min-replicas", type=int, default=None, help="autoscale: at least this many replicas")
     g.add_argument("--max-replicas", type=int, default=None, help="autoscale: at most this many replicas")
-    g.add_argument("--target-ongoing-requests", type=float, default=2.0,
-                   help="autoscale: requests in flight per replica to aim for (default 2)")
+    g.add_argument(
+        "--target-ongoing-requests",
+        type=float,
+        default=2.0,
+        help="autoscale: requests in flight per replica to aim for (default 2)",
+    )
     g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ReplicaConfig, ScaleConfig]:
     """The `specserve serve` flags as the replica and scale configurations."""
     replica = ReplicaConfig(
-        model=args.model, draft_model=args.draft_model, backend=args.backend, dtype=args.dtype, device=args.device,
-        speculation=args.speculation, num_speculative_tokens=args.num_speculative_tokens,
+        model=args.model,
+        draft_model=args.draft_model,
+        backend=args.backend,
+        dtype=args.dtype,
+        device=args.device,
+        speculation=args.speculation,
+        num_speculative_tokens=args.num_speculative_tokens,
         served_model_name=args.served_model_name,
-        api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None, max_queue=args.max_queue,
-        request_timeout=args.request_timeout or None, max_body_bytes=args.max_body_bytes,
-        threads=args.threads or max(1, int(args.replica_cpus)), exact=args.exact)
-    scale = ScaleConfig(replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                        target_ongoing_requests=args.target_ongoing_requests, replica_cpus=args.replica_cpus)
+        api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
+        max_queue=args.max_queue,
+        request_timeout=args.request_timeout or None,
+        max_body_bytes=args.max_body_bytes,
+        threads=args.threads or max(1, int(args.replica_cpus)),
+        exact=args.exact,
+    )
+    scale = ScaleConfig(
+        replicas=args.replicas,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        target_ongoing_requests=args.target_ongoing_requests,
+        replica_cpus=args.replica_cpus,
+    )
     return replica, scale
 
 

@@ -28,11 +28,16 @@ def usage(outputs: RequestOutput | list[RequestOutput]) -> dict:
     completion = sum(o.stats.output_tokens for o in outputs)
     preds = [o.stats.by_source["prediction"] for o in outputs]
     return {
-        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": outputs[0].stats.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
-                                      "accepted_prediction_tokens": sum(p.accepted for p in preds),
-                                      "rejected_prediction_tokens": sum(p.rejected for p in preds)},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": sum(p.accepted for p in preds),
+            "rejected_prediction_tokens": sum(p.rejected for p in preds),
+        },
     }
 
 
@@ -79,15 +84,28 @@ class Dialect:
         raise NotImplementedError
 
     def context(self, model: str, namer: TokenNamer, prepared: Prepared) -> ResponseContext:
-        return ResponseContext(f"{self.id_prefix}{uuid.uuid4().hex}", model, namer, prepared.include_usage,
-                               prepared.params.logprobs is not None, tools=prepared.tools, n=prepared.n)
+        return ResponseContext(
+            f"{self.id_prefix}{uuid.uuid4().hex}",
+            model,
+            namer,
+            prepared.include_usage,
+            prepared.params.logprobs is not None,
+            tools=prepared.tools,
+            n=prepared.n,
+        )
 
     def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
         return []
 
     def _chunk(self, ctx: ResponseContext, choices: list[dict], **extra) -> dict:
-        body = {"id": ctx.id, "object": self.chunk_object, "created": ctx.created, "model": ctx.model,
-                "system_fingerprint": None, "choices": choices}
+        body = {
+            "id": ctx.id,
+            "object": self.chunk_object,
+            "created": ctx.created,
+            "model": ctx.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
         if ctx.include_usage:
             body["usage"] = None
         body.update(extra)
@@ -122,15 +140,18 @@ class ChatDialect(Dialect):
 
     def opening_chunks(self, ctx):
         delta = {"role": "assistant", "content": ""}
-        return [self._chunk(ctx, [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
-                for i in range(ctx.n)]
+        return [
+            self._chunk(ctx, [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+            for i in range(ctx.n)
+        ]
 
     def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
         if ctx.tools is not None:  # hold back what may be a <tool_call> block
             text = ctx.splitter(index).feed(text)
         delta = {"content": text} if text else {}
-        return self._chunk(ctx, [{"index": index, "delta": delta, "logprobs": self._logprobs(ctx, lps),
-                                  "finish_reason": None}])
+        return self._chunk(
+            ctx, [{"index": index, "delta": delta, "logprobs": self._logprobs(ctx, lps), "finish_reason": None}]
+        )
 
     def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
         """Held-back content, then one delta per tool call (id + name, then its arguments), then the finish."""
@@ -143,8 +164,9 @@ class ChatDialect(Dialect):
             for j, c in enumerate(calls):
                 head = {"index": j, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}
                 chunks.append(self._delta(ctx, index, {"tool_calls": [head]}))
-                chunks.append(self._delta(ctx, index, {"tool_calls": [{"index": j, "function": {
-                    "arguments": c.arguments}}]}))
+                chunks.append(
+                    self._delta(ctx, index, {"tool_calls": [{"index": j, "function": {"arguments": c.arguments}}]})
+                )
         done = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason(output, bool(calls))}
         chunks.append(self._chunk(ctx, [done], speculation=output.stats.to_dict()))
         return chunks
@@ -160,14 +182,25 @@ class ChatDialect(Dialect):
         message = {"role": "assistant", "content": content, "refusal": None}
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
-        return {"index": index, "message": message, "logprobs": self._logprobs(ctx, output.logprobs),
-                "finish_reason": finish_reason(output, bool(calls))}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": self._logprobs(ctx, output.logprobs),
+            "finish_reason": finish_reason(output, bool(calls)),
+        }
 
     def response(self, ctx, outputs) -> dict:
         outputs = outputs if isinstance(outputs, list) else [outputs]
-        return {"id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
-                "system_fingerprint": None, "choices": [self._choice(ctx, i, o) for i, o in enumerate(outputs)],
-                "usage": usage(outputs), "speculation": speculation(outputs)}
+        return {
+            "id": ctx.id,
+            "object": "chat.completion",
+            "created": ctx.created,
+            "model": ctx.model,
+            "system_fingerprint": None,
+            "choices": [self._choice(ctx, i, o) for i, o in enumerate(outputs)],
+            "usage": usage(outputs),
+            "speculation": speculation(outputs),
+        }
 
 
 class CompletionDialect(Dialect):
@@ -194,20 +227,40 @@ class CompletionDialect(Dialect):
         return out
 
     def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
-        return self._chunk(ctx, [{"index": index, "text": text, "logprobs": self._logprobs(ctx, lps, index),
-                                  "finish_reason": None}])
+        return self._chunk(
+            ctx, [{"index": index, "text": text, "logprobs": self._logprobs(ctx, lps, index), "finish_reason": None}]
+        )
 
     def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
-        return [self._chunk(ctx, [{"index": index, "text": "", "logprobs": None,
-                                   "finish_reason": finish_reason(output)}], speculation=output.stats.to_dict())]
+        return [
+            self._chunk(
+                ctx,
+                [{"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason(output)}],
+                speculation=output.stats.to_dict(),
+            )
+        ]
 
     def response(self, ctx, outputs) -> dict:
         outputs = outputs if isinstance(outputs, list) else [outputs]
-        choices = [{"index": i, "text": o.text, "logprobs": self._logprobs(ctx, o.logprobs, i),
-                    "finish_reason": finish_reason(o)} for i, o in enumerate(outputs)]
-        return {"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
-                "system_fingerprint": None, "choices": choices, "usage": usage(outputs),
-                "speculation": speculation(outputs)}
+        choices = [
+            {
+                "index": i,
+                "text": o.text,
+                "logprobs": self._logprobs(ctx, o.logprobs, i),
+                "finish_reason": finish_reason(o),
+            }
+            for i, o in enumerate(outputs)
+        ]
+        return {
+            "id": ctx.id,
+            "object": "text_completion",
+            "created": ctx.created,
+            "model": ctx.model,
+            "system_fingerprint": None,
+            "choices": choices,
+            "usage": usage(outputs),
+            "speculation": speculation(outputs),
+        }
 
 
 CHAT, COMPLETIONS = ChatDialect(), CompletionDialect()

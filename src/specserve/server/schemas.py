@@ -88,9 +88,15 @@ class _Common(_Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
-    metadata: Annotated[dict[Annotated[str, Field(max_length=MAX_METADATA_KEY)],
-                             Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
-                        Field(max_length=MAX_METADATA_PAIRS)] | None = None  # accepted and ignored
+    metadata: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=MAX_METADATA_KEY)], Annotated[str, Field(max_length=MAX_METADATA_VALUE)]
+            ],
+            Field(max_length=MAX_METADATA_PAIRS),
+        ]
+        | None
+    ) = None  # accepted and ignored
     safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)  # accepted and ignored
     speculation: SpeculationRequest | str | None = None  # extension (extra_body); "ngram" = {"method": "ngram"}
     ignore_eos: bool | None = False  # extension (extra_body), as in vLLM

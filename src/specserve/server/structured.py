@@ -65,15 +65,18 @@ def response_format_guide(fmt) -> GrammarSpec | None:
     if fmt.type == "json_schema":
         spec = (fmt.model_extra or {}).get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise ConstraintError("response_format.json_schema must be an object with a 'name'",
-                                  "response_format.json_schema")
+            raise ConstraintError(
+                "response_format.json_schema must be an object with a 'name'", "response_format.json_schema"
+            )
         if "strict" in spec and not isinstance(spec["strict"], (bool, type(None))):
-            raise ConstraintError("response_format.json_schema.strict must be a boolean",
-                                  "response_format.json_schema.strict")
+            raise ConstraintError(
+                "response_format.json_schema.strict must be a boolean", "response_format.json_schema.strict"
+            )
         schema = spec.get("schema", {"type": "object"})
         return _schema_guide(schema, "response_format.json_schema.schema")
-    raise ConstraintError(f"response_format type {fmt.type!r} is not supported "
-                          "(text, json_object, json_schema)", "response_format.type")
+    raise ConstraintError(
+        f"response_format type {fmt.type!r} is not supported (text, json_object, json_schema)", "response_format.type"
+    )
 
 
 def _choice_regex(choices, param: str) -> str:
@@ -90,11 +93,12 @@ def extension_guide(extra: dict) -> GrammarSpec | None:
     fields = {f"structured_outputs.{k}": v for k, v in (so or {}).items() if v is not None}
     fields.update({k: extra[k] for k in GUIDED_FIELDS if extra.get(k) is not None})
     if len(fields) > 1:
-        raise ConstraintError(f"only one structured output constraint at a time (got {sorted(fields)})",
-                              sorted(fields)[1])
+        raise ConstraintError(
+            f"only one structured output constraint at a time (got {sorted(fields)})", sorted(fields)[1]
+        )
     if not fields:
         return None
-    (param, value), = fields.items()
+    ((param, value),) = fields.items()
     kind = param.rsplit(".", 1)[-1].removeprefix("guided_")
     if kind == "json":
         return _schema_guide(value, param)
@@ -119,8 +123,11 @@ def json_whitespace(spec: GrammarSpec | None, strict: bool | None) -> GrammarSpe
     if strict is None:
         strict = STRICT_WHITESPACE
     elif spec is None or spec.kind not in ("json_object", "json_schema"):
-        raise ConstraintError("strict_whitespace applies to JSON outputs only (response_format json_object or "
-                              "json_schema, structured_outputs.json, guided_json)", "strict_whitespace")
+        raise ConstraintError(
+            "strict_whitespace applies to JSON outputs only (response_format json_object or "
+            "json_schema, structured_outputs.json, guided_json)",
+            "strict_whitespace",
+        )
     return replace(spec, any_whitespace=not strict) if spec is not None else None
 
 
@@ -130,8 +137,11 @@ def tool_setup(tools, tool_choice, parallel_tool_calls) -> ToolSetup:
         raise ConstraintError("tools must be a list", "tools")
     checked = check_tools(tools) if tools else None
     choice = resolve_choice(tool_choice, checked or [])
-    return ToolSetup(checked if choice != "none" else None, choice,
-                     True if parallel_tool_calls is None else bool(parallel_tool_calls))
+    return ToolSetup(
+        checked if choice != "none" else None,
+        choice,
+        True if parallel_tool_calls is None else bool(parallel_tool_calls),
+    )
 
 
 def tool_guide(setup: ToolSetup) -> GrammarSpec | None:
@@ -144,8 +154,9 @@ def tool_guide(setup: ToolSetup) -> GrammarSpec | None:
 def check_guided(guide, ignore_eos: bool | None) -> None:
     """A grammar ends the output with EOS when it is complete; ignoring EOS would run past it."""
     if guide is not None and ignore_eos:
-        raise ConstraintError("ignore_eos cannot be combined with a structured output or forced tool call",
-                              "ignore_eos")
+        raise ConstraintError(
+            "ignore_eos cannot be combined with a structured output or forced tool call", "ignore_eos"
+        )
 
 
 def check_n(n: int | None) -> int:

@@ -78,12 +78,22 @@ def check_message_tool_calls(calls: list, param: str) -> list[dict]:
     out = []
     for j, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                or not isinstance(fn.get("arguments", ""), (str, dict)):
-            raise ConstraintError(f"{param}[{j}] must be {{'id', 'type': 'function', "
-                                  "'function': {'name', 'arguments'}}", f"{param}[{j}]")
-        out.append({"id": c.get("id"), "type": "function",
-                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}})
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments", ""), (str, dict))
+        ):
+            raise ConstraintError(
+                f"{param}[{j}] must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
+                f"{param}[{j}]",
+            )
+        out.append(
+            {
+                "id": c.get("id"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")},
+            }
+        )
     return out
 
 
@@ -100,16 +110,22 @@ def resolve_choice(choice, tools: list[dict]) -> str | None:
         if name not in {t["function"]["name"] for t in tools}:
             raise ConstraintError(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
         return name
-    raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or "
-                          "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
+    raise ConstraintError(
+        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        "tool_choice",
+    )
 
 
 # -- the forcing grammar -----------------------------------------------------------------------
 def call_schema(tool: dict) -> dict:
     """The JSON schema of one call object: {"name": <this name>, "arguments": <its parameters>}."""
     fn = tool["function"]
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
@@ -171,12 +187,13 @@ class ToolStreamSplitter:
         if at >= 0:
             self.in_call = True
             return self._release(at)
-        hold = next((k for k in range(min(len(OPEN) - 1, len(self.text) - self.sent), 0, -1)
-                     if self.text.endswith(OPEN[:k])), 0)
+        hold = next(
+            (k for k in range(min(len(OPEN) - 1, len(self.text) - self.sent), 0, -1) if self.text.endswith(OPEN[:k])), 0
+        )
         return self._release(len(self.text) - hold)
 
     def _release(self, end: int) -> str:
-        out = self.text[self.sent:end]
+        out = self.text[self.sent : end]
         self.sent = max(self.sent, end)
         return out
 
@@ -184,5 +201,5 @@ class ToolStreamSplitter:
         """(content not yet sent, tool calls) at the end of the output."""
         _, calls = parse_tool_calls(self.text)
         if not calls:  # no (parsable) call: the held text was content after all
-            return self.text[self.sent:], []
+            return self.text[self.sent :], []
         return "", calls
