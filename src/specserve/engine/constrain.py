@@ -369,10 +369,12 @@ class ConstraintFactory:
             return PendingGuide(fut, spec, self.time_limit_s, None)
         with self._lock:
             fut = self._inflight.get(key)
-            if fut is None or fut.cancelled():
+            started = fut is None or fut.cancelled()
+            if started:
                 fut = self.pool.submit(functools.partial(self._compile_and_keep, spec, key))
                 self._inflight[key] = fut
-                fut.add_done_callback(lambda f, key=key: self._forget(key, f))
+        if started:  # outside the lock: a compilation already done calls _forget here, which takes it
+            fut.add_done_callback(lambda f, key=key: self._forget(key, f))
         return PendingGuide(fut, spec, self.time_limit_s, self.pool)
 
     def _forget(self, key: tuple, fut: Future) -> None:
