@@ -81,7 +81,12 @@ def test_auto_order_prediction_then_ngram_then_draft():
     no_pred = build_chain(
         ProposerContext(SpeculationConfig("auto"), SamplingParams(), 3, llm.tokenizer, None, None, torch.Generator())
     )
-    assert [p.name for p in no_pred] == ["ngram"]
+    # no prediction: the prompt's code stands in for it (proposers/prompt.py), then the n-gram
+    # lookup; a prompt without code gives the prompt source nothing to draft, so n-gram drafts
+    assert [p.name for p in no_pred] == ["prompt", "ngram"]
+    for p in no_pred:
+        p.prefill([5, 6, 7])
+    assert choose_draft(no_pred, [5, 6, 7, 5, 6], 4).source == "ngram"
     assert choose_draft(chain, [5, 6, 7], 0) is None  # no budget: no draft at all
 
 
