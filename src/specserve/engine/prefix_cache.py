@@ -81,13 +81,19 @@ class PrefixCache:
     # -- what is cached ---------------------------------------------------------------------------
     @property
     def entries(self) -> int:
-        return sum(not o.live for o in self.owners.values())
+        return sum(not o.live for o in self._owners_now())
 
     @property
     def cells(self) -> int:
         """Cells held by entries (an upper bound: entries may share cells with each other and with
         running requests). Admission counts them against the cache and evicts them first."""
-        return sum(o.length for o in self.owners.values() if not o.live)
+        return sum(o.length for o in self._owners_now() if not o.live)
+
+    def _owners_now(self) -> tuple:
+        """A snapshot of the owners: /health and /metrics read these figures from other threads
+        while the engine's worker adds and drops owners (a tuple of a dict's values is taken whole,
+        under the GIL; iterating the live dict could raise "changed size during iteration")."""
+        return tuple(self.owners.values())
 
     def stats(self) -> dict:
         return {
