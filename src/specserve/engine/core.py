@@ -55,7 +55,6 @@ class StepInfo:
     seconds: float
     cache_used: float  # share of cache cells reserved by running requests
     waiting: int
-    cached_cells: int = 0  # cells held by the prefix cache's entries (finished requests' prefixes)
 
 
 class EngineCore:
@@ -422,5 +421,4 @@ class EngineCore:
             0.0,
             self.cache_used,
             self.num_waiting,
-            self.prefix.cells if self.prefix else 0,
         )

@@ -510,8 +510,10 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
 
     @app.get("/metrics")
     async def metrics():
+        core = server.llm.engine.core
+        cached_cells = core.prefix.cells if core.prefix is not None else 0
         server.metrics.set_engine_state(
-            server.engine.num_waiting, server.engine.num_running, server.llm.engine.core.cache_used
+            server.engine.num_waiting, server.engine.num_running, core.cache_used, cached_cells
         )
         content, content_type = server.metrics.render()
         return Response(content, media_type=content_type)

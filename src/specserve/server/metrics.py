@@ -117,14 +117,14 @@ class Metrics:
         self.step_tokens.observe(info.tokens)
         self.step_draft_tokens.inc(info.draft_tokens)
         self.step_seconds.observe(info.seconds)
-        self.prefix_cells.set(getattr(info, "cached_cells", 0))
 
-    def set_engine_state(self, waiting: int, running: int, cache_used: float) -> None:
+    def set_engine_state(self, waiting: int, running: int, cache_used: float, cached_cells: int) -> None:
         """The gauges, read from the engine when /metrics is scraped (not from the last step: after
         it the engine may have emptied, failed or died, and the gauges must say so)."""
         self.queue_depth.set(waiting)
         self.active.set(running)
         self.kv_usage.set(cache_used)
+        self.prefix_cells.set(cached_cells)
 
     def request(self, endpoint: str, status: int | str) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
