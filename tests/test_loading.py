@@ -7,6 +7,7 @@ from transformers import T5Config, T5Model
 
 from specserve import SamplingParams, SpeculationConfig
 from specserve.backends import SequenceRunner
+from specserve.engine.sampling import Noise
 from specserve.errors import ModelLoadError
 from specserve.llm import LLM
 from specserve.proposers.base import ProposerContext, build_chain, choose_draft
@@ -68,7 +69,7 @@ def test_auto_order_prediction_then_ngram_then_draft():
         llm.tokenizer,
         "def add(a, b):",
         SequenceRunner(llm.draft_backend),
-        torch.Generator(),
+        Noise(0),
     )
     chain = build_chain(ctx)
     assert [p.name for p in chain] == ["prediction", "ngram", "draft"]
@@ -79,7 +80,7 @@ def test_auto_order_prediction_then_ngram_then_draft():
     assert choose_draft(chain, [5, 6, 7, 5, 6], 4).source == "ngram"
     assert choose_draft(chain, [5, 6, 7, 8, 9], 4).source == "draft"  # no repeated n-gram: draft model
     no_pred = build_chain(
-        ProposerContext(SpeculationConfig("auto"), SamplingParams(), 3, llm.tokenizer, None, None, torch.Generator())
+        ProposerContext(SpeculationConfig("auto"), SamplingParams(), 3, llm.tokenizer, None, None, Noise(0))
     )
     # no prediction: the prompt's code stands in for it (proposers/prompt.py), then the n-gram
     # lookup; a prompt without code gives the prompt source nothing to draft, so n-gram drafts

@@ -2,9 +2,13 @@
 
 A synthetic bigram target and draft over V = 6 tokens make the exact distribution of the
 first two output tokens known in closed form. Every test is also run against a deliberately
-broken sampler (residual step removed: recover from p instead of max(0, p - q)) and must
-reject it, which shows the test has the power to catch the bug it is there for.
+broken sampler and must reject it, which shows the test has the power to catch the bug it is
+there for: for a sampled draft, the residual step removed (recover from p instead of
+max(0, p - q)); for a deterministic draft, its analogue (accept x on a coin of p(x) drawn apart
+from the token committed on rejection, which may then be x again).
 """
+
+import random
 
 import numpy as np
 import pytest
@@ -16,6 +20,7 @@ from tiny import tiny_tokenizer
 import specserve.engine.verify as verify
 from specserve import SamplingParams, SpeculationConfig
 from specserve.engine import Engine
+from specserve.engine.sampling import Noise, sample_at
 
 V = 6
 # Draft seed 13 overlaps the target by sum(min(p, q)) = 0.36 after token 1, and the n-gram draft
@@ -87,6 +92,15 @@ def broken_residual(p, q):
     return p  # the bug: recover from p itself, double-counting what the draft already covered
 
 
+def broken_onehot(p, x, u):
+    """The same bug for a deterministic draft: accept on a coin of p(x), else commit a sample of
+    p itself (which can be x again)."""
+    return random.random() < float(p[x]), sample_at(p, u)
+
+
+BROKEN = {"sampled": ("residual", broken_residual), "onehot": ("verify_onehot", broken_onehot)}
+
+
 CASES = [
     ("sampled", SamplingParams(temperature=1.0)),
     ("onehot", SamplingParams(temperature=0.8)),
@@ -103,8 +117,9 @@ def test_output_follows_target_law(draft_kind, params):
 
 
 @pytest.mark.parametrize("draft_kind,params", CASES[:2], ids=[c[0] for c in CASES[:2]])
-def test_chi_square_catches_broken_residual(monkeypatch, draft_kind, params):
-    monkeypatch.setattr(verify, "residual", broken_residual)
+def test_chi_square_catches_broken_sampler(monkeypatch, draft_kind, params):
+    random.seed(0)
+    monkeypatch.setattr(verify, *BROKEN[draft_kind])
     prompt_last = 0 if draft_kind == "onehot" else 1
     law = exact_pair_law(target_table(), prompt_last, params)
     pv = p_values(sample_pairs(draft_kind, params, seed0=10_000), law)
@@ -136,10 +151,10 @@ def test_acceptance_rate_matches_sum_of_min(temperature):
     expected = torch.minimum(p, q).sum().item()
     g = torch.Generator().manual_seed(5)
     n, accepted = 20_000, 0
-    for _ in range(n):
+    for i in range(n):
         x = int(torch.multinomial(q[0], 1, generator=g))
         target = torch.cat([p, p])  # [K+1 = 2, V]
-        accepted += verify.verify_sampled(target, [x], q, g).num_accepted
+        accepted += verify.verify_sampled(target, [x], q, Noise(i), 0).num_accepted
     sd = (expected * (1 - expected) / n) ** 0.5
     assert abs(accepted / n - expected) < 4 * sd, (accepted / n, expected)
 
@@ -155,9 +170,9 @@ def test_verify_sampled_first_token_law_and_broken_residual(monkeypatch):
     def first_tokens():
         g = torch.Generator().manual_seed(9)
         counts = np.zeros(V)
-        for _ in range(N):
+        for i in range(N):
             x = int(torch.multinomial(q[0], 1, generator=g))
-            v = verify.verify_sampled(p, [x], q, g)
+            v = verify.verify_sampled(p, [x], q, Noise(i), 0)
             counts[x if v.num_accepted else v.next_token] += 1
         return chisquare(counts, p[0].double().numpy() * N).pvalue
 
@@ -188,3 +203,41 @@ def test_seeded_sampling_is_reproducible():
         .token_ids
     )
     assert other != runs[0]
+
+
+def test_deterministic_drafts_never_change_a_seeded_sample():
+    """Random numbers keyed by position: with n-gram drafts (deterministic) a seeded request
+    commits the very tokens plain decoding samples, whatever was drafted, accepted or not."""
+    engine = Engine(BigramRunner(target_table()), tiny_tokenizer(), None, eos_token_ids=set())
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]  # "0 1 2" recurs: the n-gram lookup drafts
+    drafted = 0
+    for seed in range(20):
+        params = SamplingParams(temperature=1.0, max_tokens=24, seed=seed)
+        plain = engine.generate(prompt, params, SpeculationConfig("none")).run()
+        spec = engine.generate(prompt, params, SpeculationConfig("ngram", 3)).run()
+        assert spec.token_ids == plain.token_ids, seed
+        drafted += spec.stats.by_source["ngram"].proposed
+    assert drafted > 50  # the drafts were there to change something
+
+
+def test_onehot_acceptance_is_p_of_x():
+    """A deterministic draft token x is accepted with probability p(x) (the rule with q = one-hot)."""
+    from specserve.engine.sampling import probs_from_logits
+
+    p = probs_from_logits(random_table(V, 41)[:1], SamplingParams(temperature=1.0))  # [1, V]
+    x = int(p[0].argmax())
+    n = 20_000
+    accepted = sum(verify.verify_sampled(torch.cat([p, p]), [x], None, Noise(i), 0).num_accepted for i in range(n))
+    expected = float(p[0, x])
+    sd = (expected * (1 - expected) / n) ** 0.5
+    assert abs(accepted / n - expected) < 4 * sd, (accepted / n, expected)
+
+
+def test_sample_at_covers_the_distribution_and_nothing_else():
+    p = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
+    assert sample_at(p, 0.0) == 1 and sample_at(p, 0.2499) == 1 and sample_at(p, 0.25) == 3
+    assert sample_at(p, 1 - 2.0**-53) == 3  # never a zero-probability token past the end
+    assert sample_at(p * 3, 0.5) == 3  # unnormalised weights are fine
+    us = [Noise(7).u(i) for i in range(2000)]
+    assert len(set(us)) == 2000 and 0.45 < sum(us) / 2000 < 0.55
+    assert Noise(7).u(3) == Noise(7).u(3) != Noise(8).u(3) and Noise(7).u(3, 1) != Noise(7).u(3)

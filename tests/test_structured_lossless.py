@@ -8,16 +8,18 @@ removed, and a sampled draft cut *before* its first disallowed token (sampling t
 p there instead of the residual max(0, p - q) is not lossless).
 """
 
+import random
+
 import numpy as np
 import pytest
 import torch
 from synthetic import BigramRunner
 from test_lossless import (
+    BROKEN,
     BROKEN_P,
     ONEHOT_PROMPT,
     PASS_P,
     V,
-    broken_residual,
     p_values,
     target_table,
 )
@@ -98,8 +100,9 @@ def test_constrained_output_follows_constrained_law(draft_kind, params):
 
 
 @pytest.mark.parametrize("draft_kind,params", CASES, ids=[c[0] for c in CASES])
-def test_catches_broken_residual(monkeypatch, draft_kind, params):
-    monkeypatch.setattr(verify, "residual", broken_residual)
+def test_catches_broken_sampler(monkeypatch, draft_kind, params):
+    random.seed(0)
+    monkeypatch.setattr(verify, *BROKEN[draft_kind])
     pv = p_values(sample_pairs(draft_kind, params, seed0=10_000), law_for(draft_kind, params))
     assert min(pv.values()) < BROKEN_P, pv
 

@@ -127,7 +127,7 @@ class EngineCore:
                 self.tokenizer,
                 prediction,
                 req.draft_runner,
-                req.generator,
+                req.noise,
                 prices=lambda: self._prices,
             )
         )

@@ -21,7 +21,8 @@ the step is plain), except for one probe step every `probe_every` steps so that 
 when the text turns predictable again.
 
 Decisions depend only on the request's own history and the calibrated prices, never on the
-wall clock during the request, so a seeded request stays reproducible. Only `auto` is
+wall clock during the request, so a seeded request that a draft model drafts for (whose
+sampled drafts change what it commits) stays reproducible for a given set of prices. Only `auto` is
 governed, and only the n-gram and draft-model sources: a prediction is the caller's explicit
 choice (and its drafts are nearly free to make). Outputs never change either way: which tokens
 are drafted does not change what verification commits.

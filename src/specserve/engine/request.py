@@ -28,7 +28,7 @@ from ..errors import ContextLengthError, InvalidRequestError
 from ..proposers.base import Draft, Proposer, choose_draft
 from .detokenize import OutputBuilder
 from .governor import Governor
-from .sampling import apply_penalties, draft_prefix_counts, probs_from_logits
+from .sampling import Noise, apply_penalties, draft_prefix_counts, probs_from_logits
 from .stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
 from .verify import verify_greedy, verify_sampled
 
@@ -74,9 +74,7 @@ class Request:
         self.events: deque[StepEvent] = deque()
         self.phase = WAITING
         self.output: RequestOutput | None = None
-        self.generator = torch.Generator().manual_seed(
-            params.seed if params.seed is not None else random.getrandbits(63)
-        )
+        self.noise = Noise(params.seed if params.seed is not None else random.getrandbits(63))
         self.seq: int | None = None  # the target cache sequence, once admitted
         self.cached = 0  # prompt tokens in the target cache (prefill progress)
         self.chain: list[Proposer] = []
@@ -155,11 +153,13 @@ class Request:
 
     @property
     def trimmable(self) -> bool:
-        """Whether the scheduler may shorten this step's draft. A sampled request's random
-        stream depends on its draft lengths, so those follow the request's own history only:
-        a seeded request then samples the same tokens alone and in any batch. A probe is not
-        trimmed either (see `probing`)."""
-        return self.params.greedy and not self.probing
+        """Whether the scheduler may shorten this step's draft. Greedy and deterministic drafts
+        commit the same tokens at any length (sampled ones use their positions' random numbers).
+        A draft model's sampled draft changes which tokens a sampled request commits, so its
+        length follows the request's own history only: a seeded request then samples the same
+        tokens alone and in any batch. A probe is not trimmed either (see `probing`)."""
+        sampled_draft = self.draft is not None and self.draft.probs is not None and not self.params.greedy
+        return not sampled_draft and not self.probing
 
     @property
     def probing(self) -> bool:
@@ -191,7 +191,7 @@ class Request:
             logits = apply_penalties(logits, draft_prefix_counts(self.counts, draft_ids), params)
         if self.constraint is not None:  # row i: tokens the grammar allows after draft[:i]
             logits = self.constraint.mask(logits)  # [K+1, V]
-        n_acc, next_tok = _verify(logits, draft_ids, draft, params, self.generator)
+        n_acc, next_tok = _verify(logits, draft_ids, draft, params, self.noise, len(self.tokens))
         keep = len(self.tokens) + n_acc  # pending + accepted are cached; next_tok is the new pending
 
         new = draft_ids[:n_acc] + [next_tok]
@@ -286,15 +286,16 @@ class Request:
 
 
 def _verify(
-    logits: torch.Tensor, draft_ids: list[int], draft: Draft | None, params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor, draft_ids: list[int], draft: Draft | None, params: SamplingParams, noise: Noise, position: int
 ):
-    """Greedy: exact argmax path. Sampling: lossless rejection sampling. logits: [K+1, V]."""
+    """Greedy: exact argmax path. Sampling: lossless rejection sampling with the random numbers
+    of the positions from `position` on (that of the first token this step commits). logits: [K+1, V]."""
     if params.greedy:
         v = verify_greedy(logits, draft_ids)
     else:
         probs = probs_from_logits(logits, params)  # [K+1, V]
         q = draft.probs[: len(draft_ids)] if draft is not None and draft.probs is not None else None
-        v = verify_sampled(probs, draft_ids, q, generator)
+        v = verify_sampled(probs, draft_ids, q, noise, position)
     return v.num_accepted, v.next_token
 
 

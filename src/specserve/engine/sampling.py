@@ -6,6 +6,10 @@ so that speculation cannot change the output distribution.
 
 from __future__ import annotations
 
+import hashlib
+import struct
+from dataclasses import dataclass
+
 import torch
 
 from ..config import SamplingParams
@@ -56,3 +60,31 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
+
+
+# -- random numbers keyed by position -----------------------------------------------------------
+SAMPLE, ACCEPT, DRAFT = 0, 1, 2  # independent streams: the committed token, an accept test, a draft
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A request's random numbers, each fixed by (seed, token position, stream) rather than drawn
+    from a running stream. The token at position i is sampled with `u(i)` whatever happened
+    before it, so a seeded request gives the same tokens with or without deterministic drafts
+    (prediction, prompt, n-gram), at any draft length, alone or in any batch, in any process."""
+
+    seed: int
+
+    def u(self, position: int, stream: int = SAMPLE) -> float:
+        """A uniform number in [0, 1) with 53 random bits."""
+        key = struct.pack("<QQQ", self.seed & 0xFFFFFFFFFFFFFFFF, position, stream)
+        word = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+        return (word >> 11) * 2.0**-53
+
+
+def sample_at(probs: torch.Tensor, u: float) -> int:
+    """The token whose slice of the cumulative distribution holds u (inverse-CDF sampling).
+    probs: [V], need not sum to exactly 1. Only tokens with probability > 0 can come out."""
+    cdf = probs.double().cumsum(0)  # [V]; float64 so 151k float32 terms add up without drift
+    idx = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
+    return min(idx, probs.shape[0] - 1)

@@ -6,6 +6,8 @@ as the target's: accept draft token x with probability min(1, p(x) / q(x)); at t
 rejection sample the *recovered* token from max(0, p - q) renormalised; if all K are accepted
 sample the *bonus* token from p at position K + 1. A deterministic draft (prediction, n-gram,
 greedy draft model) has q = one-hot(x): accept with probability p(x), recover from p without x.
+Random numbers are keyed by token position (sampling.Noise), so that law is realised by sampling
+the position's token from p and comparing it with x: see verify_sampled.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .sampling import ACCEPT, Noise, sample_at
 
 
 @dataclass(frozen=True)
@@ -43,33 +47,37 @@ def verify_sampled(
     target_probs: torch.Tensor,
     draft: list[int],
     draft_probs: torch.Tensor | None,
-    generator: torch.Generator | None,
+    noise: Noise,
+    position: int,
 ) -> Verdict:
-    """Lossless rejection sampling.
+    """Lossless verification at temperature > 0.
 
-    target_probs: [K+1, V] processed target distribution per position.
-    draft_probs: [K, V] the distribution each draft token was sampled from, or None for a
-    deterministic (one-hot) draft.
+    target_probs: [K+1, V] processed target distribution per position; row j scores the token
+    at `position + j`. draft_probs: [K, V] the distribution each draft token was sampled from
+    (a draft model), or None for a deterministic draft.
+
+    Deterministic draft (q = one-hot(x)): the rule accepts x with probability p(x) and otherwise
+    samples p without x. Sampling y from p with the position's own number and accepting iff
+    y == x has exactly that law, and commits the very token plain decoding would have sampled
+    there: the draft changes how many passes it takes, never what comes out.
+    Sampled draft: the rejection rule proper, each test and sample with its position's numbers.
     """
     k = len(draft)
-    if k:
-        idx = torch.tensor(draft, dtype=torch.long)  # [K]
-        rows = torch.arange(k)
-        p_x = target_probs[rows, idx]  # [K]
-        q_x = draft_probs[rows, idx] if draft_probs is not None else torch.ones(k)  # [K]
-        u = torch.rand(k, generator=generator)  # [K]
-        accepted = (u * q_x < p_x).tolist()  # u < p/q without dividing by zero
-        n = accepted.index(False) if False in accepted else k
-    else:
-        n = 0
-    if n == k:
-        dist = target_probs[k]  # bonus
-    else:
-        if draft_probs is not None:
-            q = draft_probs[n]
+    for j in range(k):
+        u = noise.u(position + j)
+        if draft_probs is None:
+            accepted, y = verify_onehot(target_probs[j], draft[j], u)
+            if not accepted:
+                return Verdict(j, y)
         else:
-            q = torch.zeros_like(target_probs[n])
-            q[draft[n]] = 1.0
-        dist = residual(target_probs[n], q)  # recovered
-    token = int(torch.multinomial(dist, 1, generator=generator).item())
-    return Verdict(n, token)
+            x = draft[j]
+            if noise.u(position + j, ACCEPT) * float(draft_probs[j, x]) >= float(target_probs[j, x]):
+                return Verdict(j, sample_at(residual(target_probs[j], draft_probs[j]), u))
+    return Verdict(k, sample_at(target_probs[k], noise.u(position + k)))  # all accepted: the bonus token
+
+
+def verify_onehot(p: torch.Tensor, x: int, u: float) -> tuple[bool, int]:
+    """One position of a deterministic draft: sample y from p [V] with the position's number u;
+    x stands iff y == x, and on a rejection y (never x) is the committed token."""
+    y = sample_at(p, u)
+    return y == x, y

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from ..config import SamplingParams, SpeculationConfig
+from ..engine.sampling import Noise
 from ..errors import InvalidRequestError
 
 
@@ -68,7 +69,7 @@ class ProposerContext:
     tokenizer: object | None
     prediction: str | list[int] | None
     draft_runner: object | None
-    generator: torch.Generator | None
+    noise: Noise  # the request's random numbers, keyed by token position
     prices: Callable[[], object] | None = None  # () -> the engine's CostModel, or None while unmeasured
 
 

@@ -1,8 +1,9 @@
 """Draft-model drafter: a small model of the same vocabulary proposes K tokens.
 
 Greedy requests draft greedily (a deterministic, one-hot draft). Sampled requests draft by
-sampling from the small model's distribution with the same temperature / top-k / top-p, and
-return those probabilities so verification can apply the exact rejection rule.
+sampling from the small model's distribution with the same temperature / top-k / top-p (each
+token with its position's DRAFT random number), and return those probabilities so verification
+can apply the exact rejection rule.
 The draft model keeps its own KV cache; before each proposal it is rolled back to the longest
 prefix it shares with the committed tokens and fed what it has not seen.
 """
@@ -11,17 +12,17 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.sampling import probs_from_logits
+from ..engine.sampling import DRAFT, Noise, probs_from_logits, sample_at
 from .base import AdaptiveK, Draft, ProposerContext, register
 
 
 class DraftModelProposer:
     name = "draft"
 
-    def __init__(self, runner, params, generator: torch.Generator | None, k_init: int = 4, k_max: int = 8):
+    def __init__(self, runner, params, noise: Noise, k_init: int = 4, k_max: int = 8):
         self.runner = runner
         self.params = params
-        self.generator = generator
+        self.noise = noise
         self.k = AdaptiveK(k_init, 1, k_max)
         self.fed: list[int] = []  # tokens in the draft model's cache, in order
         self.committed = 0  # len(tokens) at the last proposal: fed[:committed] are known-good
@@ -59,7 +60,7 @@ class DraftModelProposer:
                 tok = int(logits.argmax())
             else:
                 q = probs_from_logits(logits.unsqueeze(0), self.params)[0]  # [V]
-                tok = int(torch.multinomial(q, 1, generator=self.generator).item())
+                tok = sample_at(q, self.noise.u(len(tokens) + i, DRAFT))
                 probs.append(q)
             ids.append(tok)
             if i + 1 < k:
@@ -78,4 +79,4 @@ def make_draft(ctx: ProposerContext) -> DraftModelProposer | None:
         return None
     s = ctx.spec
     k_init = s.num_speculative_tokens or 4
-    return DraftModelProposer(ctx.draft_runner, ctx.params, ctx.generator, k_init, max(k_init, s.draft_k_max))
+    return DraftModelProposer(ctx.draft_runner, ctx.params, ctx.noise, k_init, max(k_init, s.draft_k_max))
