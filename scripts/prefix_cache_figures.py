@@ -1,5 +1,5 @@
 """Prefix cache figures (docs/design.md "Prefix caching"): turn-2 vs turn-1 time to first token on a ~3k-token
-prompt, n=4 vs n=1 prefill. Usage: python scripts/prefix_cache_figures.py [pack] [--exact] [--turns-only]"""
+prompt, n=4 vs n=1 prefill. Usage: python scripts/prefix_cache_figures.py [pack] [--exact] [--turns-only] [--threads N]"""
 
 import sys
 import time
@@ -8,9 +8,10 @@ from pathlib import Path
 from specserve import LLM, SamplingParams
 from specserve.engine.prefix_cache import common_prefix
 
-model = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"
+model = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "smollm2-135m-instruct"
 exact = "--exact" in sys.argv
-llm = LLM(model, draft_model="none", max_num_seqs=4, max_context=8192, exact=exact, speculation="none", threads=1)
+threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
+llm = LLM(model, draft_model="none", max_num_seqs=4, max_context=8192, exact=exact, speculation="none", threads=threads)
 core = llm.engine.core
 llm.engine.prices()  # measured once now, not inside a timed run
 src = (Path(__file__).resolve().parents[1] / "src/specserve/bench/samples/users_controller.py").read_text()
