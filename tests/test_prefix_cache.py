@@ -355,3 +355,56 @@ def test_server_reports_cached_tokens(tmp_path):
         metrics = srv.metrics()
         assert metric_value(metrics, "specserve_prompt_tokens_cached_total") == health["tokens_saved"]
         assert metric_value(metrics, "specserve_prefix_cache_cells") > 0  # read when scraped
+
+
+# -- the draft model's cache follows the target's ---------------------------------------------
+def fed_to(backend) -> list[int]:
+    """Counts the tokens `backend` is fed (any logits)."""
+    fed = [0]
+    forward = backend.forward
+
+    def counting(inputs):
+        fed[0] += sum(len(x.token_ids) for x in inputs)
+        return forward(inputs)
+
+    backend.forward = counting
+    return fed
+
+
+@pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
+def test_next_turn_shares_the_draft_models_prefix_too(backend, tmp_path):
+    """Turn 2 feeds the draft model only what turn 1 did not give it (engine/draft_prefix.py),
+    and its output equals a cold run's; with the prefix cache off the draft model is fed it all."""
+
+    def make(prefix_caching: bool) -> LLM:
+        limits = EngineLimits(**{**LIMITS.__dict__, "prefix_caching": prefix_caching})
+        seqs = limits.max_num_seqs + 1
+        if backend == "llama.cpp":
+            t, d = (
+                LlamaCppBackend(
+                    write_tiny_gguf(tmp_path / f"{name}-{prefix_caching}.gguf", seed),
+                    max_sequences=seqs,
+                    batch_invariant=True,
+                    prefix_sequences=4,
+                )
+                for name, seed in (("t", 0), ("d", 1))
+            )
+        else:
+            t, d = (TransformersBackend(tiny_model("qwen2", seed), max_sequences=seqs + 4) for seed in (0, 1))
+        return LLM.from_backends(t, tiny_tokenizer(), d, name="tiny", speculation="draft", limits=limits)
+
+    runs = {}
+    for caching in (True, False):
+        llm = make(caching)
+        turn1 = llm.encode(FILE + "Question one?")
+        out1 = llm.generate(turn1, GREEDY)
+        turn2 = turn1 + out1.token_ids + llm.encode("\nAnd a follow-up question:")
+        fed = fed_to(llm.engine.core.draft)
+        out2 = llm.generate(turn2, GREEDY)
+        assert out2.stats.by_source["draft"].proposed > 0  # the draft model drafted on turn 2
+        runs[caching] = (out2, fed[0], len(turn2))
+    (warm, warm_fed, n), (cold, cold_fed, _) = runs[True], runs[False]
+    same(warm, cold)
+    assert warm.cached_tokens > BLOCK
+    assert cold_fed >= n - 1  # without the cache the draft model is fed the whole prompt again
+    assert warm_fed < cold_fed - warm.cached_tokens + BLOCK  # with it, the shared prefix is not fed again

@@ -24,6 +24,7 @@ from ..backends import Backend, SeqInput, SequenceRunner
 from ..config import SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain
+from .draft_prefix import DraftPrefixes
 from .governor import CostModel, Governor
 from .prefix_cache import Hit, PrefixCache, common_prefix
 from .prices import measured
@@ -88,10 +89,12 @@ class EngineCore:
         # finished requests' prefixes (entries); running requests are shared in any case.
         entries = max(0, target.max_sequences - 1 - self.limits.max_num_seqs)
         self.prefix = (
-            PrefixCache(target.free_sequence, entries)
+            PrefixCache(self._free_entry, entries)
             if self.limits.prefix_caching and hasattr(target, "copy_prefix")
             else None
         )
+        shares_draft = self.prefix is not None and draft is not None and hasattr(draft, "copy_prefix")
+        self.draft_prefixes = DraftPrefixes(draft) if shares_draft else None
         self._prices: CostModel | None = None
         self._incoming: deque[Request] = deque()
         self.lock = threading.RLock()
@@ -237,6 +240,8 @@ class EngineCore:
                 seq = self.target.new_sequence()
                 if hit is not None:
                     self.target.copy_prefix(hit.seq, seq, hit.length)
+                    if self.draft_prefixes is not None:
+                        self.draft_prefixes.share(req, hit, sched.running)
                 req.admit(
                     seq,
                     governor,
@@ -305,12 +310,20 @@ class EngineCore:
         if hit is not None and hit.entry and (hit.whole or s.reserved + p.cells > s.cache_tokens):
             p.release(hit.seq)
 
+    def _free_entry(self, seq: int) -> None:
+        """A prefix-cache entry left: its target sequence and the draft sequence kept beside it."""
+        self.target.free_sequence(seq)
+        if self.draft_prefixes is not None:
+            self.draft_prefixes.free(seq)
+
     def _free(self, r: Request) -> None:
         """A request left the batch: keep its sequence as a prefix-cache entry, or free it."""
         if self.prefix is not None and r.error is None:
             n = self._valid(r)
             self.target.truncate(r.seq, n)
             if self.prefix.keep(r.seq, r.tokens, n):
+                if self.draft_prefixes is not None:
+                    self.draft_prefixes.keep(r.seq, r, n)
                 return
         elif self.prefix is not None:
             self.prefix.drop(r.seq)

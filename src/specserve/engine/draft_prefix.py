@@ -1,0 +1,78 @@
+"""The draft model's side of the prefix cache.
+
+A draft model keeps its own KV cache, one sequence per request. Without this, a request that
+starts from a cached target prefix (a conversation's next turn, the n > 1 choices of one
+prompt) would still feed its whole prompt to the draft model before its first step: on a CPU
+that is a third of a cold prefill again for the default 0.5B / 1.5B pair.
+
+So the draft sequence follows the target's. When a finished request's target sequence becomes
+a prefix-cache entry, its draft sequence is kept beside it (cut to the committed tokens it
+holds) and freed with it. When a request starts from a cached prefix, its draft sequence takes
+over the same prefix of the entry's (or of the running source request's) draft sequence with
+the backend's `copy_prefix`, and its draft proposer is told which tokens it already holds; only
+the rest is fed. Drafts only: verification decides every token either way.
+"""
+
+from __future__ import annotations
+
+from ..proposers.draft_model import DraftModelProposer
+from .prefix_cache import Hit, common_prefix
+
+
+def draft_proposer(req) -> DraftModelProposer | None:
+    """The request's draft-model proposer, if its chain has one."""
+    return next((p for p in req.chain if isinstance(p, DraftModelProposer)), None)
+
+
+class DraftPrefixes:
+    """Draft-model sequences kept beside the target's prefix-cache entries."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.held: dict[int, tuple[int, list[int]]] = {}  # target entry seq -> (draft seq, tokens it holds)
+
+    def keep(self, target_seq: int, req, valid: int) -> None:
+        """A finished request's target sequence became an entry holding `valid` of req.tokens:
+        keep its draft sequence too (cut to the tokens both hold), instead of freeing it."""
+        proposer, runner = draft_proposer(req), getattr(req, "draft_runner", None)
+        if proposer is None or runner is None or runner.seq is None:
+            return
+        n = common_prefix(proposer.fed[: runner.length], req.tokens, valid)
+        runner.truncate(n)
+        self.held[target_seq] = (runner.seq, list(req.tokens[:n]))
+        runner.seq = None  # the entry owns it now: closing the runner must not free it
+
+    def free(self, target_seq: int) -> None:
+        """The entry left the cache: its draft sequence goes too."""
+        held = self.held.pop(target_seq, None)
+        if held is not None:
+            self.backend.free_sequence(held[0])
+
+    def share(self, req, hit: Hit, running) -> int:
+        """Before `req` is admitted from `hit`: give its draft sequence the prefix the source's
+        draft sequence holds. Returns the tokens shared (0 when there is nothing to share)."""
+        proposer, runner = draft_proposer(req), getattr(req, "draft_runner", None)
+        if proposer is None or runner is None:
+            return 0
+        source = self._source(hit.seq, running)
+        if source is None:
+            return 0
+        seq, fed = source
+        n = common_prefix(fed, req.prompt_ids, hit.length)
+        if n == 0:
+            return 0
+        self.backend.copy_prefix(seq, runner._seq(), n)
+        proposer.fed, proposer.committed = list(req.prompt_ids[:n]), n
+        return n
+
+    def _source(self, target_seq: int, running) -> tuple[int, list[int]] | None:
+        """(draft seq, the tokens it holds) behind a target sequence: an entry's, or a running
+        request's (the tokens its draft proposer fed, as far as its cache holds them)."""
+        if target_seq in self.held:
+            return self.held[target_seq]
+        owner = next((r for r in running if r.seq == target_seq), None)
+        proposer = draft_proposer(owner) if owner is not None else None
+        runner = getattr(owner, "draft_runner", None)
+        if proposer is None or runner is None or runner.seq is None:
+            return None
+        return runner.seq, proposer.fed[: runner.length]
