@@ -192,6 +192,31 @@ def test_session_affinity_and_least_loaded_spread(ray_server):
     assert len(free) == 2
 
 
+def _two_turns(url: str, topic: str, headers: dict) -> tuple[str, str, int]:
+    """A two-turn conversation: (replica of turn 1, replica of turn 2, the tokens turn 2 reused
+    beyond what turn 1 itself reused, e.g. the template's system prompt cached by others)."""
+    messages = [{"role": "user", "content": f"Tell me about {topic}. " + "Please be thorough. " * 20}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
+    r1 = httpx.post(url, json=body, headers=headers, timeout=60)
+    messages += [r1.json()["choices"][0]["message"], {"role": "user", "content": "And then?"}]
+    r2 = httpx.post(url, json=body | {"messages": messages}, headers=headers, timeout=60)
+    turn1 = r1.json()["usage"]
+    cached = r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return r1.headers["x-specserve-replica"], r2.headers["x-specserve-replica"], cached - turn1["prompt_tokens"]
+
+
+@pytest.mark.ray
+def test_session_affinity_pays_off_in_cached_tokens(ray_server):
+    """With X-Session-Id a conversation's turn 2 lands where turn 1 ran and reuses its prefix;
+    without it, the least-loaded spread sends some turn 2s to the replica that never saw turn 1."""
+    url = f"{ray_server.base_url}/chat/completions"
+    pinned = [_two_turns(url, f"topic {i}", {"X-Session-Id": f"conv-{i}"}) for i in range(6)]
+    assert all(a == b and extra >= 0 for a, b, extra in pinned), pinned  # turn 1's whole prompt, and more
+    free = [_two_turns(url, f"free topic {i}", {}) for i in range(12)]
+    moved = [(a, b, extra) for a, b, extra in free if a != b]
+    assert moved and all(extra < 0 for _, _, extra in moved), free  # not even turn 1's prompt
+
+
 @pytest.mark.ray
 def test_metrics_have_a_replica_label(ray_server):
     client = _client(ray_server)
