@@ -13,6 +13,8 @@ user-message layout; the CLI sends exactly these) through the in-process API on 
   placeholder or elision, and it compiles, since every excerpt is Python), and
 - for a rename: the old name is gone (as a word) and the new one is there.
 
+**Usable** counts what `specserve edit` can write: a well-formed answer, or an answer of only the changed
+top-level definitions that `edit_splice` puts back into the file, the result passing the same checks.
 **Applied** is stricter and reported beside it: for type hints every parameter and the return of the named
 functions are annotated, for a docstring the named function has one, for the logic changes the strings the
 change must add are there and those it must remove are gone.
@@ -398,12 +400,33 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
         problems.append(f"finish_reason {finish_reason}")
     if pair.kind == "rename" and not problems and not renamed(pair, code):
         problems.append(f"rename not done ({pair.old} -> {pair.new})")
-    return {
+    result = {
         "well_formed": not problems,
         "applied": not problems and applied(pair, code),
         "unchanged": code == original,
         "problems": problems,
+        "usable": not problems,  # what `specserve edit` can write: the answer, or it spliced into the file
+        "spliced": False,
     }
+    if problems and finish_reason == "stop":
+        spliced = _spliced(pair, original, code)
+        if spliced is not None:
+            result.update(usable=True, spliced=True, applied=applied(pair, spliced), unchanged=spliced == original)
+    return result
+
+
+def _spliced(pair: Pair, original: str, code: str) -> str | None:
+    """The file `specserve edit` writes for an answer of only the changed definitions, if it would
+    write one (edit_splice.py; the same checks), and a rename is done in it."""
+    from specserve.edit import check_answer
+    from specserve.edit_splice import splice_definitions
+
+    spliced = splice_definitions(original, code)
+    if spliced is None or check_answer(original, spliced[0], pair.instruction, "python"):
+        return None
+    if pair.kind == "rename" and not renamed(pair, spliced[0]):
+        return None
+    return spliced[0]
 
 
 def write_report(
@@ -422,6 +445,8 @@ def write_report(
             "pairs": len(rs),
             "well_formed": sum(r["well_formed"] for r in rs),
             "well_formed_rate": round(sum(r["well_formed"] for r in rs) / max(1, len(rs)), 4),
+            "usable": sum(r["usable"] for r in rs),
+            "usable_rate": round(sum(r["usable"] for r in rs) / max(1, len(rs)), 4),
             "applied": sum(r["applied"] for r in rs),
             "applied_rate": round(sum(r["applied"] for r in rs) / max(1, len(rs)), 4),
             "by_kind": {
@@ -503,8 +528,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cache.exists():
         for line in args.cache.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
-            if r.get("sha256") == hashlib.sha256(codes.get(r["pair"], "").encode()).hexdigest():
-                done[(r["pair"], r["prompt"])] = r
+            if r.get("sha256") != hashlib.sha256(codes.get(r["pair"], "").encode()).hexdigest():
+                continue
+            if "usable" not in r:  # judged before splicing was counted: a complete answer is usable as is
+                if not r["well_formed"]:
+                    continue  # its whole answer was not kept: run it again
+                r.update(usable=True, spliced=False)
+            done[(r["pair"], r["prompt"])] = r
     args.cache.parent.mkdir(parents=True, exist_ok=True)
     t_load = time.perf_counter()
     llm = LLM(
@@ -553,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             done[(pair.name, name)] = r
             with args.cache.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(r) + "\n")
-            mark = "ok " if r["well_formed"] else "BAD"
+            mark = "ok " if r["well_formed"] else "SPL" if r["usable"] else "BAD"
             print(
                 f"[{n}/{total}] {time.perf_counter() - t0:6.0f}s {mark} {name:18s} {pair.name:20s} "
                 f"{r['completion_tokens']:5d} tok {'; '.join(r['problems'])[:100]}",
@@ -566,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, s in summary.items():
         print(
             f"{name:20s} well-formed {s['well_formed']}/{s['pairs']} ({s['well_formed_rate']:.0%})  "
+            f"usable {s['usable']}/{s['pairs']} ({s['usable_rate']:.0%})  "
             f"applied {s['applied']}/{s['pairs']}  {s['by_kind']}"
         )
     return 0

@@ -1,5 +1,7 @@
-"""Prefix cache figures (docs/design.md "Prefix caching"): turn-2 vs turn-1 time to first token on a ~3k-token
-prompt, n=4 vs n=1 prefill. Usage: python scripts/prefix_cache_figures.py [pack] [--exact] [--turns-only] [--threads N]"""
+"""Prefix cache figures (docs/design.md "Prefix caching"): turn-2 vs turn-1 time to first token on a
+~3k-token prompt, n=4 vs n=1 prefill.
+
+Usage: python scripts/prefix_cache_figures.py [pack] [--exact] [--turns-only] [--threads N]"""
 
 import sys
 import time

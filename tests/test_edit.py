@@ -363,3 +363,17 @@ def test_against_specserve_serve(tmp_path):
                 ]
             )
             assert rc != 0 and path.read_text() == ORIGINAL
+
+
+def test_an_answer_of_only_the_changed_function_is_put_in_place(server, tmp_path, capsys):
+    """The 1.5B pack often answers with just the function it changed (eval_edit_prompt.py): the
+    file gets that function in place of the old one, and nothing else changes."""
+    tail = "".join(f"\n\ndef helper_{i}(x):\n    return x + {i}\n" for i in range(3))
+    path = tmp_path / "greet.py"
+    path.write_text(ORIGINAL + tail)
+    changed = "def greet(name: str) -> str:\n    return 'hi ' + name\n"
+    assert check_answer(ORIGINAL + tail, changed, "Add type hints")  # alone it is refused
+    server.answer = f"```python\n{changed}```"
+    assert edit_cli(server, path, "--in-place") == 0
+    assert path.read_text() == EDITED + tail
+    assert "only the changed definitions (greet)" in capsys.readouterr().err

@@ -4,11 +4,13 @@ Shows a unified diff and the Predicted Outputs figures. Writes (with --in-place 
 only an answer that can be the updated file: a response cut by max_tokens is refused, and so is
 one that `edit.check_answer` finds broken (far shorter than the file without a removal asked
 for, no code, a placeholder such as `obj['updated_code']`) unless --force is given. A refused
-answer never touches the file: no write, no .bak.
+answer never touches the file: no write, no .bak. A Python answer that holds only the changed
+top-level definitions is put back into the whole file first (edit_splice.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import shutil
 import sys
@@ -25,6 +27,7 @@ from ..edit import (
     refactor_with_predicted_outputs,
     write_atomic,
 )
+from ..edit_splice import splice_definitions
 
 
 def add_parser(subparsers) -> None:
@@ -117,6 +120,19 @@ def target_path(args) -> Path | None:
     return args.output
 
 
+def _splice(original: str, result: EditResult, problems: list[str], instruction: str):
+    """An answer of only the changed definitions, put back into the whole file (edit_splice.py),
+    when that gives a file `check_answer` accepts; else the answer and its problems as they were."""
+    spliced = splice_definitions(original, result.code)
+    if spliced is None or check_answer(original, spliced[0], instruction, "python"):
+        return result, problems
+    print(
+        f"the answer held only the changed definitions ({', '.join(spliced[1])}): put in place in the file",
+        file=sys.stderr,
+    )
+    return dataclasses.replace(result, code=spliced[0]), []
+
+
 def run(args) -> int:
     original = args.file.read_text(encoding="utf-8")
     client = make_client(args.base_url, args.api_key)
@@ -145,6 +161,8 @@ def run(args) -> int:
             + (" — raise --max-tokens" if result.finish_reason == "length" else "")
         )
     problems = check_answer(original, result.code, args.instruction, language_for(args.file))
+    if problems and language_for(args.file) == "python":
+        result, problems = _splice(original, result, problems, args.instruction)
     dest = target_path(args)
     if problems and dest is not None and not args.force:
         print(

@@ -1,0 +1,52 @@
+"""edit_splice: an answer of only the changed definitions goes back into the whole file; anything
+less certain builds nothing."""
+
+from specserve.edit_splice import splice_definitions
+
+FILE = """import os
+
+
+def first(a):
+    return a + 1
+
+
+@decorator
+def second(b):
+    return b * 2
+
+
+class Third:
+    def method(self):
+        return os.getcwd()
+
+
+if __name__ == "__main__":
+    print(first(1))
+"""
+
+
+def test_one_changed_function_is_put_in_place():
+    answer = 'def second(b: int) -> int:\n    """Twice b."""\n    return b * 2\n'
+    spliced, names = splice_definitions(FILE, answer)
+    assert names == ["second"]
+    assert spliced == FILE.replace("@decorator\ndef second(b):\n", 'def second(b: int) -> int:\n    """Twice b."""\n')
+
+
+def test_two_definitions_and_a_known_import_with_decorators():
+    answer = "import os\n\n@decorator\ndef second(b):\n    return b * 3\n\n\nclass Third:\n    pass\n"
+    spliced, names = splice_definitions(FILE, answer)
+    assert names == ["second", "Third"]
+    assert "return b * 3" in spliced and "class Third:\n    pass\n" in spliced and "getcwd" not in spliced
+    assert spliced.startswith("import os\n\n\ndef first(a):") and spliced.endswith("    print(first(1))\n")
+    compile(spliced, "<spliced>", "exec")
+
+
+def test_anything_uncertain_builds_nothing():
+    assert splice_definitions(FILE, "def second(b):\n    return (\n") is None  # does not parse
+    assert splice_definitions(FILE, "import sys\n\ndef first(a):\n    return a\n") is None  # a new import
+    assert splice_definitions(FILE, "def method(self):\n    return 1\n") is None  # a method, not top level
+    assert splice_definitions(FILE, "def fourth():\n    pass\n") is None  # a name the file does not define
+    assert splice_definitions(FILE, "print('hi')\n") is None  # no definition at all
+    twice = FILE + "\n\ndef first(a):\n    return a\n"
+    assert splice_definitions(twice, "def first(a):\n    return 0\n") is None  # defined twice: which one?
+    assert splice_definitions(FILE, "def first(a):\n    return 0\n\ndef first(a):\n    return 1\n") is None
