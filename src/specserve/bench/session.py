@@ -19,11 +19,12 @@ The same session runs three times, greedy (temperature 0), each conversation bui
 
 Per turn: time to first token, turn time, prompt tokens, cached tokens (ours: `cached_tokens` as the
 API reports it; the peer: the prefix `Llama.generate` keeps, read from its state before the call),
-completion tokens; and the session's totals. `reusable_tokens` is what a cache can reuse: the longest
-common prefix of the prompt with the tokens an earlier turn computed (its prompt and its output but
-the last token, which is sampled and never fed back), less the last prompt token (whose logits must
-be computed). Where the chat template re-renders an answer with other tokens than were generated,
-the reusable prefix ends there.
+completion tokens; and the session's totals. `reusable_tokens` is what a cache could reuse: the
+longest common prefix of the prompt with an earlier turn's prompt + output (where the chat template
+re-renders an answer with other tokens than were generated, it ends there), less the last prompt
+token (whose logits must be computed). A cache holds one token less when the prefix runs to the end
+of the earlier output: the last output token is sampled and fed back only if a draft pass verified
+it (ours, speculating, sometimes does; the peer never).
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def run_session(llm, opts: SessionOptions, run_name: str, code: str, bar_desc: s
         turn.token_ids = out_ids
         turn.text = _answer_text(llm, out_ids)
         run.turns.append(turn)
-        earlier.append(ids + out_ids[:-1])  # the last output token is sampled, never fed back
+        earlier.append(ids + out_ids)
         messages.append({"role": "assistant", "content": turn.text})
         if kind == "edit":
             current = code_of(turn.text)
