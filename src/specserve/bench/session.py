@@ -209,8 +209,9 @@ def _reusable(prompt: list[int], earlier: list[list[int]]) -> int:
     return max((common_prefix(e, prompt, len(prompt) - 1) for e in earlier), default=0)
 
 
-def run_session(llm, opts: SessionOptions, run_name: str, code: str, bar_desc: str = "") -> SessionRun:
-    """One pass of the script: ours (on `llm`, whose prefix cache setting it records) or the peer."""
+def run_session(llm, opts: SessionOptions, run_name: str, code: str, on_turn=None) -> SessionRun:
+    """One pass of the script: ours (on `llm`, whose prefix cache setting it records) or the peer.
+    on_turn(run): called after each turn (the results are written then)."""
     s = script(opts.script)
     peer = None
     if run_name == RUNS[2]:
@@ -234,7 +235,7 @@ def run_session(llm, opts: SessionOptions, run_name: str, code: str, bar_desc: s
             )
         prediction = current if kind == "edit" else None
         turn = Turn(k, kind, prompt_tokens=len(ids), reusable_tokens=_reusable(ids, earlier))
-        desc = f"  {bar_desc or run_name} turn {k}"
+        desc = f"  {run_name} turn {k}"
         with tqdm(total=cap, desc=desc, unit="tok", leave=False, file=sys.stderr, disable=None) as bar:
             clock = _Clock(bar)
             if peer is not None:
@@ -259,6 +260,8 @@ def run_session(llm, opts: SessionOptions, run_name: str, code: str, bar_desc: s
         messages.append({"role": "assistant", "content": turn.text})
         if kind == "edit":
             current = code_of(turn.text)
+        if on_turn is not None:
+            on_turn(run)
     return run
 
 
@@ -380,7 +383,7 @@ def write_results(runs: list[SessionRun], env: dict, out: Path) -> dict[str, Pat
 def bench_session(make_llm, opts: SessionOptions, out: Path, environment) -> tuple[list[SessionRun], dict, dict]:
     """The three runs, in order: cache on, cache off, the peer. make_llm(prefix_caching) loads our
     LLM; the cache-on one is closed before the cache-off one loads (one of our models in memory at a
-    time), which then names the peer's GGUF. The results are written after each run.
+    time), which then names the peer's GGUF. The results are written after each turn.
     environment(llm) -> the environment dict. Returns (runs, env, paths)."""
     s = script(opts.script)
     llm = make_llm(True)
@@ -394,26 +397,33 @@ def bench_session(make_llm, opts: SessionOptions, out: Path, environment) -> tup
         "speculation": str(llm.speculation.method),
         "question_tokens": opts.cap("question"),
     }
+    runs: list[SessionRun] = []
+    paths: dict[str, Path] = {}
+
+    def one(name: str) -> None:
+        def partial(run: SessionRun) -> None:  # a long session interrupted later still leaves its turns
+            paths.update(_checkpoint(runs + [run], env, out))
+
+        runs.append(run_session(llm, opts, name, code, partial))
+
     warm_up(llm, False)
-    runs = [run_session(llm, opts, RUNS[0], code)]
-    paths = _checkpoint(runs, env, out)
+    one(RUNS[0])
     _close(llm)
     del llm
     llm = make_llm(False)
     warm_up(llm, reason is None)
-    runs.append(run_session(llm, opts, RUNS[1], code))
-    paths = _checkpoint(runs, env, out)
+    one(RUNS[1])
     if reason is None:
-        runs.append(run_session(llm, opts, RUNS[2], code))
+        one(RUNS[2])
     else:
         runs.append(SessionRun(RUNS[2], "llama-cpp-python", skipped=reason))
     _close(llm)
-    paths = _checkpoint(runs, env, out)
+    paths.update(_checkpoint(runs, env, out))
     return runs, env, paths
 
 
 def _checkpoint(runs: list[SessionRun], env: dict, out: Path) -> dict[str, Path]:
-    """Write the runs done so far: a long session interrupted later still leaves them."""
+    """Write the runs (and turns) done so far."""
     compare_runs(runs)
     return write_results(runs, env, out)
 
