@@ -144,3 +144,29 @@ def _run_transformers(llm, prompt_ids, max_tokens: int, peer: str, clock) -> lis
         **assistant,
     )  # [1, P + N]
     return out[0, len(prompt_ids) :].tolist()
+
+
+# -- llama-cpp-python in a conversation (bench --session) ---------------------------------------
+def session_llama(llm):
+    """The plain llama-cpp-python peer sized to the whole context: one `Llama` serves every turn of
+    a session, so it keeps its previous prompt's KV (never recreated nor reset between turns)."""
+    return _llama(llm, False, llm.target_backend.max_context)
+
+
+def run_session_turn(peer, prompt_ids: list[int], max_tokens: int, eos: set[int], clock) -> tuple[list[int], int]:
+    """One turn of a conversation on `peer`, greedy, without a reset: `Llama.generate` keeps the
+    longest common prefix of its evaluated tokens (previous prompt + output) and this prompt, and
+    evaluates the rest. Returns (new token ids, prompt tokens it kept), the latter read from its
+    state before the call as `generate` computes it (the last prompt token is always evaluated)."""
+    held = list(peer._input_ids)  # the tokens its KV holds
+    kept = 0
+    while kept < min(len(held), len(prompt_ids) - 1) and held[kept] == prompt_ids[kept]:
+        kept += 1
+    out: list[int] = []
+    for tok in peer.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(int(tok))
+        clock.emitted(1)
+        if tok in eos or len(out) >= max_tokens:
+            break
+    clock.stop()
+    return out, kept

@@ -4,6 +4,7 @@ specserve bench --quick --out bench-quick            # SmolLM2-135M, one scenari
 specserve bench --out bench --max-tokens 256 --scenarios py-rename,ts-async --modes plain,prediction
 specserve bench --concurrency 1,4,16 --modes plain,prediction --load-via both --out bench-load
                                                      # load: C requests at once (bench_load.py)
+specserve bench --session --out bench-session        # a 4-turn coding conversation (bench/session.py)
 """
 
 from __future__ import annotations
@@ -127,6 +128,17 @@ def add_parser(subparsers) -> None:
         metavar="N",
         help="output tokens per load-benchmark request, EOS ignored (default 128)",
     )
+    p.add_argument(
+        "--session",
+        nargs="?",
+        const="users",
+        default=None,
+        metavar="NAME",
+        help="run the session benchmark instead: a 4-turn coding conversation over a sample controller "
+        "(users: users_controller.py, the default; orders: orders_controller.ts), timed per turn with the "
+        "prefix cache, without it, and llama-cpp-python's Llama (llama.cpp); writes session.json, "
+        "session.md and session.png into --out",
+    )
     p.set_defaults(func=run)
 
 
@@ -171,6 +183,8 @@ def exact(env: dict) -> bool:
 
 
 def run(args) -> int:
+    if args.session is not None:
+        return run_session(args)
     if args.concurrency is not None:
         return run_load(args)
     require("matplotlib")  # the chart is written last: refuse before minutes of runs
@@ -252,4 +266,77 @@ def run_load(args) -> int:
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)
+    return 0
+
+
+SESSION_MAX_TOKENS = 6144  # per turn: the whole file back on an edit turn (questions: session.QUESTION_TOKENS)
+SESSION_CONTEXT = 16384  # three copies of a ~4k-token file and the answers (capped at the model's context)
+SESSION_QUICK_PROMPT_TOKENS = 512  # --quick: the cache-off run prefills every turn's prompt in full
+
+
+def run_session(args) -> int:
+    """`--session`: the multi-turn session benchmark (bench/session.py) instead of the scenarios."""
+    from ..bench import session as bench_session
+
+    clash = [
+        flag
+        for flag, value in (
+            ("--concurrency", args.concurrency),
+            ("--demo", args.demo or None),
+            ("--html", args.html),
+            ("--html-run", args.html_run),
+            ("--scenarios", args.scenarios),
+            ("--plain-max-tokens", args.plain_max_tokens),
+            ("--modes", None if args.modes == _parser_defaults()["modes"] else args.modes),
+            ("--load-via", None if args.load_via == "inproc" else args.load_via),
+            ("--no-prefix-cache (it runs with the cache and without)", args.no_prefix_cache or None),
+        )
+        if value is not None
+    ]
+    if clash:
+        raise ValueError(f"--session runs its own script: it does not take {', '.join(clash)}")
+    bench_session.script(args.session)  # an unknown name: one line, before any load
+    peers = _csv(args.peers, PEERS, "peer")
+    if peers is not None and set(peers) - {"llama.cpp"}:
+        raise ValueError("--session has one peer, llama.cpp (llama-cpp-python's Llama); use --peers llama.cpp or none")
+    require("matplotlib")
+    if args.max_context is None and not args.quick:
+        args.max_context = SESSION_CONTEXT
+    args.max_tokens = args.max_tokens or (None if args.quick else SESSION_MAX_TOKENS)
+    if args.quick and args.max_prompt_tokens is None:
+        args.max_prompt_tokens = SESSION_QUICK_PROMPT_TOKENS
+    llm_kwargs, opts = resolve_options(args)
+    limits = engine_limits(args)
+    session_opts = bench_session.SessionOptions(
+        script=args.session,
+        max_tokens=opts.max_tokens,
+        max_prompt_tokens=opts.max_prompt_tokens,
+        peer=peers is None or "llama.cpp" in peers,
+    )
+
+    def make_llm(prefix_caching: bool):
+        from ..llm import LLM
+
+        return LLM.from_options(
+            llm_kwargs["model"],
+            llm_kwargs["draft_model"],
+            llm_kwargs["options"],
+            limits=dataclasses.replace(limits, prefix_caching=prefix_caching),
+        )
+
+    runs, env, paths = bench_session.bench_session(
+        make_llm, session_opts, args.out, lambda llm: environment(llm, opts)
+    )
+    print(paths["markdown"].read_text())
+    for kind, path in paths.items():
+        print(f"wrote {kind}: {path}", file=sys.stderr)
+    on, off = (next(r for r in runs if r.name == name) for name in bench_session.RUNS[:2])
+    differ = [t.turn for t in off.turns if t.same_as_cache_on is False]
+    if differ:
+        print(
+            f"the cache-off run's answer differs from the cache-on run's at turn {differ[0]} "
+            + ("(exact settings: that is a bug)" if exact(env) else "(default kernels: rounding may differ)"),
+            file=sys.stderr,
+        )
+        return 1 if exact(env) else 0
     return 0
