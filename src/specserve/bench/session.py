@@ -150,10 +150,7 @@ def sample_file(s: SessionScript) -> str:
 
 
 def first_message(s: SessionScript, code: str) -> str:
-    return (
-        f"Here is `{s.file}`:\n\n```{s.lang}\n{code}\n```\n\n"
-        f"What does `{s.function}` do? Answer in a few sentences."
-    )
+    return f"Here is `{s.file}`:\n\n```{s.lang}\n{code}\n```\n\nWhat does `{s.function}` do? Answer in a few sentences."
 
 
 def turn_plan(s: SessionScript) -> list[tuple[str, str | None]]:
@@ -169,8 +166,10 @@ def fit_file(llm, s: SessionScript, code: str, limit: int | None) -> str:
     if not limit:
         return code
     lines = code.splitlines(True)
-    prompt = lambda n: llm.apply_chat_template(  # noqa: E731
-        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_message(s, "".join(lines[:n]))}]
+    prompt = (
+        lambda n: llm.apply_chat_template(  # noqa: E731
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_message(s, "".join(lines[:n]))}]
+        )
     )
     lo, hi = 0, len(lines)
     while lo < hi:

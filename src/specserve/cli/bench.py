@@ -324,9 +324,7 @@ def run_session(args) -> int:
             limits=dataclasses.replace(limits, prefix_caching=prefix_caching),
         )
 
-    runs, env, paths = bench_session.bench_session(
-        make_llm, session_opts, args.out, lambda llm: environment(llm, opts)
-    )
+    runs, env, paths = bench_session.bench_session(make_llm, session_opts, args.out, lambda llm: environment(llm, opts))
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)
