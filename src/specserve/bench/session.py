@@ -166,11 +166,12 @@ def fit_file(llm, s: SessionScript, code: str, limit: int | None) -> str:
     if not limit:
         return code
     lines = code.splitlines(True)
-    prompt = (
-        lambda n: llm.apply_chat_template(  # noqa: E731
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_message(s, "".join(lines[:n]))}]
-        )
-    )
+
+    def prompt(n: int) -> list[int]:
+        """Turn 1's prompt with the file's first n lines."""
+        head = first_message(s, "".join(lines[:n]))
+        return llm.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": head}])
+
     lo, hi = 0, len(lines)
     while lo < hi:
         mid = (lo + hi + 1) // 2
