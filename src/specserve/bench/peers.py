@@ -12,6 +12,8 @@ import atexit
 
 import torch
 
+from ..engine.prefix_cache import common_prefix
+
 TRANSFORMERS_PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
 LLAMACPP_PEERS = ("llama.cpp", "llama.cpp-lookup")
 PEERS = TRANSFORMERS_PEERS + LLAMACPP_PEERS
@@ -84,7 +86,11 @@ def _llama(llm, lookup: bool, n_ctx: int):
 def _run_llamacpp(llm, prompt_ids, max_tokens: int, lookup: bool, clock) -> list[int]:
     peer = _llama(llm, lookup, len(prompt_ids) + max_tokens + 1)
     peer.reset()  # no prefix reuse from the previous run: every run pays its prefill
-    eos = llm.engine.eos_token_ids
+    return _greedy(peer, prompt_ids, max_tokens, llm.engine.eos_token_ids, clock)
+
+
+def _greedy(peer, prompt_ids: list[int], max_tokens: int, eos: set[int], clock) -> list[int]:
+    """Greedy decoding on a `Llama` until EOS or max_tokens, feeding `clock` as tokens come."""
     out: list[int] = []
     for tok in peer.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
         out.append(int(tok))
@@ -158,15 +164,7 @@ def run_session_turn(peer, prompt_ids: list[int], max_tokens: int, eos: set[int]
     longest common prefix of its evaluated tokens (previous prompt + output) and this prompt, and
     evaluates the rest. Returns (new token ids, prompt tokens it kept), the latter read from its
     state before the call as `generate` computes it (the last prompt token is always evaluated)."""
-    held = list(peer._input_ids)  # the tokens its KV holds
-    kept = 0
-    while kept < min(len(held), len(prompt_ids) - 1) and held[kept] == prompt_ids[kept]:
-        kept += 1
-    out: list[int] = []
-    for tok in peer.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        out.append(int(tok))
-        clock.emitted(1)
-        if tok in eos or len(out) >= max_tokens:
-            break
+    kept = common_prefix(list(peer._input_ids), prompt_ids, len(prompt_ids) - 1)  # what its KV keeps
+    out = _greedy(peer, prompt_ids, max_tokens, eos, clock)
     clock.stop()
     return out, kept
