@@ -12,7 +12,7 @@ TEST_HOME := $(CURDIR)/.cache/specserve
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install_llama_cpp.sh
+$(STAMP): pyproject.toml scripts/install_llama_cpp.sh scripts/llama_cpp_switch.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU wheel on this disk; any other torch release would pull a multi-GB CUDA build.

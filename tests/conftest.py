@@ -10,5 +10,6 @@ torch.set_num_threads(1)  # tiny models: extra threads only add contention on a 
 # It also hides the user's own setting from this process: the refusal of a GGML_CPU_TILED_MM that
 # breaks --exact is tested in child processes with their own environment (test_exact_check.py).
 os.environ["GGML_CPU_TILED_MM"] = "0"
+os.environ["GGML_CPU_LLAMAFILE"] = "0"  # the same for llamafile's sgemm (scripts/llama_cpp_switch.py)
 
 pytest_plugins = ["fixtures_packs"]  # the session fixture that pulls the SmolLM2 pack

@@ -8,17 +8,18 @@ and a flag saying whether its logits row is wanted; `llama_decode` runs it; rows
 Batch invariance (docs/design.md, "Exactness on llama.cpp"). llama.cpp's CPU kernels choose
 their arithmetic by how many tokens a pass carries, so K tokens verified in one pass round
 differently from K one-token decoding steps, and greedy output could change for reasons other
-than a near-tie. Three choices, each measured on the Qwen Q4_K_M and SmolLM2 Q4_1 packs:
+than a near-tie. Four choices, each measured on the Qwen Q4_K_M and SmolLM2 Q4_1 packs:
 - flash attention with an f16/f32 KV cache takes a tiled kernel for >= 64 queries and splits
   the KV range across threads for a single query once the cache holds >= 512 cells; with a
   q8_0 KV cache it always runs the per-query kernel;
 - K-quant matmuls take a tiled GEMM for >= 8 rows (`GGML_CPU_TILED_MM=0` turns it off; the
   switch is read once per process);
-- repacked weights (`use_extra_bufts`) use GEMM for groups of 4 rows and GEMV for the rest.
-`batch_invariant=True` sets all three (and scripts/install_llama_cpp.sh builds llama.cpp
-without llamafile's sgemm, the fourth cause), and then a chunk, token-by-token passes, and a
-chunk sharing its batch with other sequences give bit-identical logits. A build with llamafile's
-sgemm, or a GGML_CPU_TILED_MM the user set to anything atoi does not read as 0, is refused at
+- repacked weights (`use_extra_bufts`) use GEMM for groups of 4 rows and GEMV for the rest;
+- llamafile's sgemm takes passes of 2+ tokens (upstream it is compiled in or out; our install
+  script adds `GGML_CPU_LLAMAFILE=0` to turn it off at run time, scripts/llama_cpp_switch.py).
+`batch_invariant=True` sets all four, and then a chunk, token-by-token passes, and a chunk
+sharing its batch with other sequences give bit-identical logits. A stock build with llamafile's
+sgemm and no switch, or a switch the user set to anything atoi does not read as 0, is refused at
 load with a one-line error naming the fix (`exactness_problem`), not run inexactly. It costs throughput on
 a CPU (Qwen 1.5B Q4_K_M, 2 AVX-512 cores: prefill 42 instead of 101 tok/s, a 128-token
 verification 27 instead of 73 tok/s, decoding 21 instead of 26 tok/s), so it is opt-in
@@ -42,7 +43,10 @@ from .base import SeqInput
 
 _init_lock = threading.Lock()
 _initialised = False
-_tiled_mm: str | None = None  # GGML_CPU_TILED_MM is read once per process: what the first model left it at
+# ggml-cpu kernels that break batch invariance, each with a switch read once per process (off when
+# atoi reads 0): the tiled K-quant matmul (upstream) and llamafile's sgemm (our install script's patch)
+KERNEL_SWITCHES = ("GGML_CPU_TILED_MM", "GGML_CPU_LLAMAFILE")
+_switches: dict[str, str | None] = {}  # what the first model in this process left them at
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
 DEFAULT_MAX_CONTEXT = 8192  # holds the demo's 3.8k-token prompt + 4k-token answer
@@ -74,7 +78,7 @@ def _lib():
 
 
 def _atoi(text: str) -> int:
-    """C's atoi, which is how ggml-cpu reads GGML_CPU_TILED_MM ("", "off" and "0x1" all read 0)."""
+    """C's atoi, which is how ggml-cpu reads its switches ("", "off" and "0x1" all read 0)."""
     text = text.lstrip()
     sign = -1 if text[:1] == "-" else 1
     text = text[1:] if text[:1] in "+-" else text
@@ -82,45 +86,50 @@ def _atoi(text: str) -> int:
     return sign * int(text[:digits]) if digits else 0
 
 
-def tiled_mm_off(value: str | None) -> bool:
-    """Whether ggml-cpu turns its tiled K-quant matmul off for this GGML_CPU_TILED_MM value
-    (llama.cpp's tiled.cpp: on unless the variable is set and atoi reads 0)."""
+def switch_off(value: str | None) -> bool:
+    """Whether a ggml-cpu kernel switch (GGML_CPU_TILED_MM, GGML_CPU_LLAMAFILE) is off for this
+    value: each kernel runs unless its variable is set and atoi reads 0."""
     return value is not None and _atoi(value) == 0
 
 
-def exactness_problem(system_info: str, tiled_mm: str | None) -> str | None:
+def exactness_problem(system_info: str, switches: dict[str, str | None]) -> str | None:
     """Why this llama.cpp build and environment cannot give the batch-invariant kernels `exact`
     relies on, as a one-line error naming the fix; None when they can.
 
-    system_info: `llama_print_system_info()` ("CPU : SSE3 = 1 | ... | LLAMAFILE = 1 | ..." lists
-    llamafile's sgemm only when it is compiled in). tiled_mm: the GGML_CPU_TILED_MM that ggml-cpu
-    reads (or read) on its first matmul. The other two causes (KV cache type and repacked weights)
-    are set per model by this backend and cannot be overridden from outside."""
+    system_info: `llama_print_system_info()` ("CPU : SSE3 = 1 | ... | LLAMAFILE = 1 | ..."): it
+    lists llamafile's sgemm when it is compiled in, and `LLAMAFILE_SWITCH = 1` when our install
+    script gave it a run-time switch (scripts/llama_cpp_switch.py). switches: the values of
+    KERNEL_SWITCHES that ggml-cpu reads (or read) on its first matmul. The other two causes (KV
+    cache type and repacked weights) are set per model by this backend."""
+    needed = ["GGML_CPU_TILED_MM"]
     if "LLAMAFILE = 1" in system_info:
-        return (
-            "--exact needs llama.cpp built without llamafile's sgemm, but this llama-cpp-python has it "
-            "(LLAMAFILE = 1): reinstall it with scripts/install_llama_cpp.sh (GGML_LLAMAFILE=OFF), "
-            "or run `make venv`"
-        )
-    if not tiled_mm_off(tiled_mm):
-        return (
-            f"--exact needs GGML_CPU_TILED_MM=0, but the environment sets GGML_CPU_TILED_MM={tiled_mm}: "
-            "unset it (exact mode then sets 0) or set it to 0"
-        )
+        if "LLAMAFILE_SWITCH = 1" not in system_info:
+            return (
+                "--exact needs llama.cpp's llamafile sgemm off, but this llama-cpp-python compiles it in "
+                "with no switch (LLAMAFILE = 1): reinstall it with scripts/install_llama_cpp.sh "
+                "(or `make venv`), or build it with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF"
+            )
+        needed.append("GGML_CPU_LLAMAFILE")
+    for name in needed:
+        if not switch_off(switches.get(name)):
+            return (
+                f"--exact needs {name}=0, but the environment sets {name}={switches.get(name)}: "
+                "unset it (exact mode then sets 0) or set it to 0"
+            )
     return None
 
 
 def _init_backend(batch_invariant: bool) -> None:
     """Initialise llama.cpp once per process and route its log into a short buffer; for an exact
     model, refuse (ModelLoadError) unless the build and environment give batch-invariant kernels."""
-    global _initialised, _log_callback, _tiled_mm
+    global _initialised, _log_callback
     with _init_lock:
-        if not _initialised:
+        first = not _initialised
+        if first:
             if batch_invariant:  # read by ggml-cpu on its first matmul; a user's own setting wins (or is refused)
-                os.environ.setdefault("GGML_CPU_TILED_MM", "0")
-            _tiled_mm = os.environ.get("GGML_CPU_TILED_MM")
-            if batch_invariant and not tiled_mm_off(_tiled_mm):  # refused before llama.cpp reads it
-                raise ModelLoadError(exactness_problem("", _tiled_mm))
+                for name in KERNEL_SWITCHES:
+                    os.environ.setdefault(name, "0")
+            _switches.update({name: os.environ.get(name) for name in KERNEL_SWITCHES})
             ll = _lib()
 
             @ll.llama_log_callback
@@ -133,17 +142,16 @@ def _init_backend(batch_invariant: bool) -> None:
             ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
             ll.llama_backend_init()
             _initialised = True
-        elif batch_invariant and not tiled_mm_off(_tiled_mm):
-            raise ModelLoadError(
-                "batch-invariant (exact) llama.cpp models must be loaded before any other "
-                "llama.cpp model in a process (GGML_CPU_TILED_MM is read once); start a "
-                "fresh process"
-            )
-        if batch_invariant:  # and the build: llamafile's sgemm compiled out
+        if batch_invariant:  # checked before any model runs a matmul (when ggml reads the switches)
             info = _lib().llama_print_system_info()
-            problem = exactness_problem(
-                info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info), _tiled_mm
-            )
+            info = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+            problem = exactness_problem(info, _switches)
+            if problem and not first and exactness_problem(info, dict.fromkeys(KERNEL_SWITCHES, "0")) is None:
+                problem = (  # the build is fine: a fast model came first and left the switches on
+                    "batch-invariant (exact) llama.cpp models must be loaded before any other "
+                    "llama.cpp model in a process (its kernel switches are read once); start a "
+                    "fresh process"
+                )
             if problem:
                 raise ModelLoadError(problem)
 
