@@ -112,7 +112,27 @@ def test_quick_bench_on_llamacpp_with_its_peers(tmp_path):
             assert r["of_prefill"] is not None and r["of_prefill"] > 0
         else:
             assert r["engine"] == "llama-cpp-python"
+        assert r["vs_peer"] is not None and r["vs_peer"] > 0  # against the peer's plain decoding
+    assert next(r for r in runs if r["mode"] == "llama.cpp")["vs_peer"] == 1.0
     assert "llama-cpp-python" in (tmp_path / "out" / "bench.md").read_text()
+
+
+def test_ratios_against_the_peer_and_the_headline():
+    """vs_peer divides by the peer's plain decoding of the same scenario; the headline quotes it."""
+    runs = [
+        Run("a", "plain", "specserve", tokens_per_second=20.0, speedup=1.0),
+        Run("a", "prediction", "specserve", tokens_per_second=60.0, speedup=3.0, of_prefill=0.5),
+        Run("a", "llama.cpp", "llama-cpp-python", tokens_per_second=25.0),
+        Run("b", "prediction", "specserve", tokens_per_second=60.0),  # no peer ran for b
+        Run("b", "llama.cpp", "llama-cpp-python", skipped="no GGUF"),
+    ]
+    bench.against_peer(runs[:3])
+    bench.against_peer(runs[3:])
+    assert [r.vs_peer for r in runs] == [0.8, 2.4, 1.0, None, None]
+    assert bench.headlines(runs) == [
+        "a/prediction: 60.0 tok/s = 2.40x llama-cpp-python's plain decoding on the same weights "
+        "(3.00x ours, 50% of the prefill rate)"
+    ]
 
 
 def test_scenarios_bundled():

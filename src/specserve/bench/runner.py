@@ -12,6 +12,8 @@ Metrics per run:
   tokens/s     decode rate: tokens after the first emission / (latency - ttft)
   speedup      tokens/s over plain's tokens/s (prefill is the same work in every mode)
   e2e speedup  plain latency / latency
+  vs peer      tokens/s over the peer's plain decoding on the same weights (llama-cpp-python's
+               `Llama` on llama.cpp, transformers' generate otherwise), when the peer ran
   acceptance   accepted / proposed draft tokens; tokens/step: output tokens / target passes
   of prefill   tokens/s over the backend's prefill rate on the same prompt (plain run's prefill):
                on a CPU, verified tokens cannot flow faster than prompt tokens do
@@ -96,6 +98,7 @@ class Run:
     tokens_per_step: float | None = None
     speedup: float | None = None
     e2e_speedup: float | None = None
+    vs_peer: float | None = None  # tokens_per_second / the peer's plain decoding (same scenario)
     prefill_rate: float | None = None  # ours: prompt tokens per second of prefill
     of_prefill: float | None = None  # tokens_per_second / the scenario's plain prefill rate
     equal_to_plain: bool | None = None
@@ -342,7 +345,32 @@ def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: d
         if mode in opts.modes or mode in PEERS:
             runs.append(run)
         outer.update(1)
+    against_peer(runs)
     return runs
+
+
+PEER_PLAIN = ("llama.cpp", "hf")  # the peers' plain decoding: the reference a user already runs
+
+
+def headlines(runs: list[Run]) -> list[str]:
+    """One line per speculative run that has a peer to compare with: the ratio a user would quote."""
+    return [
+        f"{r.scenario}/{r.mode}: {r.tokens_per_second:.1f} tok/s = {r.vs_peer:.2f}x "
+        f"{PEER_ENGINE.get(p.mode, p.mode)}'s plain decoding on the same weights ({_f(r.speedup, '.2f', 'x')} ours"
+        + (f", {r.of_prefill:.0%} of the prefill rate" if r.of_prefill else "")
+        + ")"
+        for r in runs
+        if r.engine == "specserve" and r.mode != "plain" and r.vs_peer
+        for p in [next(q for q in runs if q.scenario == r.scenario and q.mode in PEER_PLAIN)]
+    ]
+
+
+def against_peer(runs: list[Run]) -> None:
+    """Fill vs_peer for one scenario's runs from its peer plain run, if one ran."""
+    peer = next((r for r in runs if r.mode in PEER_PLAIN and not r.skipped and r.tokens_per_second), None)
+    for r in runs:
+        if peer is not None and not r.skipped:
+            r.vs_peer = r.tokens_per_second / peer.tokens_per_second
 
 
 def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
@@ -388,6 +416,7 @@ def environment(llm, opts: BenchOptions) -> dict:
         "threads": threads,
         **cpu_info(),
         "max_tokens": opts.max_tokens,
+        "plain_max_tokens": opts.plain_max_tokens,
         "max_prompt_tokens": opts.max_prompt_tokens,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -439,19 +468,26 @@ def markdown_table(runs: list[Run], env: dict) -> str:
         f"transformers {env['transformers']}"
         + (f", llama-cpp-python {env['llama_cpp_python']}" if env.get("llama_cpp_python") else "")
         + f"; {env['date']}\n\n"
-        "| scenario | mode | engine | out tok | latency s | TTFT s | tok/s | acceptance | tok/step | speedup "
-        "| e2e speedup | of prefill | equal to plain |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
+        + (
+            f"Plain decoding (ours and the peers') ran for its first {env['plain_max_tokens']} tokens only; "
+            "its rate there is the reference for every ratio.\n\n"
+            if env.get("plain_max_tokens") and env["plain_max_tokens"] < env["max_tokens"]
+            else ""
+        )
+        + "| scenario | mode | engine | out tok | latency s | TTFT s | tok/s | acceptance | tok/step | speedup "
+        "| vs peer plain | e2e speedup | of prefill | equal to plain |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     rows = []
     for r in runs:
         if r.skipped:
-            rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | skipped: {r.skipped} ||||||||||\n")
+            rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | skipped: {r.skipped} |||||||||||\n")
             continue
         rows.append(
             f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "
             f"{_f(r.ttft)} | {r.tokens_per_second:.2f} | {_f(r.acceptance_rate, '.1%')} | "
-            f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.e2e_speedup, '.2f', 'x')} | "
+            f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.vs_peer, '.2f', 'x')} | "
+            f"{_f(r.e2e_speedup, '.2f', 'x')} | "
             f"{_f(r.of_prefill, '.0%')} | {_equal_cell(r)} |\n"
         )
     return head + "".join(rows)
