@@ -16,8 +16,8 @@ class FakeGGUFBackend:
 
     name = "llama.cpp"
 
-    def __init__(self, path, threads=2, exact=False):
-        self.path, self.threads, self.batch_invariant = path, threads, exact
+    def __init__(self, path, threads=2, exact=False, kernels="flash_attn=False"):
+        self.path, self.threads, self.batch_invariant, self.kernels = path, threads, exact, kernels
         self.max_context, self.max_sequences, self.cache_tokens = 8192, 2, 16384
 
 
@@ -62,6 +62,7 @@ def test_threads_exact_kernels_and_draft_change_the_key(home):
     calibrations(FakeGGUFBackend(home, threads=2))
     assert calibrations(FakeGGUFBackend(home, threads=1))[1] == 1
     assert calibrations(FakeGGUFBackend(home, threads=2, exact=True))[1] == 1
+    assert calibrations(FakeGGUFBackend(home, threads=2, kernels="flash_attn=True"))[1] == 1  # another build/setting
     assert calibrations(FakeGGUFBackend(home, threads=2), FakeGGUFBackend(home))[1] == 1
     assert calibrations(FakeGGUFBackend(home, threads=2))[1] == 0
 

@@ -49,6 +49,11 @@ KERNEL_SWITCHES = ("GGML_CPU_TILED_MM", "GGML_CPU_LLAMAFILE")
 _switches: dict[str, str | None] = {}  # what the first model in this process left them at
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
+# The default mode runs attention without flash attention (f16 KV cache), as llama-cpp-python's `Llama`
+# does by default. Qwen 1.5B Q4_K_M, 2 AVX2 cores, 2048 cached tokens (two alternating runs each):
+# one-token decoding 117/110 ms a step without it against 135/130 with llama.cpp's AUTO (which turns it
+# on), prefill 34.5/37.1 against 32.8/33.7 tok/s; 128-token passes within noise. scripts/profile_plain.py.
+FAST_MODE_FLASH_ATTENTION = False
 DEFAULT_MAX_CONTEXT = 8192  # holds the demo's 3.8k-token prompt + 4k-token answer
 KV_MEMORY_SHARE = 0.25  # the default cache takes at most this share of the memory available at start-up
 
@@ -261,6 +266,14 @@ class LlamaCppBackend:
         budget = int(KV_MEMORY_SHARE * free / self.cell_bytes())
         return max(min(want, budget), min(want, 2 * self.max_context))
 
+    @property
+    def kernels(self) -> str:
+        """The kernel choices a pass's cost depends on (part of the price cache's key): the
+        llama-cpp-python release, flash attention, and the ggml switches this process read."""
+        fa = True if self.batch_invariant else FAST_MODE_FLASH_ATTENTION
+        switches = ",".join(f"{k}={v}" for k, v in sorted(_switches.items()))
+        return f"llama-cpp-python {getattr(self._ll, '__version__', '?')}; flash_attn={fa}; {switches}"
+
     def describe_cache(self) -> str:
         """What the cache was sized to, for the start-up log."""
         mib = self.cache_tokens * self.cell_bytes() / 2**20
@@ -277,6 +290,8 @@ class LlamaCppBackend:
         if self.batch_invariant:  # see the module docstring
             p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
             p.type_k = p.type_v = ll.GGML_TYPE_Q8_0
+        elif not FAST_MODE_FLASH_ATTENTION:
+            p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
         p.no_perf = True
         ctx = ll.llama_init_from_model(self._model, p)

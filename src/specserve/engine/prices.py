@@ -50,6 +50,7 @@ def backend_key(backend) -> dict | None:
             "model": model,
             "threads": getattr(backend, "threads", None),
             "exact": bool(getattr(backend, "batch_invariant", False)),
+            "kernels": getattr(backend, "kernels", None),
             "context": getattr(backend, "max_context", None),
             "sequences": getattr(backend, "max_sequences", None),
             "cache_tokens": getattr(backend, "cache_tokens", None),
