@@ -63,6 +63,24 @@ def test_a_source_that_cannot_pay_even_when_always_right_sits_out_from_the_start
     assert drive(Governor(cpu), rate=1.0, steps=40, source="ngram")[-1] > 0
 
 
+def test_a_draft_model_that_cannot_pay_is_never_fed_not_even_the_prompt():
+    """`auto` on hardware where the draft model cannot pay: it is dropped from the request when
+    it is admitted, so the prompt is not prefilled into it (the first token comes as fast as
+    plain decoding's). Where it can pay, it is fed as before."""
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
+    fed = []
+    forward = llm.draft_backend.forward
+    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    prompt = "Le café coûte 3 €. Über " * 4
+    base = llm.generate(prompt, SamplingParams(max_tokens=24), speculation="none")
+    llm.engine.core._prices = CostModel.linear(0.7, 0.4)  # llama.cpp on 2 cores: the draft model never pays
+    out = llm.generate(prompt, SamplingParams(max_tokens=24), speculation="auto")
+    assert out.token_ids == base.token_ids and fed == []
+    llm.engine.core._prices = CostModel.linear(0.02, 0.05)  # a GPU-like curve: it may pay, so it is fed
+    llm.generate(prompt, SamplingParams(max_tokens=24), speculation="auto")
+    assert sum(fed) >= len(llm.tokenizer.encode(prompt)) - 1
+
+
 def test_short_drafts_where_verified_tokens_are_dear():
     cheap, dear = CostModel.linear(0.05), CostModel.linear(0.5)
     gov_cheap, gov_dear = Governor(cheap), Governor(dear)

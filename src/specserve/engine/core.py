@@ -58,6 +58,12 @@ class StepInfo:
     waiting: int
 
 
+def _largest_draft(proposer) -> int:
+    """The most tokens a proposer will ever draft in one step (its adaptive K's ceiling)."""
+    k = getattr(proposer, "k", None)
+    return getattr(k, "k_max", 128)
+
+
 class EngineCore:
     """Owns the target (and draft) backend, the scheduler and every request in flight."""
 
@@ -237,6 +243,7 @@ class EngineCore:
                     prices = self.prices()
                     if req.spec.method == "auto" and req.chain:
                         governor = Governor(prices)
+                        req.chain = [q for q in req.chain if not governor.never_pays(q.name, _largest_draft(q))]
                 seq = self.target.new_sequence()
                 if hit is not None:
                     self.target.copy_prefix(hit.seq, seq, hit.length)

@@ -13,8 +13,9 @@ where target(n) is a measured curve (a pass of n tokens, for n = 1 ... 128), not
 
 A plain step commits 1 token for 1 unit. A source that could not reach 1 token per unit even
 if every draft were accepted (a draft model whose passes cost too much next to the target's,
-on a CPU where every verified token costs nearly a step) sits out for the whole request, without
-probes (a probe of it could only lose). Otherwise,
+on a CPU where every verified token costs nearly a step) is dropped from the request when it is
+admitted: no probes (a probe of it could only lose), and the draft model is not even fed the
+prompt, so the first token comes as soon as plain decoding's. Otherwise,
 per request, the governor keeps moving averages of each source's committed tokens and cost per
 step; a source whose tokens per unit fall below 1 sits out (the next source in the chain drafts, or
 the step is plain), except for one probe step every `probe_every` steps so that it comes back
@@ -145,7 +146,7 @@ class Governor:
         """How many tokens `source` may draft in this step (0: none)."""
         if source not in GOVERNED or k_max <= 0:
             return k_max
-        if not self._best_k(source, 0.99, k_max):
+        if self.never_pays(source, k_max):
             return 0  # cannot pay even if always right (a draft model on a CPU where verifying is dear): no probes
         best_k = self._best_k(source, self.acceptance(source), k_max)
         if best_k:
@@ -154,6 +155,12 @@ class Governor:
         since = self._benched_at.setdefault(source, self._steps)
         probe = (self._steps - since) % self.probe_every == self.probe_every - 1
         return min(self.probe_k, k_max) if probe else 0
+
+    def never_pays(self, source: str, k_max: int) -> bool:
+        """Whether `source` could not beat plain decoding even with every draft of up to k_max
+        tokens accepted: the engine then drops it from the request before it costs anything (a
+        draft model's prefill included)."""
+        return source in GOVERNED and not self._best_k(source, 0.99, k_max)
 
     def _best_k(self, source: str, a: float, k_max: int) -> int:
         """The K with the most expected tokens per unit at acceptance a; 0 if none beats `margin`."""
