@@ -211,3 +211,19 @@ def test_first_difference_reports_gap(tiny_pair):
     d = bench.first_difference(llm, prompt, plain, other)
     assert d["position"] == 2 and d["plain_token"] == plain[2] and d["top2"][0] == plain[2]
     assert d["top2_gap"] >= 0
+
+
+def test_auto_without_prediction_is_a_mode_on_request(tiny_pair, tmp_path):
+    """`--modes auto-no-prediction` runs `auto` on the edit scenario without its prediction (what
+    an agent that never sends one gets); it is not among the default modes."""
+    target, _ = tiny_pair
+    rc = main(
+        ["bench", "--quick", "--model", target, "--draft-model", "none", "--modes", "plain,auto-no-prediction"]
+        + ["--max-tokens", "16", "--peers", "none", "--out", str(tmp_path)]
+    )
+    assert rc == 0
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [r["mode"] for r in runs] == ["plain", "auto-no-prediction"]
+    blind = runs[1]
+    assert blind["equal_to_plain"] is True and "prediction" not in blind["stats"]["by_source"]
+    assert "auto-no-prediction" not in MODES

@@ -46,7 +46,11 @@ from .peers import (
 )
 
 MODES = ("plain", "prediction", "ngram", "draft", "auto")
+# On request only: `auto` on an edit scenario without its prediction, as a coding agent that sends the
+# whole file and asks for it back (aider's "whole" format) gets it; prompt drafting stands in.
+EXTRA_MODES = ("auto-no-prediction",)
 METHOD = {"plain": "none", "prediction": "prediction", "ngram": "ngram", "draft": "draft", "auto": "auto"}
+METHOD["auto-no-prediction"] = "auto"
 REFERENCE_MODES = ("plain", "hf", "llama.cpp")  # plain decoding: ours and the peers'
 NEAR_TIE = 0.5  # logits: a bf16 logit of magnitude ~20 is rounded in steps of 0.125
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..bench import require
 from ..bench.runner import (
+    EXTRA_MODES,
     MODES,
     PEERS,
     BenchOptions,
@@ -95,7 +96,7 @@ def add_parser(subparsers) -> None:
         default=None,
         help=f"comma-separated scenario names (default: all; {QUICK_SCENARIO} with --quick)",
     )
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES + EXTRA_MODES)}")
     p.add_argument(
         "--peers",
         default=None,
@@ -168,7 +169,7 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
     opts = BenchOptions(
         max_tokens=max_tokens,
         scenarios=scenarios,
-        modes=_csv(args.modes, MODES, "mode"),
+        modes=_csv(args.modes, MODES + EXTRA_MODES, "mode"),
         peers=_csv(args.peers, PEERS, "peer"),
         html_run=args.html_run,
         max_prompt_tokens=args.max_prompt_tokens or (QUICK_PROMPT_TOKENS if quick else None),
