@@ -103,18 +103,25 @@ def profile_ours(llm: LLM, ids: list[int], max_tokens: int) -> dict:
     }
 
 
+class Stamps:
+    """The clock `bench.peers._greedy` feeds: the time of each token."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def emitted(self, n: int) -> None:
+        self.times += [time.perf_counter()] * n
+
+
 def profile_peer(llm: LLM, ids: list[int], max_tokens: int) -> float:
     """Seconds per token of llama-cpp-python's greedy decoding, first token to last."""
-    from specserve.bench.peers import _llama
+    from specserve.bench.peers import _greedy, _llama
 
     peer = _llama(llm, False, len(ids) + max_tokens + 1)
     peer.reset()
-    stamps = []
-    for tok in peer.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        stamps.append(time.perf_counter())
-        if tok in llm.engine.eos_token_ids or len(stamps) >= max_tokens:
-            break
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    stamps = Stamps()
+    _greedy(peer, ids, max_tokens, llm.engine.eos_token_ids, stamps)
+    return (stamps.times[-1] - stamps.times[0]) / (len(stamps.times) - 1)
 
 
 def main() -> None:

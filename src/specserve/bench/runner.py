@@ -49,8 +49,14 @@ MODES = ("plain", "prediction", "ngram", "draft", "auto")
 # On request only: `auto` on an edit scenario without its prediction, as a coding agent that sends the
 # whole file and asks for it back (aider's "whole" format) gets it; prompt drafting stands in.
 EXTRA_MODES = ("auto-no-prediction",)
-METHOD = {"plain": "none", "prediction": "prediction", "ngram": "ngram", "draft": "draft", "auto": "auto"}
-METHOD["auto-no-prediction"] = "auto"
+METHOD = {
+    "plain": "none",
+    "prediction": "prediction",
+    "ngram": "ngram",
+    "draft": "draft",
+    "auto": "auto",
+    "auto-no-prediction": "auto",
+}
 REFERENCE_MODES = ("plain", "hf", "llama.cpp")  # plain decoding: ours and the peers'
 NEAR_TIE = 0.5  # logits: a bf16 logit of magnitude ~20 is rounded in steps of 0.125
 
@@ -356,25 +362,30 @@ def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: d
 PEER_PLAIN = ("llama.cpp", "hf")  # the peers' plain decoding: the reference a user already runs
 
 
-def headlines(runs: list[Run]) -> list[str]:
-    """One line per speculative run that has a peer to compare with: the ratio a user would quote."""
-    return [
-        f"{r.scenario}/{r.mode}: {r.tokens_per_second:.1f} tok/s = {r.vs_peer:.2f}x "
-        f"{PEER_ENGINE.get(p.mode, p.mode)}'s plain decoding on the same weights ({_f(r.speedup, '.2f', 'x')} ours"
-        + (f", {r.of_prefill:.0%} of the prefill rate" if r.of_prefill else "")
-        + ")"
-        for r in runs
-        if r.engine == "specserve" and r.mode != "plain" and r.vs_peer
-        for p in [next(q for q in runs if q.scenario == r.scenario and q.mode in PEER_PLAIN)]
-    ]
+def peer_plain(runs: list[Run]) -> Run | None:
+    """The peer's plain-decoding run among one scenario's runs, if it ran."""
+    return next((r for r in runs if r.mode in PEER_PLAIN and not r.skipped and r.tokens_per_second), None)
 
 
 def against_peer(runs: list[Run]) -> None:
     """Fill vs_peer for one scenario's runs from its peer plain run, if one ran."""
-    peer = next((r for r in runs if r.mode in PEER_PLAIN and not r.skipped and r.tokens_per_second), None)
+    peer = peer_plain(runs)
     for r in runs:
         if peer is not None and not r.skipped:
             r.vs_peer = r.tokens_per_second / peer.tokens_per_second
+
+
+def headlines(runs: list[Run]) -> list[str]:
+    """One line per speculative run that has a peer to compare with: the ratio a user would quote."""
+    return [
+        f"{r.scenario}/{r.mode}: {r.tokens_per_second:.1f} tok/s = {r.vs_peer:.2f}x "
+        f"{peer.engine}'s plain decoding on the same weights ({_f(r.speedup, '.2f', 'x')} ours"
+        + (f", {r.of_prefill:.0%} of the prefill rate" if r.of_prefill else "")
+        + ")"
+        for r in runs
+        if r.engine == "specserve" and r.mode != "plain" and r.vs_peer
+        for peer in [peer_plain([q for q in runs if q.scenario == r.scenario])]
+    ]
 
 
 def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
