@@ -1,34 +1,40 @@
-"""specserve: lossless speculative decoding with Predicted Outputs, n-gram and draft-model drafting."""
+"""specserve: lossless speculative decoding with Predicted Outputs, n-gram and draft-model drafting.
 
-from .config import SamplingParams, SpeculationConfig
-from .engine.stats import RequestOutput, SpecStats, StepEvent
-from .errors import (
-    ContextLengthError,
-    InvalidRequestError,
-    ModelLoadError,
-    SpecServeError,
-)
+The public names load on first use (PEP 562): `import specserve.cli` or `specserve.models.packs`
+must not pay for torch and transformers, so a CLI error or `--help` answers in a second.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_EXPORTS = {
+    "LLM": ".llm",
+    "SamplingParams": ".config",
+    "SpeculationConfig": ".config",
+    "RequestOutput": ".engine.stats",
+    "SpecStats": ".engine.stats",
+    "StepEvent": ".engine.stats",
+    "SpecServeError": ".errors",
+    "ModelLoadError": ".errors",
+    "ContextLengthError": ".errors",
+    "InvalidRequestError": ".errors",
+}
 
-def __getattr__(name):  # LLM imports torch/transformers: load it only when asked for
-    if name == "LLM":
-        from .llm import LLM
 
-        return LLM
-    raise AttributeError(name)
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specserve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
-__all__ = [
-    "LLM",
-    "SamplingParams",
-    "SpeculationConfig",
-    "RequestOutput",
-    "SpecStats",
-    "StepEvent",
-    "SpecServeError",
-    "ModelLoadError",
-    "ContextLengthError",
-    "InvalidRequestError",
-]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = list(_EXPORTS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .backends.transformers import TransformersBackend
 from .chat import template_messages, template_supports_tools
 from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
 from .engine import Engine, Generation
@@ -104,6 +103,8 @@ class LLM:
         max_context: int | None = None,
     ) -> LLM:
         """Wrap already-loaded transformers models (tests, notebooks)."""
+        from .backends.transformers import TransformersBackend
+
         draft = TransformersBackend(draft_model, max_context) if draft_model is not None else None
         return cls.from_backends(
             TransformersBackend(model, max_context), tokenizer, draft, name, speculation, eos_ids(model, tokenizer)

@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import atexit
 
-import torch
-
-from ..engine.prefix_cache import common_prefix
-
 TRANSFORMERS_PEERS = ("hf", "hf-prompt-lookup", "hf-assisted")
 LLAMACPP_PEERS = ("llama.cpp", "llama.cpp-lookup")
 PEERS = TRANSFORMERS_PEERS + LLAMACPP_PEERS
@@ -136,19 +132,21 @@ def peer_config(llm, max_tokens: int, peer: str):
     )
 
 
-@torch.inference_mode()
 def _run_transformers(llm, prompt_ids, max_tokens: int, peer: str, clock) -> list[int]:
     """transformers `generate()` greedy on the very same model objects."""
+    import torch
+
     model = llm.target_backend.model
     assistant = {"assistant_model": llm.draft_backend.model} if peer == "hf-assisted" else {}
     ids = torch.tensor([prompt_ids], device=llm.target_backend.device)  # [1, P]
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        generation_config=peer_config(llm, max_tokens, peer),
-        streamer=_PeerStreamer(clock),
-        **assistant,
-    )  # [1, P + N]
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            generation_config=peer_config(llm, max_tokens, peer),
+            streamer=_PeerStreamer(clock),
+            **assistant,
+        )  # [1, P + N]
     return out[0, len(prompt_ids) :].tolist()
 
 
@@ -164,6 +162,8 @@ def run_session_turn(peer, prompt_ids: list[int], max_tokens: int, eos: set[int]
     longest common prefix of its evaluated tokens (previous prompt + output) and this prompt, and
     evaluates the rest. Returns (new token ids, prompt tokens it kept), the latter read from its
     state before the call as `generate` computes it (the last prompt token is always evaluated)."""
+    from ..engine.prefix_cache import common_prefix
+
     kept = common_prefix(list(peer._input_ids), prompt_ids, len(prompt_ids) - 1)  # what its KV keeps
     out = _greedy(peer, prompt_ids, max_tokens, eos, clock)
     clock.stop()

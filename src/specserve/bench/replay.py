@@ -25,12 +25,7 @@ from ..config import SamplingParams, SpeculationConfig
 from ..engine import Engine
 from ..engine.governor import CostModel
 from ..engine.stats import RequestOutput
-
-DEFAULT_COST_RATIO = 1.16  # cost of verifying 8 tokens / cost of 1 (DESIGN.md, 1.5B bf16 CPU)
-COST_REF_TOKENS = 8
-# Qwen2.5-Coder 1.5B Q4_K_M on llama.cpp's default kernels, 2 threads, AVX-512, a 1024-token
-# cache (docs/benchmarks.md, "The backend's own costs"): a pass of n tokens in decoding steps.
-LLAMACPP_2CORE_CURVE = ((1, 1.0), (8, 6.6), (32, 15.4), (128, 44.9))
+from .curves import COST_REF_TOKENS, DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE  # noqa: F401 (re-exported)
 
 
 class OracleRunner:

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from ..config import SamplingParams
@@ -218,7 +217,7 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
         return None
     with llm.engine.scratch() as target:
         logits = target.forward(prompt_ids + plain[:n], last_only=True)[-1]  # [V]
-    top = torch.topk(logits, 2)
+    top = logits.topk(2)
     gap = float(top.values[0] - top.values[1])
     tok = lambda i: llm.tokenizer.decode([i]) if i is not None else None  # noqa: E731
     a = plain[n] if n < len(plain) else None
@@ -407,6 +406,7 @@ def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
 
 def environment(llm, opts: BenchOptions) -> dict:
     """What ran where: backend, weights, CPU model and SIMD flags, versions, threads."""
+    import torch
     import transformers
 
     backend = llm.target_backend

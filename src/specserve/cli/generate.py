@@ -16,6 +16,7 @@ from ..config import (
 )
 from ..errors import InvalidRequestError
 from ..hardware import cpu_info, describe
+from ..models import packs
 
 
 def add_parser(sub) -> None:
@@ -174,6 +175,8 @@ def run(args) -> int:
         stop=tuple(args.stop),
     )
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
+    for model in (args.model, args.draft_model):
+        packs.check_path(model)
     from ..llm import LLM  # heavy import only once the arguments are known to be good
 
     llm = LLM.from_options(args.model, args.draft_model, load_options(args))

@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench.replay import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE, measure_cost_ratio, parse_curve, replay
+from ..bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
 from ..config import BACKENDS, METHODS, LoadOptions, SpeculationConfig
-from ..models import loader
 
 
 def add_parser(subparsers) -> None:
@@ -61,6 +60,7 @@ def load_tokenizer(spec: str | None):
     """The tokenizer of a pack / folder / .gguf, without loading weights."""
     from transformers import AutoTokenizer
 
+    from ..models import loader
     from ..models.packs import resolve_model
 
     if spec and (Path(spec).expanduser() / "tokenizer_config.json").is_file():  # a tokenizer-only folder is enough
@@ -75,6 +75,8 @@ def cost_ratio_for(args) -> float:
         return args.cost_ratio
     if args.measure_cost:
         from ..backends import SequenceRunner
+        from ..bench.replay import measure_cost_ratio
+        from ..models import loader
 
         loaded = loader.load(args.model, "target", LoadOptions(backend=args.backend, dtype=args.dtype))
         return measure_cost_ratio(SequenceRunner(loaded.backend))
@@ -82,6 +84,8 @@ def cost_ratio_for(args) -> float:
 
 
 def run(args) -> int:
+    from ..bench.replay import parse_curve, replay  # torch and the engine: once the arguments are read
+
     if args.prediction is None and args.method == "prediction":
         raise ValueError("--method prediction needs --prediction (or choose --method auto with --prompt)")
     prediction = args.prediction.read_text(encoding="utf-8") if args.prediction else None
