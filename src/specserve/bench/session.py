@@ -367,16 +367,17 @@ def write_chart(runs: list[SessionRun], path: Path) -> Path:
     return path
 
 
-def write_results(runs: list[SessionRun], env: dict, out: Path) -> dict[str, Path]:
-    """session.json, session.md and session.png in `out`."""
+def write_results(runs: list[SessionRun], env: dict, out: Path, chart: bool = True) -> dict[str, Path]:
+    """session.json, session.md and (with `chart`) session.png in `out`."""
     import json
 
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "session.json", "markdown": out / "session.md", "chart": out / "session.png"}
+    paths = {"json": out / "session.json", "markdown": out / "session.md"}
     data = {"environment": env, "runs": [asdict(r) | {"totals": r.totals()} for r in runs]}
     paths["json"].write_text(json.dumps(data, indent=2))
     paths["markdown"].write_text(markdown(runs, env))
-    write_chart(runs, paths["chart"])
+    if chart:
+        paths["chart"] = write_chart(runs, out / "session.png")
     return paths
 
 
@@ -402,7 +403,7 @@ def bench_session(make_llm, opts: SessionOptions, out: Path, environment) -> tup
 
     def one(name: str) -> None:
         def partial(run: SessionRun) -> None:  # a long session interrupted later still leaves its turns
-            paths.update(_checkpoint(runs + [run], env, out))
+            paths.update(_checkpoint(runs + [run], env, out, chart=False))  # a chart costs ~1 s: once, at the end
 
         runs.append(run_session(llm, opts, name, code, partial))
 
@@ -422,10 +423,10 @@ def bench_session(make_llm, opts: SessionOptions, out: Path, environment) -> tup
     return runs, env, paths
 
 
-def _checkpoint(runs: list[SessionRun], env: dict, out: Path) -> dict[str, Path]:
+def _checkpoint(runs: list[SessionRun], env: dict, out: Path, chart: bool = True) -> dict[str, Path]:
     """Write the runs (and turns) done so far."""
     compare_runs(runs)
-    return write_results(runs, env, out)
+    return write_results(runs, env, out, chart)
 
 
 def _close(llm) -> None:
