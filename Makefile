@@ -34,8 +34,13 @@ browser:
 			chromium; } >.cache/apt-chromium.log 2>&1 || { cat .cache/apt-chromium.log >&2; exit 1; }; \
 	else echo "chromium is missing: install it (apt-get install chromium) or the HTML report's render test fails" >&2; fi
 
+# Test files run on TEST_WORKERS processes (pytest-xdist), each file whole on one worker: the
+# tests run torch on one thread, so two workers use both cores of a 2-core machine, and a file's
+# module fixtures (servers, loaded models) start once.
+TEST_WORKERS ?= 2
+
 test: venv browser
-	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q
+	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-ray: venv  # the Ray Serve replica tests (CI runs them; installs specserve[ray])
 	$(BIN)/pip install --quiet -e '.[test,ray]'

@@ -267,6 +267,11 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_event_and_done_and_is_re
 def test_gauges_return_to_zero_when_the_engine_is_idle(server):
     with ThreadPoolExecutor(2) as pool:
         assert [r.status_code for r in pool.map(lambda _: chat(server), range(2))] == [200, 200]
+    # A response can reach the client before the step that emitted it ends: give the engine a
+    # moment to go idle (it must, or this fails), then every gauge must read 0.
+    deadline = time.monotonic() + 10
+    while server.health()["active"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     text = server.metrics()
     assert metric_value(text, "specserve_active_requests") == 0
     assert metric_value(text, "specserve_kv_cache_usage") == 0

@@ -7,9 +7,12 @@ from transformers import T5Config, T5Model
 
 from specserve import SamplingParams, SpeculationConfig
 from specserve.backends import SequenceRunner
+from specserve.config import LoadOptions
 from specserve.engine.sampling import Noise
 from specserve.errors import ModelLoadError
 from specserve.llm import LLM
+from specserve.models.loader import choose_backend
+from specserve.models.packs import ModelSource
 from specserve.proposers.base import ProposerContext, build_chain, choose_draft
 
 
@@ -49,9 +52,27 @@ def test_folder_and_draft_load_in_float32(tmp_path):
     [
         ("auto", None, "llama.cpp"),
         ("auto", "float32", "transformers"),
+        ("auto", "bfloat16", "transformers"),
         ("llama.cpp", None, "llama.cpp"),
         ("transformers", None, "transformers"),
     ],
+)
+def test_backend_choice_for_a_gguf(backend, dtype, expected):
+    source = ModelSource(path="/models", gguf_file="m.gguf")
+    assert choose_backend(source, LoadOptions(backend=backend, dtype=dtype)) == expected
+
+
+def test_backend_choice_for_a_folder_is_transformers():
+    source = ModelSource(path="/models/m")
+    assert choose_backend(source, LoadOptions()) == "transformers"
+    with pytest.raises(ModelLoadError, match="runs GGUF files"):
+        choose_backend(source, LoadOptions(backend="llama.cpp"))
+
+
+# A real load for each backend (a GGUF on transformers is dequantized: ~30 s, so only once).
+@pytest.mark.parametrize(
+    "backend, dtype, expected",
+    [("auto", None, "llama.cpp"), ("transformers", None, "transformers")],
 )
 def test_gguf_file_loads_on_the_chosen_backend(smol_gguf, backend, dtype, expected):
     llm = LLM(model=str(smol_gguf), dtype=dtype, backend=backend)

@@ -377,6 +377,8 @@ def test_sdk_raises_on_errors(client):
 # -- metrics ----------------------------------------------------------------------------------
 def test_metrics(server, client):
     chat(client, prediction={"type": "content", "content": "return self.db.find(user_id)\n"})
+    with pytest.raises(openai.BadRequestError):  # this test's own 400: it may run first (pytest -n)
+        chat(client, n=9)
     text = server.metrics()
     assert metric_value(text, "specserve_requests_total", endpoint="chat", status="200") > 0
     assert metric_value(text, "specserve_requests_total", endpoint="chat", status="400") > 0
