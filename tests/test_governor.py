@@ -81,6 +81,22 @@ def test_a_draft_model_that_cannot_pay_is_never_fed_not_even_the_prompt():
     assert sum(fed) >= len(llm.tokenizer.encode(prompt)) - 1
 
 
+def test_a_draft_model_that_auto_never_calls_is_never_fed():
+    """The draft model reads the prompt on its first proposal, not during prefill: where the
+    prediction drafts every step, a draft model that could pay is still never fed at all."""
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
+    fed = []
+    forward = llm.draft_backend.forward
+    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    prompt = "def add(a, b):"
+    base = llm.generate(prompt, SamplingParams(max_tokens=24), speculation="none")
+    llm.engine.core._prices = CostModel.linear(0.02, 0.05)  # a GPU-like curve: the draft model could pay
+    out = llm.generate(prompt, SamplingParams(max_tokens=24), prediction=base.text, speculation="auto")
+    assert out.token_ids == base.token_ids
+    assert out.stats.by_source["prediction"].accepted == 22 and out.stats.by_source["draft"].steps == 0
+    assert fed == []
+
+
 def test_short_drafts_where_verified_tokens_are_dear():
     cheap, dear = CostModel.linear(0.05), CostModel.linear(0.5)
     gov_cheap, gov_dear = Governor(cheap), Governor(dear)

@@ -40,13 +40,12 @@ class DraftModelProposer:
         return logits[-1]
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        """The target has cached prompt_ids[:-1]: feed the draft model what it has not seen of
-        that, chunk by chunk with the target, so its cost counts as prefill, not drafting."""
-        new = prompt_ids[len(self.fed) : len(prompt_ids) - 1]
-        if new:
-            self.runner.forward(new, last_only=True)
-            self.fed += new
-            self.committed = len(self.fed)  # the prompt is committed: no need to compare it again
+        """Nothing: the draft model reads the prompt on its first proposal (`_sync` feeds what it
+        has not seen, in n_batch chunks). Under `auto` the governor may never call it, when the
+        prediction or the prompt drafts every step, or when the prices say it cannot pay; fed
+        during prefill, a 1k-token prompt cost the 0.5B draft ~10 s before the first token
+        (docs/benchmarks.md, the Qwen `--session` runs). With `speculation="draft"` the cost is
+        the same, paid after the first token instead of before it."""
 
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         k = min(self.k.k, max_k, self.runner.max_context - len(tokens))
