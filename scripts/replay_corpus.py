@@ -29,7 +29,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specserve.bench.replay import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE, aggregate, parse_curve, replay
+from specserve.bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
+from specserve.bench.replay import aggregate, parse_curve, replay
 from specserve.config import SpeculationConfig
 from specserve.proposers.base import REGISTRY
 from specserve.proposers.prediction import PredictionProposer

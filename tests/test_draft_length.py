@@ -10,7 +10,8 @@ from pathlib import Path
 
 from tiny import tiny_tokenizer
 
-from specserve.bench.replay import LLAMACPP_2CORE_CURVE, replay, replay_ids
+from specserve.bench.curves import LLAMACPP_2CORE_CURVE
+from specserve.bench.replay import replay, replay_ids
 from specserve.config import SpeculationConfig
 from specserve.engine.governor import CostModel
 from specserve.proposers.prediction import priced_k

@@ -10,7 +10,8 @@ import pytest
 from tiny import tiny_model, tiny_tokenizer
 
 from specserve import SamplingParams
-from specserve.bench.replay import LLAMACPP_2CORE_CURVE, replay
+from specserve.bench.curves import LLAMACPP_2CORE_CURVE
+from specserve.bench.replay import replay
 from specserve.config import SpeculationConfig
 from specserve.engine.governor import CostModel
 from specserve.llm import LLM
