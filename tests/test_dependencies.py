@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "specserve"
 # import name -> distribution name, where they differ
@@ -110,12 +112,22 @@ def test_bench_refuses_at_once_without_its_extra(monkeypatch, capsys):
         assert "matplotlib" in err and "pip install 'specserve[bench]'" in err
 
 
-def test_the_cli_parser_and_a_path_error_need_neither_torch_nor_transformers():
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "hi", "--model", "/nowhere/model.gguf"],
+        ["serve", "--model", "/nowhere/model.gguf"],
+        ["bench", "--model", "/nowhere/model.gguf"],
+        ["bench", "--session", "--draft-model", "/nowhere/model.gguf"],
+    ],
+    ids=["generate", "serve", "bench", "bench-session-draft"],
+)
+def test_the_cli_parser_and_a_path_error_need_neither_torch_nor_transformers(argv):
     """`specserve --help`, and a model path that does not exist, answer before the heavy imports
     (they took 6 and 11 s on 2 cores when every subcommand imported torch at parse time)."""
     code = (
         "import sys; from specserve.cli.main import main; "
-        "rc = main(['generate', 'hi', '--model', '/nowhere/model.gguf']); "
+        f"rc = main({argv!r}); "
         "print(rc, sorted(m for m in ('torch', 'transformers', 'llama_cpp') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": str(PKG.parent)}

@@ -25,7 +25,7 @@ from ..bench.runner import (
     run_bench,
     write_results,
 )
-from .generate import add_engine_args, add_model_args, engine_limits, load_options
+from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
 
 QUICK_MODEL = "smollm2-135m-instruct"
 QUICK_SCENARIO = "py-rename"
@@ -187,6 +187,7 @@ def exact(env: dict) -> bool:
 
 
 def run(args) -> int:
+    check_model_paths(args)
     if args.session is not None:
         return run_session(args)
     if args.concurrency is not None:

@@ -125,6 +125,12 @@ def engine_limits(args) -> EngineLimits:
         raise InvalidRequestError(str(e)) from None
 
 
+def check_model_paths(args) -> None:
+    """Refuse a mistyped --model/--draft-model path before torch is imported (a second, not ten)."""
+    for model in (args.model, args.draft_model):
+        packs.check_path(model)
+
+
 def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
     """The LoadOptions that the model flags of add_model_args describe."""
     return LoadOptions(
@@ -175,8 +181,7 @@ def run(args) -> int:
         stop=tuple(args.stop),
     )
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
-    for model in (args.model, args.draft_model):
-        packs.check_path(model)
+    check_model_paths(args)
     from ..llm import LLM  # heavy import only once the arguments are known to be good
 
     llm = LLM.from_options(args.model, args.draft_model, load_options(args))

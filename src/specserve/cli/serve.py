@@ -13,7 +13,7 @@ import os
 
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
-from .generate import add_engine_args, add_model_args, engine_limits, load_options
+from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
 
 
 def add_parser(subparsers) -> None:
@@ -83,6 +83,7 @@ def _positive_int(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
+    check_model_paths(args)
     if args.ray:
         return serve_ray.run(args)
     from ..config import SpeculationConfig
