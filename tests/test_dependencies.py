@@ -106,7 +106,7 @@ def test_bench_refuses_at_once_without_its_extra(monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     for argv in (["bench", "--quick"], ["bench", "--quick", "--concurrency", "1,2", "--load-via", "server"]):
-        rc = main([*argv, "--model", "/nonexistent/model"])  # a model error, had the check come later
+        rc = main([*argv, "--model", "no-such-pack"])  # a model error, had the check come later
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1, err
         assert "matplotlib" in err and "pip install 'specserve[bench]'" in err
