@@ -97,6 +97,40 @@ def test_a_draft_model_that_auto_never_calls_is_never_fed():
     assert fed == []
 
 
+def test_a_draft_model_reads_a_long_backlog_only_when_the_output_could_repay_it():
+    """A draft model that has not read the prompt must feed it first (~10 s for 1k tokens with the
+    0.5B draft on 2 cores). The governor allows that read, probes included, only once the output
+    so far (the estimate of what is left) times the best-case saving covers it."""
+    gov = Governor(CostModel.linear(0.1, 0.3), prompt_len=1000, probe_every=4)
+    read = gov.prices.draft * gov.prices.target(1000)  # ~30 units
+    assert [gov.k_cap("draft", 64, tokens=1000 + p, backlog=1000 + p) for p in range(0, 40)] == [0] * 40
+    assert not gov.worth_reading("draft", 1000, produced=40, room=64)
+    assert gov.worth_reading("draft", 1000, produced=400, room=4000)
+    assert not gov.worth_reading("draft", 1000, produced=400, room=10)  # max_tokens leaves too little to repay it
+    assert gov.worth_reading("draft", 4, produced=10, room=100)  # the usual catch-up after a step
+    assert read > 20 and gov.k_cap("draft", 64, tokens=1400, backlog=1000) > 0
+    assert gov.k_cap("ngram", 64, tokens=1000, backlog=1000) > 0  # n-gram reads nothing that costs a pass
+
+
+def test_a_short_answer_never_feeds_the_draft_model_a_long_prompt():
+    """End to end: on prices where the draft model could pay (so it is kept at admission), a
+    24-token answer is not worth its prompt's read, and the draft model is never fed; a long
+    answer is, and then it drafts. Outputs are plain decoding's either way."""
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
+    fed = []
+    forward = llm.draft_backend.forward
+    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    prompt = "Le café coûte 3 €. Über " * 40  # 280 tokens
+    llm.engine.core._prices = CostModel.linear(0.1, 0.3)
+    for max_tokens in (24, 120):
+        base = llm.generate(prompt, SamplingParams(max_tokens=max_tokens), speculation="none")
+        out = llm.generate(prompt, SamplingParams(max_tokens=max_tokens), speculation="auto")
+        assert out.token_ids == base.token_ids
+        if max_tokens == 24:
+            assert fed == [] and out.stats.by_source["draft"].steps == 0
+    assert sum(fed) >= len(llm.tokenizer.encode(prompt)) and out.stats.by_source["draft"].steps > 0
+
+
 def test_short_drafts_where_verified_tokens_are_dear():
     cheap, dear = CostModel.linear(0.05), CostModel.linear(0.5)
     gov_cheap, gov_dear = Governor(cheap), Governor(dear)

@@ -242,7 +242,7 @@ class EngineCore:
                 if self._needs_prices(req):  # measured before the request takes its sequence
                     prices = self.prices()
                     if req.spec.method == "auto" and req.chain:
-                        governor = Governor(prices)
+                        governor = Governor(prices, prompt_len=len(req.prompt_ids))
                         req.chain = [q for q in req.chain if not governor.never_pays(q.name, _largest_draft(q))]
                 seq = self.target.new_sequence()
                 if hit is not None:

@@ -21,8 +21,18 @@ step; a source whose tokens per unit fall below 1 sits out (the next source in t
 the step is plain), except for one probe step every `probe_every` steps so that it comes back
 when the text turns predictable again.
 
+A draft model must read what it has not seen (the prompt, on its first proposal) before it can
+draft; on a CPU that read costs about `draft * target(backlog)` units, ~10 s for a 1k-token
+prompt with the 0.5B draft. The governor lets it read only when the saving could repay that:
+the best case (every draft accepted) saves `1 - 1/value` units per token, over an expected
+remaining output taken as long as the output so far (the Lindy estimate: a request that has
+written n tokens is likely to write about n more), capped by its `max_tokens` room. So a short
+answer never pays for a draft model's prefill, and a long one starts using it once it is long
+enough; a backlog of a few tokens (the usual catch-up after a step) is always worth reading.
+
 Decisions depend only on the request's own history and the calibrated prices, never on the
-wall clock during the request, so a seeded request that a draft model drafts for (whose
+wall clock during the request (and, for a draft model, on how much of the prompt its prefix cache
+already held), so a seeded request that a draft model drafts for (whose
 sampled drafts change what it commits) stays reproducible for a given set of prices. Only `auto` is
 governed, and only the n-gram and draft-model sources: a prediction is the caller's explicit
 choice (and its drafts are nearly free to make). Outputs never change either way: which tokens
@@ -130,6 +140,7 @@ class Governor:
     steps, so that it comes back when the text turns predictable."""
 
     prices: CostModel
+    prompt_len: int = 0  # tokens before the output: what the request has produced is the rest
     margin: float = 1.0
     probe_every: int = 16
     probe_k: int = 2
@@ -142,12 +153,15 @@ class Governor:
         accepted, proposed = self.counts.get(source, self.prior)
         return min(accepted / proposed, 0.99)
 
-    def k_cap(self, source: str, k_max: int) -> int:
-        """How many tokens `source` may draft in this step (0: none)."""
+    def k_cap(self, source: str, k_max: int, tokens: int = 0, backlog: int = 0) -> int:
+        """How many tokens `source` may draft in this step (0: none), with `tokens` in the
+        sequence so far and `backlog` of them still to be read by the source (a draft model)."""
         if source not in GOVERNED or k_max <= 0:
             return k_max
         if self.never_pays(source, k_max):
             return 0  # cannot pay even if always right (a draft model on a CPU where verifying is dear): no probes
+        if backlog > 0 and not self.worth_reading(source, backlog, tokens - self.prompt_len, k_max):
+            return 0  # reading what it has not seen would cost more than it could save: no probe either
         best_k = self._best_k(source, self.acceptance(source), k_max)
         if best_k:
             self._benched_at.pop(source, None)
@@ -161,6 +175,19 @@ class Governor:
         tokens accepted: the engine then drops it from the request before it costs anything (a
         draft model's prefill included)."""
         return source in GOVERNED and not self._best_k(source, 0.99, k_max)
+
+    def worth_reading(self, source: str, backlog: int, produced: int, room: int) -> bool:
+        """Whether `source` could repay reading `backlog` unseen tokens: its best-case saving per
+        token times the expected remaining output (as long as the output so far, at most `room`)
+        against the read, priced as the target's curve scaled by the draft's 1-token price."""
+        k = self._best_k(source, 0.99, room)
+        if not k:
+            return False
+        passes = k if source == "draft" else 0
+        value = (1 - 0.99 ** (k + 1)) / (1 - 0.99) / self.prices.step(k + 1, passes)
+        saving = 1 - 1 / value  # units per output token, every draft accepted
+        read = self.prices.target(backlog) * (self.prices.draft if source == "draft" else 0.0)
+        return min(produced, room) * saving >= read
 
     def _best_k(self, source: str, a: float, k_max: int) -> int:
         """The K with the most expected tokens per unit at acceptance a; 0 if none beats `margin`."""

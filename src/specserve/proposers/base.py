@@ -39,6 +39,10 @@ class Proposer(Protocol):
     def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
         """Called after each step with all tokens so far (the step's commit included)."""
 
+    # Optional: `backlog(tokens) -> int`, the tokens this proposer must read before it can draft
+    # (a draft model's unread prompt). The governor weighs that read; a proposer without the
+    # method reads nothing (indexes are built as tokens arrive).
+
 
 class AdaptiveK:
     """K grows (doubles) while whole drafts are accepted and falls back after a rejection."""
@@ -110,7 +114,11 @@ def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int, governor=
     if max_k <= 0:
         return None
     for proposer in chain:
-        k = max_k if governor is None else governor.k_cap(proposer.name, max_k)
+        if governor is None:
+            k = max_k
+        else:
+            backlog = proposer.backlog(tokens) if hasattr(proposer, "backlog") else 0
+            k = governor.k_cap(proposer.name, max_k, len(tokens), backlog)
         if k <= 0:
             continue
         draft = proposer.propose(tokens, k)

@@ -39,6 +39,10 @@ class DraftModelProposer:
         self.committed = len(tokens)
         return logits[-1]
 
+    def backlog(self, tokens: list[int]) -> int:
+        """Tokens the next proposal must feed before drafting (all of the prompt the first time)."""
+        return len(tokens) - self.committed
+
     def prefill(self, prompt_ids: list[int]) -> None:
         """Nothing: the draft model reads the prompt on its first proposal (`_sync` feeds what it
         has not seen, in n_batch chunks). Under `auto` the governor may never call it, when the
