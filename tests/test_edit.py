@@ -223,8 +223,9 @@ def test_check_answer_rules_are_separate():
 def test_prompts_share_one_layout():
     for p in PROMPTS.values():
         msgs = build_messages(ORIGINAL, "Rename greet to hello.", "python", p.name)
-        assert [m["role"] for m in msgs] == ["system", "user"]
-        assert f"```python\n{ORIGINAL}" in msgs[1]["content"] and "Rename greet to hello." in msgs[1]["content"]
+        shots = ["user", "assistant"] * len(p.examples)  # worked examples come before the request
+        assert [m["role"] for m in msgs] == ["system", *shots, "user"]
+        assert f"```python\n{ORIGINAL}" in msgs[-1]["content"] and "Rename greet to hello." in msgs[-1]["content"]
 
 
 def test_refactor_function(server):

@@ -250,7 +250,8 @@ def _clip(text: str, n: int = 80) -> str:
 class EditPrompt:
     """One way to ask for an edit: a system message and a user-message template.
 
-    `user` is formatted with {instruction}, {language} and {code}. The candidates live here so that
+    `user` is formatted with {instruction}, {language} and {code}; `examples` are worked (user,
+    assistant) turns sent before it, each user turn formatted the same way. The candidates live here so that
     `specserve edit`, the benchmarks and scripts/eval_edit_prompt.py (which chose the default by
     measurement, docs/server.md) all send exactly the same text.
     """
@@ -258,15 +259,50 @@ class EditPrompt:
     name: str
     system: str
     user: str
+    examples: tuple[tuple[str, str, str], ...] = ()  # (instruction, file, updated file)
 
     def messages(self, original_code: str, instruction: str, language: str = "") -> list[dict]:
+        shots = []
+        for example_instruction, before, after in self.examples:
+            shots += [
+                {
+                    "role": "user",
+                    "content": self.user.format(instruction=example_instruction, language="python", code=before),
+                },
+                {"role": "assistant", "content": f"```python\n{after}```"},
+            ]
         return [
             {"role": "system", "content": self.system},
+            *shots,
             {
                 "role": "user",
                 "content": self.user.format(instruction=instruction, language=language, code=original_code),
             },
         ]
+
+
+# A worked example for the "example" prompt: a rename that touches a definition and its uses, in a
+# file whose other function does not change, answered with the whole file.
+_EXAMPLE_BEFORE = """import math
+
+
+def area(radius):
+    \"\"\"The area of a circle.\"\"\"
+    return math.pi * radius**2
+
+
+def total_area(radii):
+    return sum(area(r) for r in radii)
+
+
+def describe(radius):
+    return f"r={radius}: {area(radius):.2f}"
+"""
+_EXAMPLE_AFTER = (
+    _EXAMPLE_BEFORE.replace("def area(", "def circle_area(")
+    .replace("(area(", "(circle_area(")
+    .replace("{area(", "{circle_area(")
+)
 
 
 PROMPTS: dict[str, EditPrompt] = {
@@ -302,6 +338,15 @@ PROMPTS: dict[str, EditPrompt] = {
             "including the lines that do not change. Never shorten the file, never write placeholders "
             "such as '...' or '# rest of the code', and do not explain.",
             "```{language}\n{code}\n```\n\n{instruction}\nWrite the full updated file.",
+        ),
+        # A worked example before the request: whole file back, the change made at every use.
+        EditPrompt(
+            "example",
+            "You are a coding assistant that edits source files. Reply with the complete updated file in "
+            "one code block: every line from the first to the last, with the change made everywhere it "
+            "applies (a renamed name at every use), and nothing else.",
+            "{instruction}\n\n```{language}\n{code}\n```",
+            examples=(("Rename area to circle_area.", _EXAMPLE_BEFORE, _EXAMPLE_AFTER),),
         ),
     )
 }
