@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.n):
         rows.append(conversation(llm, i, args, params))
         r = rows[-1]
+        verdict = "same" if r["same"] else f"DIFFERS at {r['first_difference']}"
         print(
-            f"[{i + 1}/{args.n}] {time.perf_counter() - t0:5.0f}s {r['module']:15s} cached {r['turn2_cached_tokens']:5d}"
-            f"/{r['turn2_prompt_tokens']:5d}  {'same' if r['same'] else 'DIFFERS at ' + str(r['first_difference'])}",
+            f"[{i + 1}/{args.n}] {time.perf_counter() - t0:5.0f}s {r['module']:15s} "
+            f"cached {r['turn2_cached_tokens']:5d}/{r['turn2_prompt_tokens']:5d}  {verdict}",
             file=sys.stderr,
             flush=True,
         )
