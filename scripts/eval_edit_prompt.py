@@ -11,7 +11,8 @@ user-message layout; the CLI sends exactly these) through the in-process API on 
 - the model finished on its own (finish_reason "stop", not cut by max_tokens),
 - `edit.check_answer` finds nothing wrong (not far shorter than the file, code rather than prose, no
   placeholder or elision, and it compiles, since every excerpt is Python), and
-- for a rename: the old name is gone (as a word) and the new one is there.
+- for a rename: the old name is gone (as a word) and the new one is there, and
+- it is not the file unchanged (complete, but no edit: every pair asks for one).
 
 **Usable** counts what `specserve edit` can write: a well-formed answer, or an answer of only the changed
 top-level definitions that `edit_splice` puts back into the file, the result passing the same checks.
@@ -400,6 +401,8 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
         problems.append(f"finish_reason {finish_reason}")
     if pair.kind == "rename" and not problems and not renamed(pair, code):
         problems.append(f"rename not done ({pair.old} -> {pair.new})")
+    if not problems and code.strip() == original.strip():
+        problems.append("the answer is the file unchanged")  # complete, but no edit: useless to the user
     result = {
         "well_formed": not problems,
         "applied": not problems and applied(pair, code),
@@ -411,7 +414,8 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
     if problems and finish_reason == "stop":
         spliced = _spliced(pair, original, code)
         if spliced is not None:
-            result.update(usable=True, spliced=True, applied=applied(pair, spliced), unchanged=spliced == original)
+            unchanged = spliced == original
+            result.update(usable=not unchanged, spliced=True, applied=applied(pair, spliced), unchanged=unchanged)
     return result
 
 
@@ -530,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(line)
             if r.get("sha256") != hashlib.sha256(codes.get(r["pair"], "").encode()).hexdigest():
                 continue
+            if r.get("unchanged") and (r["well_formed"] or r.get("usable")):  # judged before "unchanged" failed
+                r.update(well_formed=False, usable=False, applied=False)
+                r["problems"] = [*r["problems"], "the answer is the file unchanged"]
             if "usable" not in r:  # judged before splicing was counted: a complete answer is usable as is
                 if not r["well_formed"]:
                     continue  # its whole answer was not kept: run it again
