@@ -37,10 +37,11 @@ browser:
 # Test files run on TEST_WORKERS processes (pytest-xdist), each file whole on one worker: the
 # tests run torch on one thread, so two workers use both cores of a 2-core machine, and a file's
 # module fixtures (servers, loaded models) start once.
+# --durations=15 lists the slowest tests at the end, to see where the minutes go.
 TEST_WORKERS ?= 2
 
 test: venv browser
-	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test-ray: venv  # the Ray Serve replica tests (CI runs them; installs specserve[ray])
 	$(BIN)/pip install --quiet -e '.[test,ray]'
