@@ -131,6 +131,33 @@ def test_a_short_answer_never_feeds_the_draft_model_a_long_prompt():
     assert sum(fed) >= len(llm.tokenizer.encode(prompt)) and out.stats.by_source["draft"].steps > 0
 
 
+def test_k_is_priced_up_to_the_proposers_ceiling_not_the_whole_room():
+    """A chat request without max_tokens may write the rest of the context. The governor prices
+    each K up to the proposer's own ceiling (8 for the draft model, 16 for n-gram), not up to
+    that room: pricing 30k values of K had cost ~100 ms a step."""
+    from specserve.proposers.base import choose_draft
+
+    priced = []
+
+    class Counting(CostModel):
+        def step(self, fed: int, draft_passes: int) -> float:
+            priced.append(fed)
+            return super().step(fed, draft_passes)
+
+    class Ngram:
+        name = "ngram"
+
+        def __init__(self):
+            self.k = type("K", (), {"k_max": 16})()
+
+        def propose(self, tokens, max_k):
+            return None
+
+    gov = Governor(Counting(CostModel.linear(0.1).curve), prompt_len=100)
+    choose_draft([Ngram()], list(range(120)), 30000, gov)
+    assert priced and max(priced) <= 17 and len(priced) <= 3 * 16
+
+
 def test_short_drafts_where_verified_tokens_are_dear():
     cheap, dear = CostModel.linear(0.05), CostModel.linear(0.5)
     gov_cheap, gov_dear = Governor(cheap), Governor(dear)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ..backends import Backend, SeqInput, SequenceRunner
 from ..config import SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
-from ..proposers.base import ProposerContext, build_chain
+from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
 from .governor import CostModel, Governor
 from .prefix_cache import Hit, PrefixCache, common_prefix
@@ -56,12 +56,6 @@ class StepInfo:
     seconds: float
     cache_used: float  # share of cache cells reserved by running requests
     waiting: int
-
-
-def _largest_draft(proposer) -> int:
-    """The most tokens a proposer will ever draft in one step (its adaptive K's ceiling)."""
-    k = getattr(proposer, "k", None)
-    return getattr(k, "k_max", 128)
 
 
 class EngineCore:
@@ -243,7 +237,7 @@ class EngineCore:
                     prices = self.prices()
                     if req.spec.method == "auto" and req.chain:
                         governor = Governor(prices, prompt_len=len(req.prompt_ids))
-                        req.chain = [q for q in req.chain if not governor.never_pays(q.name, _largest_draft(q))]
+                        req.chain = [q for q in req.chain if not governor.never_pays(q.name, largest_draft(q))]
                 seq = self.target.new_sequence()
                 if hit is not None:
                     self.target.copy_prefix(hit.seq, seq, hit.length)

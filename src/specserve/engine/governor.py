@@ -153,14 +153,16 @@ class Governor:
         accepted, proposed = self.counts.get(source, self.prior)
         return min(accepted / proposed, 0.99)
 
-    def k_cap(self, source: str, k_max: int, tokens: int = 0, backlog: int = 0) -> int:
-        """How many tokens `source` may draft in this step (0: none), with `tokens` in the
-        sequence so far and `backlog` of them still to be read by the source (a draft model)."""
+    def k_cap(self, source: str, k_max: int, tokens: int = 0, backlog: int = 0, room: int | None = None) -> int:
+        """How many tokens, at most k_max, `source` may draft in this step (0: none), with `tokens`
+        in the sequence so far, `backlog` of them still to be read by the source (a draft model)
+        and `room` tokens the request may still write (default k_max)."""
         if source not in GOVERNED or k_max <= 0:
             return k_max
         if self.never_pays(source, k_max):
             return 0  # cannot pay even if always right (a draft model on a CPU where verifying is dear): no probes
-        if backlog > 0 and not self.worth_reading(source, backlog, tokens - self.prompt_len, k_max):
+        room = k_max if room is None else room
+        if backlog > 0 and not self.worth_reading(source, backlog, tokens - self.prompt_len, room, k_max):
             return 0  # reading what it has not seen would cost more than it could save: no probe either
         best_k = self._best_k(source, self.acceptance(source), k_max)
         if best_k:
@@ -176,11 +178,12 @@ class Governor:
         draft model's prefill included)."""
         return source in GOVERNED and not self._best_k(source, 0.99, k_max)
 
-    def worth_reading(self, source: str, backlog: int, produced: int, room: int) -> bool:
+    def worth_reading(self, source: str, backlog: int, produced: int, room: int, k_max: int | None = None) -> bool:
         """Whether `source` could repay reading `backlog` unseen tokens: its best-case saving per
-        token times the expected remaining output (as long as the output so far, at most `room`)
-        against the read, priced as the target's curve scaled by the draft's 1-token price."""
-        k = self._best_k(source, 0.99, room)
+        token (drafts of up to k_max, default room) times the expected remaining output (as long
+        as the output so far, at most `room`) against the read, priced as the target's curve
+        scaled by the draft's 1-token price."""
+        k = self._best_k(source, 0.99, min(room, k_max or room))
         if not k:
             return False
         passes = k if source == "draft" else 0

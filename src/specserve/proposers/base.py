@@ -108,6 +108,12 @@ def build_chain(ctx: ProposerContext) -> list[Proposer]:
     return [p for p in chain if p is not None]
 
 
+def largest_draft(proposer: Proposer) -> int:
+    """The most tokens a proposer will ever draft in one step (its adaptive K's ceiling)."""
+    k = getattr(proposer, "k", None)
+    return getattr(k, "k_max", 128)
+
+
 def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int, governor=None) -> Draft | None:
     """Ask each proposer in order; the first non-empty draft wins. A `governor.Governor` (auto
     only) caps each source's K to what pays on this machine, or skips it."""
@@ -117,8 +123,12 @@ def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int, governor=
         if governor is None:
             k = max_k
         else:
+            # K is priced up to the proposer's own ceiling, not the whole room: a chat request
+            # without max_tokens has a room of the rest of the context, and pricing every K up to
+            # 30k cost the governor ~100 ms a step
             backlog = proposer.backlog(tokens) if hasattr(proposer, "backlog") else 0
-            k = governor.k_cap(proposer.name, max_k, len(tokens), backlog)
+            cap = min(max_k, largest_draft(proposer))
+            k = governor.k_cap(proposer.name, cap, len(tokens), backlog, room=max_k)
         if k <= 0:
             continue
         draft = proposer.propose(tokens, k)
