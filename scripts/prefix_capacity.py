@@ -32,7 +32,7 @@ def prompts(n: int, chars: int) -> list[str]:
     return [f"Document {i} of {n}.\n" + text[i * 40 : i * 40 + chars] + "\nSummarise it." for i in range(n)]
 
 
-def run(model: str, cache: bool, args) -> dict:
+def run(model: str, cache: bool, texts: list[str], args) -> dict:
     flags = ["--model", model, "--served-model-name", "m", "--speculation", "none", "--log-level", "warning"]
     flags += ["--max-num-seqs", "8", "--kv-cache-tokens", str(8 * args.cells_per_request)]
     flags += ["--max-queue", str(args.max_queue), "--request-timeout", "0", "--threads", str(args.threads)]
@@ -46,8 +46,8 @@ def run(model: str, cache: bool, args) -> dict:
             return httpx.post(url, json=body, timeout=1800).status_code
 
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(args.texts)) as pool:
-            codes = list(pool.map(one, args.texts))
+        with ThreadPoolExecutor(len(texts)) as pool:
+            codes = list(pool.map(one, texts))
         seconds = time.perf_counter() - t0
         health = srv.health()
         for _ in range(50):  # the last response can arrive before its step has ended
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    args.texts = prompts(args.n, args.chars)
-    results = [run(args.model, cache, args) for cache in (True, False)]
+    texts = prompts(args.n, args.chars)
+    results = [run(args.model, cache, texts, args) for cache in (True, False)]
     for r in results:
         print(json.dumps(r))
     on, off = results

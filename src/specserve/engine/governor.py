@@ -186,18 +186,19 @@ class Governor:
         k = self._best_k(source, 0.99, min(room, k_max or room))
         if not k:
             return False
-        passes = k if source == "draft" else 0
-        value = (1 - 0.99 ** (k + 1)) / (1 - 0.99) / self.prices.step(k + 1, passes)
-        saving = 1 - 1 / value  # units per output token, every draft accepted
+        saving = 1 - 1 / self._value(source, 0.99, k)  # units per output token, every draft accepted
         read = self.prices.target(backlog) * (self.prices.draft if source == "draft" else 0.0)
         return min(produced, room) * saving >= read
 
+    def _value(self, source: str, a: float, k: int) -> float:
+        """Expected tokens per unit of a K-token draft at acceptance a (a draft model also pays K passes)."""
+        return (1 - a ** (k + 1)) / (1 - a) / self.prices.step(k + 1, k if source == "draft" else 0)
+
     def _best_k(self, source: str, a: float, k_max: int) -> int:
         """The K with the most expected tokens per unit at acceptance a; 0 if none beats `margin`."""
-        passes = (lambda k: k) if source == "draft" else (lambda k: 0)
         best_k, best = 0, self.margin
         for k in range(1, k_max + 1):
-            value = (1 - a ** (k + 1)) / (1 - a) / self.prices.step(k + 1, passes(k))
+            value = self._value(source, a, k)
             if value > best:
                 best_k, best = k, value
         return best_k
