@@ -13,7 +13,7 @@ from specserve.bench.session import RUNS, code_of
 from specserve.cli.main import main
 
 # Small enough for CI: a prompt of a few hundred tokens, a dozen output tokens per turn.
-SMALL = ["--quick", "--threads", "1", "--max-prompt-tokens", "256", "--max-tokens", "12"]
+SMALL = ["--quick", "--threads", "1", "--max-prompt-tokens", "160", "--max-tokens", "8"]
 
 
 def _session(args: list[str], out) -> tuple[int, dict]:

@@ -383,8 +383,14 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    from .gguf_reads import gguf_read_once
+
     quiet = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
-    with quiet, tqdm(total=3, desc=f"{gguf.stem}: convert", unit="step", disable=not progress, file=sys.stderr) as bar:
+    with (
+        gguf_read_once(),
+        quiet,
+        tqdm(total=3, desc=f"{gguf.stem}: convert", unit="step", disable=not progress, file=sys.stderr) as bar,
+    ):
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent,
             gguf_file=gguf.name,
