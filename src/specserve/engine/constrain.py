@@ -38,6 +38,9 @@ it (a daemon thread inside xgrammar's C++ at interpreter exit aborts the process
 
 Compiled grammars are kept in an LRU cache bounded in bytes (`GRAMMAR_CACHE_BYTES`, counted with
 xgrammar's `memory_size_bytes`); xgrammar's own (unbounded) cache is off.
+
+xgrammar is imported on first use (`xgrammar()`): importing it costs ~2.5 s here, paid by every
+server start and CLI run, and most never constrain anything.
 """
 
 from __future__ import annotations
@@ -50,11 +53,23 @@ import time
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from .tokenizer import shared
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+
+@functools.cache
+def xgrammar():
+    """The xgrammar module, imported the first time a grammar is built."""
+    import xgrammar as module
+
+    return module
+
 
 # JSON-schema keywords the constraint enforces; anything else is refused (400), not ignored.
 SUPPORTED_SCHEMA_KEYWORDS = frozenset(
@@ -166,19 +181,20 @@ class GrammarSpec:
 
     def to_grammar(self) -> xgr.Grammar:
         """The xgrammar Grammar for this spec; a compile error is a ConstraintError."""
+        grammar = xgrammar().Grammar
         try:
             if self.kind == "json_object":
                 if self.any_whitespace:
-                    return xgr.Grammar.builtin_json_grammar()
-                return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+                    return grammar.builtin_json_grammar()
+                return grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
             if self.kind == "json_schema":
-                return xgr.Grammar.from_json_schema(
+                return grammar.from_json_schema(
                     json.dumps(self.source), any_whitespace=self.any_whitespace, strict_mode=True
                 )
             if self.kind == "regex":
-                return xgr.Grammar.from_regex(self.source)
+                return grammar.from_regex(self.source)
             if self.kind == "ebnf":
-                return xgr.Grammar.from_ebnf(self.source)
+                return grammar.from_ebnf(self.source)
             if self.kind == "grammar":
                 return self.source
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError subclasses
@@ -199,7 +215,7 @@ class GrammarSpec:
 
 def literal(text: str) -> xgr.Grammar:
     """A grammar that matches exactly `text`."""
-    return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
+    return xgrammar().Grammar.from_ebnf(f"root ::= {json.dumps(text)}")
 
 
 class GrammarCache:
@@ -314,7 +330,7 @@ class ConstraintFactory:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int]):
         self.vocab_size = vocab_size
         stops = sorted(stop_token_ids) or None
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
+        info = xgrammar().TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stops)
         self._setup(info)
 
     @classmethod
@@ -322,12 +338,13 @@ class ConstraintFactory:
         """A factory over a raw string vocabulary (synthetic tests: token i is the string vocab[i])."""
         self = cls.__new__(cls)
         self.vocab_size = len(vocab)
+        xgr = xgrammar()
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=len(vocab), stop_token_ids=sorted(stop_token_ids))
         self._setup(info)
         return self
 
     def _setup(self, info: xgr.TokenizerInfo) -> None:
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # ours is bounded
+        self.compiler = xgrammar().GrammarCompiler(info, max_threads=1, cache_enabled=False)  # ours is bounded
         self.decoded = info.decoded_vocab
         self._bans: dict[str, torch.Tensor] = {}
         self._bans_lock = threading.Lock()
@@ -414,7 +431,7 @@ class Constraint:
     """One request's grammar state: cut drafts, mask verification rows, advance on commit."""
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, banned: torch.Tensor | None = None):
-        self.matcher = xgr.GrammarMatcher(compiled)
+        self.matcher = xgrammar().GrammarMatcher(compiled)
         self.vocab_size = vocab_size
         self.banned = banned  # [V] bool, or None
         self._rows: torch.Tensor | None = None  # [K+1, ceil(V/32)] int32 bitmask of the last cut
@@ -430,7 +447,7 @@ class Constraint:
         from p there instead would not be lossless (see tests/test_structured_lossless.py).
         """
         m = self.matcher
-        rows = xgr.allocate_token_bitmask(len(draft_ids) + 1, self.vocab_size)  # [K+1, W]
+        rows = xgrammar().allocate_token_bitmask(len(draft_ids) + 1, self.vocab_size)  # [K+1, W]
         kept, walked = len(draft_ids), 0
         for i, tok in enumerate(draft_ids):
             self._fill(rows, i)
@@ -463,7 +480,7 @@ class Constraint:
         out = logits.float().clone()  # [K+1, V]
         if out.shape[-1] != self.vocab_size:
             raise ValueError(f"logits have {out.shape[-1]} columns, the grammar {self.vocab_size}")
-        xgr.apply_token_bitmask_inplace(out, self._rows[: out.shape[0]], vocab_size=self.vocab_size)
+        xgrammar().apply_token_bitmask_inplace(out, self._rows[: out.shape[0]], vocab_size=self.vocab_size)
         if self.banned is not None:
             out.masked_fill_(self.banned, float("-inf"))  # [V] broadcast over rows
         return out

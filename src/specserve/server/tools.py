@@ -20,8 +20,6 @@ import re
 import uuid
 from dataclasses import dataclass
 
-import xgrammar as xgr
-
 # template_messages / template_supports_tools lived here before chat.py; tests still import them from here.
 from ..chat import CLOSE, OPEN, template_messages, template_supports_tools  # noqa: F401
 from ..engine.constrain import (
@@ -30,6 +28,7 @@ from ..engine.constrain import (
     GrammarSpec,
     check_schema,
     literal,
+    xgrammar,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -133,10 +132,10 @@ def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
     chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
     schema = call_schema(chosen[0]) if len(chosen) == 1 else {"anyOf": [call_schema(t) for t in chosen]}
     try:
-        body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+        body = xgrammar().Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
     except Exception as e:  # noqa: BLE001
         raise ConstraintError(f"tools: cannot compile the function schema: {e}", "tools") from None
-    framed = xgr.Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE))
+    framed = xgrammar().Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE))
     return GrammarSpec("grammar", framed, banned=TOOL_BANNED, param="tools")
 
 
