@@ -10,7 +10,11 @@ optionally over a grid of re-anchoring parameters to tune `PredictionProposer`. 
 prices and the projected speedup is paid in them.
 
     python scripts/replay_corpus.py [--model smollm2-135m-instruct] [--curve 1:1,8:6.6,32:15.4,128:44.9]
-                                    [--grid] [--json out.json]
+                                    [--method prediction|auto] [--grid] [--json out.json]
+
+It also prints the *follow ceiling* (`replay.follow_ceiling`): the most tokens per step any drafter
+that only copies the prediction could reach on these pairs (every token the release added costs a
+step), at K <= 128 and with no cap on K.
 
 Wheels are cached in $SPECSERVE_REPLAY_CORPUS (default: <tmp>/specserve-replay-corpus).
 Downloaded third-party source never enters the repository.
@@ -30,7 +34,7 @@ import zipfile
 from pathlib import Path
 
 from specserve.bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
-from specserve.bench.replay import aggregate, parse_curve, replay
+from specserve.bench.replay import aggregate, follow_ceiling, parse_curve, replay
 from specserve.config import SpeculationConfig
 from specserve.proposers.base import REGISTRY
 from specserve.proposers.prediction import PredictionProposer
@@ -119,12 +123,22 @@ def prediction_params(min_anchor_chars: int, k_init: int, k_max: int):
 
 
 def run_corpus(
-    tokenizer, corpus, cost_ratio: float, params: tuple[int, int, int] | None = None, prices=None
+    tokenizer, corpus, cost_ratio: float, params: tuple[int, int, int] | None = None, prices=None, method="prediction"
 ) -> tuple[dict, list]:
     ctx = prediction_params(*params) if params else contextlib.nullcontext()
     with ctx:
-        results = [replay(tokenizer, a, b, cost_ratio, SpeculationConfig("prediction"), prices) for _, a, b in corpus]
+        results = [replay(tokenizer, a, b, cost_ratio, SpeculationConfig(method), prices) for _, a, b in corpus]
     return aggregate(results, cost_ratio, prices), results
+
+
+def ceilings(tokenizer, corpus) -> dict:
+    """Tokens per step a prediction-only drafter cannot pass on the corpus, at K <= 128 and unbounded."""
+    enc = [
+        (tokenizer.encode(a, add_special_tokens=False), tokenizer.encode(b, add_special_tokens=False))
+        for _, a, b in corpus
+    ]
+    tokens = sum(len(b) for _, b in enc)
+    return {f"k_max_{k or 'none'}": tokens / sum(follow_ceiling(a, b, k) for a, b in enc) for k in (128, None)}
 
 
 GRID = {"min_anchor_chars": (4, 8, 16, 32), "k_max": (32, 64, 96, 128, 192), "k_init": (4, 8, 16)}
@@ -165,6 +179,9 @@ def main() -> int:
         + ",".join(f"{n}:{c:g}" for n, c in LLAMACPP_2CORE_CURVE)
         + ")",
     )
+    ap.add_argument(
+        "--method", default="prediction", choices=("prediction", "auto"), help="auto: prediction, then n-gram lookup"
+    )
     ap.add_argument("--grid", action="store_true", help="tune min_anchor_chars, k_init, k_max")
     ap.add_argument("--json", type=Path, help="write results here")
     args = ap.parse_args()
@@ -174,9 +191,19 @@ def main() -> int:
     tokenizer = load_tokenizer(args.model)
     prices = parse_curve(args.curve) if args.curve else None
     corpus = pairs()
-    agg, results = run_corpus(tokenizer, corpus, args.cost_ratio, prices=prices)
-    print(f"engine defaults: {fmt(agg)}")
-    report = {"defaults": agg, "per_pair": [dict(name=n, **r.to_dict()) for (n, _, _), r in zip(corpus, results)]}
+    agg, results = run_corpus(tokenizer, corpus, args.cost_ratio, prices=prices, method=args.method)
+    print(f"engine defaults ({args.method}): {fmt(agg)}")
+    ceiling = ceilings(tokenizer, corpus)
+    print(
+        "follow ceiling (no drafter that only copies the prediction passes it): "
+        f"{ceiling['k_max_128']:.2f} tokens/step at K <= 128, {ceiling['k_max_none']:.2f} with no cap on K"
+    )
+    report = {
+        "method": args.method,
+        "defaults": agg,
+        "follow_ceiling": ceiling,
+        "per_pair": [dict(name=n, **r.to_dict()) for (n, _, _), r in zip(corpus, results)],
+    }
     worst = sorted(zip(corpus, results), key=lambda cr: cr[1].tokens_per_step)[:5]
     for (name, _, _), r in worst:
         print(f"  low: {name}: tokens/step {r.tokens_per_step:.1f}, acceptance {r.acceptance_rate:.2f}")

@@ -150,3 +150,28 @@ def test_cli_replay(tokenizer, tmp_path, capsys):
         ]
     )
     assert rc == 0 and "tokens per step" in capsys.readouterr().out
+
+
+def test_auto_is_priced_by_the_cost_ratio_not_by_timing_the_oracle(tokenizer):
+    """`auto` needs prices; replay gives it the linear model of the cost ratio. Timing the oracle
+    instead (its cost grows with every row it fills) cut its drafts short."""
+    from specserve.bench.replay import linear_prices
+    from specserve.config import SpeculationConfig
+
+    after = edited(BEFORE)
+    auto = replay(tokenizer, BEFORE, after, cost_ratio=1.16, spec=SpeculationConfig("auto"))
+    given = replay(tokenizer, BEFORE, after, spec=SpeculationConfig("auto"), prices=linear_prices(1.16))
+    assert auto.exact and auto.step_sizes == given.step_sizes
+    assert max(auto.step_sizes) > 64
+    assert auto.cost_ratio == pytest.approx(1.16)
+
+
+def test_follow_ceiling_counts_new_tokens_and_runs():
+    from specserve.bench.replay import follow_ceiling
+
+    pred = list(range(100))
+    out = pred[:40] + [500, 501, 502] + pred[40:70] + pred[75:]  # 3 tokens inserted, 5 deleted
+    assert follow_ceiling(pred, out) == 1 + 3 + 1 + 1  # three runs and three new tokens
+    assert follow_ceiling(pred, out, k_max=9) == 4 + 3 + 3 + 3  # runs of 40, 30, 25 at 10 a step
+    assert follow_ceiling(pred, pred) == 1
+    assert follow_ceiling([], [7, 8]) == 2

@@ -15,6 +15,8 @@ it would on that backend (the prediction drafter picks K from them), and c(n) is
 
 from __future__ import annotations
 
+import difflib
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -104,6 +106,11 @@ def step_cost(n_verified: int, cost_ratio: float) -> float:
     return 1.0 + (cost_ratio - 1.0) * (n_verified - 1) / (COST_REF_TOKENS - 1)
 
 
+def linear_prices(cost_ratio: float) -> CostModel:
+    """The linear cost model of `step_cost` as a CostModel: the same price for every pass size."""
+    return CostModel.linear((cost_ratio - 1.0) / (COST_REF_TOKENS - 1))
+
+
 def projected_speedup(
     output_tokens: int, step_sizes: list[int], cost_ratio: float, prices: CostModel | None = None
 ) -> float:
@@ -133,14 +140,21 @@ def replay_ids(
     prompt_ids: list[int] | None = None,
 ) -> RequestOutput:
     """Run the real engine with an oracle target that writes exactly `output_ids` (after
-    `prompt_ids`, by default one token: no prefill), drafting with `prices` when given."""
+    `prompt_ids`, by default one token: no prefill), drafting with `prices` when given.
+
+    `auto` always drafts with prices (its governor needs them): without `prices` it gets the
+    linear model of the default cost ratio. Left to itself the engine would time the oracle,
+    whose cost grows with every row it fills, and cap each draft at a few tokens."""
     prompt = list(prompt_ids) if prompt_ids else [output_ids[0] if output_ids else 0]
     oracle = OracleRunner(len(prompt), output_ids)
     engine = Engine(oracle, tokenizer)
+    spec = spec or SpeculationConfig("prediction")
+    if prices is None and spec.method == "auto":
+        prices = linear_prices(DEFAULT_COST_RATIO)
     if prices is not None:
         engine.use_prices(prices)
     params = SamplingParams(max_tokens=max(1, len(output_ids)), temperature=0.0, ignore_eos=True)
-    return engine.generate(prompt, params, spec or SpeculationConfig("prediction"), prediction=prediction).run()
+    return engine.generate(prompt, params, spec, prediction=prediction).run()
 
 
 def replay(
@@ -158,6 +172,9 @@ def replay(
     if not output_ids:
         raise ValueError("the output is empty: nothing to replay")
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False) if prompt else None
+    spec = spec or SpeculationConfig("prediction")
+    if prices is None and spec.method == "auto":  # auto drafts with prices: these, not the default ratio's
+        prices = linear_prices(cost_ratio)
     out = replay_ids(tokenizer, prediction, output_ids, spec, prices, prompt_ids)
     s = out.stats
     sizes = [st["proposed"] + 1 for st in out.steps]
@@ -175,6 +192,25 @@ def replay(
         exact=out.token_ids == output_ids,
         step_sizes=sizes,
     )
+
+
+def follow_ceiling(prediction_ids: list[int], output_ids: list[int], k_max: int | None = None) -> int:
+    """The fewest steps any drafter that only copies the prediction could take to write the output.
+
+    Take the token-level diff of prediction and output. An output token the prediction does not
+    hold (inserted or changed) needs a step of its own: no copy drafts it, the target writes it.
+    A run the prediction holds takes ceil(run / (k_max + 1)) steps (k_max drafted + 1 bonus), or
+    one step with no cap. So output tokens / this = the ceiling on tokens per step for such a
+    drafter, whatever its anchoring or draft lengths; only a source that drafts new text (n-gram
+    lookup, a draft model) can pass it."""
+    steps = 0
+    matcher = difflib.SequenceMatcher(None, prediction_ids, output_ids, autojunk=False)
+    for op, _, _, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            steps += 1 if k_max is None else math.ceil((j2 - j1) / (k_max + 1))
+        else:
+            steps += j2 - j1
+    return steps
 
 
 def aggregate(
