@@ -16,6 +16,9 @@ user-message layout; the CLI sends exactly these) through the in-process API on 
 
 **Usable** counts what `specserve edit` can write: a well-formed answer, or an answer of only the changed
 top-level definitions that `edit_splice` puts back into the file, the result passing the same checks.
+**`A then B`** rows are what `specserve edit` ends with: it asks with prompt A, and asks again with B
+(`edit.RETRY_PROMPT`) only when it refuses A's answer (`written_by_the_tool`); computed from the two runs,
+since greedy answers are deterministic.
 **Applied** is stricter and reported beside it: for type hints every parameter and the return of the named
 functions are annotated, for a docstring the named function has one, for the logic changes the strings the
 change must add are there and those it must remove are gone.
@@ -433,17 +436,44 @@ def _spliced(pair: Pair, original: str, code: str) -> str | None:
     return spliced[0]
 
 
+def written_by_the_tool(r: dict) -> bool:
+    """Whether `specserve edit` keeps this answer without asking again: it is usable, or complete
+    and changed with only faults the tool cannot see (a rename left half done is well-formed
+    code; only this script knows which name had to go)."""
+    seen = [p for p in r["problems"] if not p.startswith("rename not done")]
+    return r["usable"] or (r["finish_reason"] == "stop" and not seen and not r["unchanged"])
+
+
+def with_retry(results: list[dict], first: str, second: str) -> list[dict]:
+    """What `specserve edit` ends with per pair when it asks with `first`, then with `second` if
+    the first answer is refused (greedy answers are deterministic: the two runs above are the
+    two requests), keeping the second only when the tool would write it."""
+    by = {(r["pair"], r["prompt"]): r for r in results}
+    chosen = []
+    for pair in dict.fromkeys(r["pair"] for r in results):
+        a, b = by.get((pair, first)), by.get((pair, second))
+        if a is None or b is None:
+            continue
+        keep = a if written_by_the_tool(a) or not written_by_the_tool(b) else b
+        chosen.append({**keep, "prompt": f"{first} then {second}"})
+    return chosen
+
+
 def write_report(
     out: Path, llm, pairs: list[Pair], prompts: list[str], codes: dict[str, str], done: dict[tuple[str, str], dict]
 ) -> dict:
     """Write the JSON report of what has been measured so far; return its per-prompt summary."""
     import jinja2
 
-    from specserve.edit import DEFAULT_PROMPT, PROMPTS
+    from specserve.edit import DEFAULT_PROMPT, PROMPTS, RETRY_PROMPT
 
     results = [done[(p.name, name)] for p in pairs for name in prompts if (p.name, name) in done]
+    firsts = [name for name in prompts if name != RETRY_PROMPT] if RETRY_PROMPT in prompts else []
+    chained = [r for name in firsts for r in with_retry(results, name, RETRY_PROMPT)]  # what the tool does
+    chains = [f"{name} then {RETRY_PROMPT}" for name in firsts]
+    results += chained
     summary = {}
-    for name in prompts:
+    for name in prompts + chains:
         rs = [r for r in results if r["prompt"] == name]
         summary[name] = {
             "pairs": len(rs),
@@ -457,8 +487,11 @@ def write_report(
                 k: f"{sum(r['well_formed'] for r in rs if r['kind'] == k)}/{sum(1 for r in rs if r['kind'] == k)}"
                 for k in ("rename", "hints", "docstring", "logic")
             },
-            "system": PROMPTS[name].system,
-            "user": PROMPTS[name].user,
+            **(
+                {"system": PROMPTS[name].system, "user": PROMPTS[name].user}
+                if name in PROMPTS
+                else {"retry": "the second prompt is asked only when the tool refuses the first answer"}
+            ),
         }
     report = {
         "model": llm.model_name,

@@ -14,7 +14,9 @@ import pytest
 
 from specserve.cli.main import main
 from specserve.edit import (
+    DEFAULT_PROMPT,
     PROMPTS,
+    RETRY_PROMPT,
     EditError,
     build_messages,
     check_answer,
@@ -32,6 +34,7 @@ class FakeServer:
 
     def __init__(self):
         self.answer, self.finish = "```python\n" + EDITED + "```", "stop"
+        self.queue: list[str] = []  # answers for the next requests, in order; then `answer`
         self.requests: list[dict] = []
         fake = self
 
@@ -71,7 +74,8 @@ class FakeServer:
 
     def chunks(self, body):
         base = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
-        pieces = [self.answer[i : i + 7] for i in range(0, len(self.answer), 7)]
+        answer = self.queue.pop(0) if self.queue else self.answer
+        pieces = [answer[i : i + 7] for i in range(0, len(answer), 7)]
         for p in pieces:
             yield {**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
         yield {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish}]}
@@ -378,3 +382,48 @@ def test_an_answer_of_only_the_changed_function_is_put_in_place(server, tmp_path
     assert edit_cli(server, path, "--in-place") == 0
     assert path.read_text() == EDITED + tail
     assert "only the changed definitions (greet)" in capsys.readouterr().err
+
+
+def _prompt_of(body: dict) -> str:
+    """Which of PROMPTS laid out this request (by its system message and worked examples)."""
+    return next(
+        name
+        for name, p in PROMPTS.items()
+        if body["messages"][0]["content"] == p.system and len(body["messages"]) == 2 + 2 * len(p.examples)
+    )
+
+
+def test_a_broken_answer_is_asked_for_again_with_the_retry_prompt(server, src, capsys):
+    server.queue = [PLACEHOLDER]  # then the good answer
+    assert edit_cli(server, src, "--in-place") == 0
+    assert src.read_text() == EDITED
+    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, RETRY_PROMPT]
+    assert all(r["prediction"]["content"] == ORIGINAL for r in server.requests)
+    assert f"asking again with the {RETRY_PROMPT!r} prompt" in capsys.readouterr().err
+
+
+def test_an_unchanged_answer_is_asked_for_again(server, src):
+    server.queue = ["```python\n" + ORIGINAL + "```"]
+    assert edit_cli(server, src, "--in-place") == 0
+    assert src.read_text() == EDITED and len(server.requests) == 2
+
+
+def test_a_second_broken_answer_keeps_the_refusal(server, src, capsys):
+    server.answer = PLACEHOLDER
+    assert edit_cli(server, src, "--in-place") == 2
+    assert src.read_text() == ORIGINAL and len(server.requests) == 2
+    assert "the second answer is no better" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--no-retry", "--force"])
+def test_no_retry_and_force_ask_once(server, src, flag):
+    server.queue = [PLACEHOLDER]
+    edit_cli(server, src, "--in-place", flag)
+    assert len(server.requests) == 1
+
+
+def test_a_good_or_truncated_answer_is_not_asked_again(server, src):
+    assert edit_cli(server, src, "--in-place") == 0 and len(server.requests) == 1
+    server.answer, server.finish = "```python\ndef greet(name: str) -> str:\n", "length"
+    src.write_text(ORIGINAL)
+    assert edit_cli(server, src, "--in-place") == 2 and len(server.requests) == 2

@@ -351,6 +351,10 @@ PROMPTS: dict[str, EditPrompt] = {
     )
 }
 DEFAULT_PROMPT = "instruction-first"
+# `specserve edit` asks once more with this prompt when the first answer cannot be the updated
+# file (short, no code, a placeholder, or the file unchanged): its worked example cures short
+# answers, the commonest failure of the others (docs/server.md, "Which edit prompt").
+RETRY_PROMPT = "example"
 SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
 
 
@@ -388,11 +392,13 @@ def refactor_with_predicted_outputs(
     language: str = "",
     max_tokens: int | None = None,
     on_delta: Callable[[str], None] | None = None,
+    prompt: str | EditPrompt = DEFAULT_PROMPT,
 ) -> EditResult:
     """Ask the model to apply `instruction` to `original_code`, with the code as the prediction.
 
     Streams the answer (on_delta gets each text delta) and returns when the stream ends.
     The caller decides what to do with an incomplete answer: check `result.complete`.
+    `prompt`: which of PROMPTS lays out the request.
     """
     import openai
 
@@ -403,7 +409,7 @@ def refactor_with_predicted_outputs(
     try:
         stream = client.chat.completions.create(
             model=model,
-            messages=build_messages(original_code, instruction, language),
+            messages=build_messages(original_code, instruction, language, prompt),
             temperature=0,
             prediction={"type": "content", "content": original_code},
             stream=True,

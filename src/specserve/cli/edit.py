@@ -5,7 +5,9 @@ only an answer that can be the updated file: a response cut by max_tokens is ref
 one that `edit.check_answer` finds broken (far shorter than the file without a removal asked
 for, no code, a placeholder such as `obj['updated_code']`) unless --force is given. A refused
 answer never touches the file: no write, no .bak. A Python answer that holds only the changed
-top-level definitions is put back into the whole file first (edit_splice.py).
+top-level definitions is put back into the whole file first (edit_splice.py). An answer that
+still cannot be the updated file, or is the file unchanged, is asked for once more with another
+prompt (`edit.RETRY_PROMPT`), unless --no-retry; the better of the two is kept.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..edit import (
+    DEFAULT_PROMPT,
+    RETRY_PROMPT,
     EditError,
     EditResult,
     check_answer,
@@ -58,6 +62,11 @@ def add_parser(subparsers) -> None:
         action="store_true",
         help="write the answer even when it does not look like the updated file (far shorter than "
         "the original, no code, a placeholder); a truncated answer is never written",
+    )
+    p.add_argument(
+        "--no-retry",
+        action="store_true",
+        help=f"do not ask again (with the {RETRY_PROMPT!r} prompt) when the answer cannot be the updated file",
     )
     p.add_argument("--max-tokens", type=int, default=None, help="cap on the answer's length")
     p.add_argument("--html", type=Path, help="also write an HTML report of the edit (lines kept vs changed)")
@@ -133,8 +142,9 @@ def _splice(original: str, result: EditResult, problems: list[str], instruction:
     return dataclasses.replace(result, code=spliced[0]), []
 
 
-def run(args) -> int:
-    original = args.file.read_text(encoding="utf-8")
+def ask(args, original: str, prompt: str) -> tuple[EditResult, list[str]]:
+    """One request: the answer (spliced into the file when it holds only changed definitions)
+    and what `check_answer` finds wrong with it."""
     client = make_client(args.base_url, args.api_key)
     with tqdm(desc="receiving", unit="chunk", file=sys.stderr, leave=False, disable=None) as bar:
         result = refactor_with_predicted_outputs(
@@ -145,7 +155,34 @@ def run(args) -> int:
             language_for(args.file),
             args.max_tokens,
             on_delta=lambda _: bar.update(1),
+            prompt=prompt,
         )
+    if not result.complete:
+        return result, []
+    problems = check_answer(original, result.code, args.instruction, language_for(args.file))
+    if problems and language_for(args.file) == "python":
+        result, problems = _splice(original, result, problems, args.instruction)
+    return result, problems
+
+
+def _failure(original: str, result: EditResult, problems: list[str]) -> str | None:
+    """Why a complete answer is no edit at all (None if it is one)."""
+    if problems:
+        return "; ".join(problems)
+    return "the answer is the file unchanged" if result.code == original else None
+
+
+def run(args) -> int:
+    original = args.file.read_text(encoding="utf-8")
+    result, problems = ask(args, original, DEFAULT_PROMPT)
+    why = _failure(original, result, problems) if result.complete else None
+    if why and not args.no_retry and not args.force:
+        print(f"{why}: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
+        second, second_problems = ask(args, original, RETRY_PROMPT)
+        if second.complete and _failure(original, second, second_problems) is None:
+            result, problems = second, second_problems
+        else:
+            print("the second answer is no better: keeping the first", file=sys.stderr)
     if args.html:
         from ..bench.report_html import render_diff_html
 
@@ -160,9 +197,6 @@ def run(args) -> int:
             f"the answer is incomplete (finish_reason={result.finish_reason!r}); nothing written"
             + (" — raise --max-tokens" if result.finish_reason == "length" else "")
         )
-    problems = check_answer(original, result.code, args.instruction, language_for(args.file))
-    if problems and language_for(args.file) == "python":
-        result, problems = _splice(original, result, problems, args.instruction)
     dest = target_path(args)
     if problems and dest is not None and not args.force:
         print(
