@@ -12,9 +12,10 @@ prices and the projected speedup is paid in them.
     python scripts/replay_corpus.py [--model smollm2-135m-instruct] [--curve 1:1,8:6.6,32:15.4,128:44.9]
                                     [--method prediction|auto] [--grid] [--json out.json]
 
-It also prints the *follow ceiling* (`replay.follow_ceiling`): the most tokens per step any drafter
-that only copies the prediction could reach on these pairs (every token the release added costs a
-step), at K <= 128 and with no cap on K.
+It also prints the *copy ceiling* (`replay.copy_ceiling`): the most tokens per step a drafter
+that copies runs of the prediction could reach on these pairs if it always knew which run to
+copy, at K <= 128 and with no cap on K (an upper bound for copying; learned edits, n-gram lookup
+and a draft model draft other text and are not bounded by it).
 
 Wheels are cached in $SPECSERVE_REPLAY_CORPUS (default: <tmp>/specserve-replay-corpus).
 Downloaded third-party source never enters the repository.
@@ -34,7 +35,7 @@ import zipfile
 from pathlib import Path
 
 from specserve.bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
-from specserve.bench.replay import aggregate, follow_ceiling, parse_curve, replay
+from specserve.bench.replay import aggregate, copy_ceiling, parse_curve, replay
 from specserve.config import SpeculationConfig
 from specserve.proposers.base import REGISTRY
 from specserve.proposers.prediction import PredictionProposer
@@ -132,13 +133,13 @@ def run_corpus(
 
 
 def ceilings(tokenizer, corpus) -> dict:
-    """Tokens per step a prediction-only drafter cannot pass on the corpus, at K <= 128 and unbounded."""
+    """Tokens per step no drafter that copies the prediction can pass on the corpus, K <= 128 and unbounded."""
     enc = [
         (tokenizer.encode(a, add_special_tokens=False), tokenizer.encode(b, add_special_tokens=False))
         for _, a, b in corpus
     ]
     tokens = sum(len(b) for _, b in enc)
-    return {f"k_max_{k or 'none'}": tokens / sum(follow_ceiling(a, b, k) for a, b in enc) for k in (128, None)}
+    return {f"k_max_{k or 'none'}": tokens / sum(copy_ceiling(a, b, k) for a, b in enc) for k in (128, None)}
 
 
 GRID = {"min_anchor_chars": (4, 8, 16, 32), "k_max": (32, 64, 96, 128, 192), "k_init": (4, 8, 16)}
@@ -195,13 +196,13 @@ def main() -> int:
     print(f"engine defaults ({args.method}): {fmt(agg)}")
     ceiling = ceilings(tokenizer, corpus)
     print(
-        "follow ceiling (no drafter that only copies the prediction passes it): "
+        "copy ceiling (copying runs of the prediction, knowing which to copy): "
         f"{ceiling['k_max_128']:.2f} tokens/step at K <= 128, {ceiling['k_max_none']:.2f} with no cap on K"
     )
     report = {
         "method": args.method,
         "defaults": agg,
-        "follow_ceiling": ceiling,
+        "copy_ceiling": ceiling,
         "per_pair": [dict(name=n, **r.to_dict()) for (n, _, _), r in zip(corpus, results)],
     }
     worst = sorted(zip(corpus, results), key=lambda cr: cr[1].tokens_per_step)[:5]

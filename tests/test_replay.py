@@ -166,12 +166,26 @@ def test_auto_is_priced_by_the_cost_ratio_not_by_timing_the_oracle(tokenizer):
     assert auto.cost_ratio == pytest.approx(1.16)
 
 
-def test_follow_ceiling_counts_new_tokens_and_runs():
-    from specserve.bench.replay import follow_ceiling
+def test_copy_ceiling_copies_runs_from_anywhere_in_the_prediction():
+    import random
+
+    from specserve.bench.replay import _longest_matches, copy_ceiling
 
     pred = list(range(100))
     out = pred[:40] + [500, 501, 502] + pred[40:70] + pred[75:]  # 3 tokens inserted, 5 deleted
-    assert follow_ceiling(pred, out) == 1 + 3 + 1 + 1  # three runs and three new tokens
-    assert follow_ceiling(pred, out, k_max=9) == 4 + 3 + 3 + 3  # runs of 40, 30, 25 at 10 a step
-    assert follow_ceiling(pred, pred) == 1
-    assert follow_ceiling([], [7, 8]) == 2
+    # steps: 40 copied + 500 | 501 | 502 | 30 copied + 75 | 24 copied (the last run)
+    assert copy_ceiling(pred, out) == 5
+    assert copy_ceiling(pred, out, k_max=9) == 4 + 3 + 3 + 3  # 10 a step; the new tokens one each
+    assert copy_ceiling(pred, pred) == 1 and copy_ceiling([], [7, 8]) == 2
+    moved = pred[50:] + pred[:50]  # a moved block is copied, not written anew
+    assert copy_ceiling(pred, moved) == 2
+    rng = random.Random(0)  # matching statistics against brute force
+    for _ in range(50):
+        text = [rng.randrange(3) for _ in range(rng.randrange(0, 30))]
+        query = [rng.randrange(3) for _ in range(rng.randrange(1, 30))]
+
+        def occurs(run, text=text):
+            return any(text[i : i + len(run)] == run for i in range(len(text) - len(run) + 1))
+
+        brute = [max(n for n in range(len(query) - j + 1) if occurs(query[j : j + n])) for j in range(len(query))]
+        assert _longest_matches(text, query) == brute

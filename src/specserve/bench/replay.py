@@ -15,8 +15,6 @@ it would on that backend (the prediction drafter picks K from them), and c(n) is
 
 from __future__ import annotations
 
-import difflib
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -194,23 +192,68 @@ def replay(
     )
 
 
-def follow_ceiling(prediction_ids: list[int], output_ids: list[int], k_max: int | None = None) -> int:
-    """The fewest steps any drafter that only copies the prediction could take to write the output.
+def copy_ceiling(prediction_ids: list[int], output_ids: list[int], k_max: int | None = None) -> int:
+    """The fewest steps a drafter that copies runs of the prediction could take to write the output.
 
-    Take the token-level diff of prediction and output. An output token the prediction does not
-    hold (inserted or changed) needs a step of its own: no copy drafts it, the target writes it.
-    A run the prediction holds takes ceil(run / (k_max + 1)) steps (k_max drafted + 1 bonus), or
-    one step with no cap. So output tokens / this = the ceiling on tokens per step for such a
-    drafter, whatever its anchoring or draft lengths; only a source that drafts new text (n-gram
-    lookup, a draft model) can pass it."""
-    steps = 0
-    matcher = difflib.SequenceMatcher(None, prediction_ids, output_ids, autojunk=False)
-    for op, _, _, j1, j2 in matcher.get_opcodes():
-        if op == "equal":
-            steps += 1 if k_max is None else math.ceil((j2 - j1) / (k_max + 1))
-        else:
-            steps += j2 - j1
+    A step verifies a draft copied from anywhere in the prediction (at most k_max tokens) and
+    commits it plus one token of the target's own. Taking at each position the longest run of
+    the output that occurs in the prediction is optimal: the longest match from position j+1 is
+    at least the one from j less one token, so the furthest reach never shrinks. Output
+    tokens / this = the ceiling on tokens per step for such a drafter, however it anchors and
+    sizes its drafts. Only drafting text the prediction does not hold can pass it: learned
+    edits (a rename drafted at later sites), n-gram lookup, a draft model."""
+    longest = _longest_matches(prediction_ids, output_ids)
+    cap = len(output_ids) if k_max is None else k_max
+    steps = j = 0
+    while j < len(output_ids):
+        j += min(longest[j], cap) + 1
+        steps += 1
     return steps
+
+
+def _longest_matches(text: list[int], query: list[int]) -> list[int]:
+    """For each j, the length of the longest query[j:j+L] that occurs in `text` (matching
+    statistics, from a suffix automaton of the reversed text read along the reversed query)."""
+    nxt: list[dict[int, int]] = [{}]
+    link, size = [-1], [0]  # suffix link and longest length of each state
+    last = 0
+    for tok in reversed(text):
+        cur = len(nxt)
+        nxt.append({})
+        link.append(-1)
+        size.append(size[last] + 1)
+        p = last
+        while p != -1 and tok not in nxt[p]:
+            nxt[p][tok] = cur
+            p = link[p]
+        if p == -1:
+            link[cur] = 0
+        else:
+            q = nxt[p][tok]
+            if size[p] + 1 == size[q]:
+                link[cur] = q
+            else:
+                clone = len(nxt)
+                nxt.append(dict(nxt[q]))
+                link.append(link[q])
+                size.append(size[p] + 1)
+                while p != -1 and nxt[p].get(tok) == q:
+                    nxt[p][tok] = clone
+                    p = link[p]
+                link[q] = link[cur] = clone
+        last = cur
+    out = [0] * len(query)
+    state = length = 0
+    for i, tok in enumerate(reversed(query)):
+        while state and tok not in nxt[state]:
+            state = link[state]
+            length = size[state]
+        if tok in nxt[state]:
+            state, length = nxt[state][tok], length + 1
+        else:
+            length = 0
+        out[len(query) - 1 - i] = length
+    return out
 
 
 def aggregate(
