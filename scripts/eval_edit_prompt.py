@@ -17,8 +17,8 @@ user-message layout; the CLI sends exactly these) through the in-process API on 
 **Usable** counts what `specserve edit` can write: a well-formed answer, or an answer of only the changed
 top-level definitions that `edit_splice` puts back into the file, the result passing the same checks.
 **`A then B`** rows are what `specserve edit` ends with: it asks with prompt A, and asks again with B
-(`edit.RETRY_PROMPT`) only when it refuses A's answer (`written_by_the_tool`); computed from the two runs,
-since greedy answers are deterministic.
+(`edit.RETRY_PROMPT`) only when it refuses A's answer (`written_by_the_tool`); computed from the two runs
+(greedy, so the same answers up to llama.cpp's default kernels rounding a batch of another shape).
 **Applied** is stricter and reported beside it: for type hints every parameter and the return of the named
 functions are annotated, for a docstring the named function has one, for the logic changes the strings the
 change must add are there and those it must remove are gone.
@@ -419,7 +419,23 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
         if spliced is not None:
             unchanged = spliced == original
             result.update(usable=not unchanged, spliced=True, applied=applied(pair, spliced), unchanged=unchanged)
+    result["written"] = finish_reason == "stop" and _tool_writes(pair, original, code)
     return result
+
+
+def _tool_writes(pair: Pair, original: str, code: str) -> bool:
+    """Whether `specserve edit` writes this complete answer without asking again: the CLI's own
+    rule (check_answer, then a splice of changed definitions, and not the file unchanged),
+    blind to what only this script knows, such as which name a rename had to remove."""
+    from specserve.edit import check_answer
+    from specserve.edit_splice import splice_definitions
+
+    if check_answer(original, code, pair.instruction, "python"):
+        spliced = splice_definitions(original, code)
+        if spliced is None or check_answer(original, spliced[0], pair.instruction, "python"):
+            return False
+        code = spliced[0]
+    return code != original
 
 
 def _spliced(pair: Pair, original: str, code: str) -> str | None:
@@ -437,9 +453,11 @@ def _spliced(pair: Pair, original: str, code: str) -> str | None:
 
 
 def written_by_the_tool(r: dict) -> bool:
-    """Whether `specserve edit` keeps this answer without asking again: it is usable, or complete
-    and changed with only faults the tool cannot see (a rename left half done is well-formed
-    code; only this script knows which name had to go)."""
+    """Whether `specserve edit` keeps this answer without asking again (`_tool_writes`, recorded
+    at judging). Records judged before it was recorded: usable, or complete and changed with only
+    faults the tool cannot see (a rename left half done is well-formed code)."""
+    if "written" in r:
+        return r["written"]
     seen = [p for p in r["problems"] if not p.startswith("rename not done")]
     return r["usable"] or (r["finish_reason"] == "stop" and not seen and not r["unchanged"])
 
