@@ -202,3 +202,18 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert prices.batch([1, 1, 1]) == prices.target(3)
     per_seq = CostModel(((1, 1.0), (8, 6.0), (128, 45.0)), batched=False)
     assert per_seq.batch([1, 1, 1]) == 3.0
+
+
+def test_a_sampled_requests_draft_backlog_ignores_what_the_prefix_cache_shared():
+    """Whether the draft model drafts changes what a sampled request commits, so its backlog is
+    priced as if no prefix were shared (a seeded request: the same text cold or warm); a greedy
+    request's commits never change, so it may count the shared prefix as read."""
+    from specserve.config import SamplingParams
+    from specserve.engine.sampling import Noise
+    from specserve.proposers.draft_model import DraftModelProposer
+
+    tokens = list(range(300))
+    for params, expected in ((SamplingParams(temperature=0.9, seed=7), 300), (SamplingParams(temperature=0), 20)):
+        p = DraftModelProposer(None, params, Noise(7))
+        p.fed, p.committed, p.shared = tokens[:280], 280, 280  # as DraftPrefixes.share leaves it
+        assert p.backlog(tokens) == expected

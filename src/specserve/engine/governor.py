@@ -31,9 +31,11 @@ answer never pays for a draft model's prefill, and a long one starts using it on
 enough; a backlog of a few tokens (the usual catch-up after a step) is always worth reading.
 
 Decisions depend only on the request's own history and the calibrated prices, never on the
-wall clock during the request (and, for a draft model, on how much of the prompt its prefix cache
-already held), so a seeded request that a draft model drafts for (whose
-sampled drafts change what it commits) stays reproducible for a given set of prices. Only `auto` is
+wall clock during the request. For a greedy request a draft model's backlog also counts what its
+prefix cache already held; a sampled one counts a shared prefix as unread
+(`DraftModelProposer.backlog`), so a seeded request that a draft model drafts for (whose
+sampled drafts change what it commits) stays reproducible for a given set of prices, on a cold
+or a warm server. Only `auto` is
 governed, and only the n-gram and draft-model sources: a prediction is the caller's explicit
 choice (and its drafts are nearly free to make). Outputs never change either way: which tokens
 are drafted does not change what verification commits.

@@ -26,6 +26,7 @@ class DraftModelProposer:
         self.k = AdaptiveK(k_init, 1, k_max)
         self.fed: list[int] = []  # tokens in the draft model's cache, in order
         self.committed = 0  # len(tokens) at the last proposal: fed[:committed] are known-good
+        self.shared = 0  # prompt tokens another request's draft cache gave us, until we first feed
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
         """Roll the cache back to what matches `tokens`, feed the rest; logits of the last token [V]."""
@@ -36,12 +37,17 @@ class DraftModelProposer:
         self.runner.truncate(keep)
         self.fed = tokens[:]
         logits = self.runner.forward(tokens[keep:], last_only=True)  # [1, V]
-        self.committed = len(tokens)
+        self.committed, self.shared = len(tokens), 0
         return logits[-1]
 
     def backlog(self, tokens: list[int]) -> int:
-        """Tokens the next proposal must feed before drafting (all of the prompt the first time)."""
-        return len(tokens) - self.committed
+        """Tokens the next proposal must feed before drafting (all of the prompt the first time),
+        as the governor prices them. A sampled request counts a shared prefix as unread: whether
+        the draft model drafts changes what a sampled request commits, so that choice must not
+        depend on what the prefix cache happened to hold (a seeded request then gives the same
+        text on a cold and a warm server)."""
+        unread = len(tokens) - self.committed
+        return unread if self.params.greedy else unread + self.shared
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """Nothing: the draft model reads the prompt on its first proposal (`_sync` feeds what it
