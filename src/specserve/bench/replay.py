@@ -136,19 +136,20 @@ def replay_ids(
     spec: SpeculationConfig | None = None,
     prices: CostModel | None = None,
     prompt_ids: list[int] | None = None,
+    cost_ratio: float = DEFAULT_COST_RATIO,
 ) -> RequestOutput:
     """Run the real engine with an oracle target that writes exactly `output_ids` (after
     `prompt_ids`, by default one token: no prefill), drafting with `prices` when given.
 
     `auto` always drafts with prices (its governor needs them): without `prices` it gets the
-    linear model of the default cost ratio. Left to itself the engine would time the oracle,
-    whose cost grows with every row it fills, and cap each draft at a few tokens."""
+    linear model of `cost_ratio`. Left to itself the engine would time the oracle, whose cost
+    grows with every row it fills, and cap each draft at a few tokens."""
     prompt = list(prompt_ids) if prompt_ids else [output_ids[0] if output_ids else 0]
     oracle = OracleRunner(len(prompt), output_ids)
     engine = Engine(oracle, tokenizer)
     spec = spec or SpeculationConfig("prediction")
     if prices is None and spec.method == "auto":
-        prices = linear_prices(DEFAULT_COST_RATIO)
+        prices = linear_prices(cost_ratio)
     if prices is not None:
         engine.use_prices(prices)
     params = SamplingParams(max_tokens=max(1, len(output_ids)), temperature=0.0, ignore_eos=True)
@@ -170,10 +171,7 @@ def replay(
     if not output_ids:
         raise ValueError("the output is empty: nothing to replay")
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False) if prompt else None
-    spec = spec or SpeculationConfig("prediction")
-    if prices is None and spec.method == "auto":  # auto drafts with prices: these, not the default ratio's
-        prices = linear_prices(cost_ratio)
-    out = replay_ids(tokenizer, prediction, output_ids, spec, prices, prompt_ids)
+    out = replay_ids(tokenizer, prediction, output_ids, spec, prices, prompt_ids, cost_ratio)
     s = out.stats
     sizes = [st["proposed"] + 1 for st in out.steps]
     return ReplayResult(
