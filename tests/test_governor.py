@@ -215,5 +215,5 @@ def test_a_sampled_requests_draft_backlog_ignores_what_the_prefix_cache_shared()
     tokens = list(range(300))
     for params, expected in ((SamplingParams(temperature=0.9, seed=7), 300), (SamplingParams(temperature=0), 20)):
         p = DraftModelProposer(None, params, Noise(7))
-        p.fed, p.committed, p.shared = tokens[:280], 280, 280  # as DraftPrefixes.share leaves it
+        p.adopt_prefix(tokens[:280])  # what DraftPrefixes.share does
         assert p.backlog(tokens) == expected

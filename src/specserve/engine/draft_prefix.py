@@ -62,7 +62,7 @@ class DraftPrefixes:
         if n == 0:
             return 0
         self.backend.copy_prefix(seq, runner._seq(), n)
-        proposer.fed, proposer.committed, proposer.shared = list(req.prompt_ids[:n]), n, n
+        proposer.adopt_prefix(req.prompt_ids[:n])
         return n
 
     def _source(self, target_seq: int, running) -> tuple[int, list[int]] | None:

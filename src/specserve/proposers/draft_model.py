@@ -40,6 +40,10 @@ class DraftModelProposer:
         self.committed, self.shared = len(tokens), 0
         return logits[-1]
 
+    def adopt_prefix(self, prefix: list[int]) -> None:
+        """The draft cache was given `prefix` (copied from another request's draft sequence)."""
+        self.fed, self.committed, self.shared = list(prefix), len(prefix), len(prefix)
+
     def backlog(self, tokens: list[int]) -> int:
         """Tokens the next proposal must feed before drafting (all of the prompt the first time),
         as the governor prices them. A sampled request counts a shared prefix as unread: whether
