@@ -194,6 +194,39 @@ def test_calibration_on_a_real_runner():
     assert core.target._lengths == {} and core.draft._lengths == {}
 
 
+class StallingRunner:
+    """A runner whose passes take 1 ms + 0.01 ms per token on a fake clock, except that the
+    first pass of `stall_at` tokens stalls for 40 ms (a page fault, another process)."""
+
+    max_context = 4096
+
+    def __init__(self, clock, stall_at: int):
+        self.clock, self.stall_at, self.stalled = clock, stall_at, False
+
+    def forward(self, ids, last_only=False):
+        self.clock.now += 1e-3 + 1e-5 * len(ids)
+        if len(ids) == self.stall_at and not self.stalled:
+            self.stalled, self.clock.now = True, self.clock.now + 40e-3
+
+    def truncate(self, n):
+        pass
+
+    def reset(self):
+        pass
+
+
+def test_one_stalled_pass_does_not_price_a_small_models_curve(monkeypatch):
+    """A small model's passes take a millisecond, so a one-off stall during calibration would
+    make every longer pass look 40x dearer (and a prediction draft K = 1); cheap passes are
+    timed a few times and the median kept."""
+    from specserve.engine import governor
+
+    clock = type("Clock", (), {"now": 0.0})()
+    monkeypatch.setattr(governor.time, "perf_counter", lambda: clock.now)
+    prices = CostModel.calibrate(StallingRunner(clock, stall_at=64))
+    assert prices.target(64) < 1.7, prices.curve  # 1.64 ms / 1.01 ms, not 41.6 ms / 1.01 ms
+
+
 def test_cost_curve_interpolates_and_extrapolates():
     prices = CostModel(((1, 1.0), (8, 6.0), (128, 45.0)))
     assert prices.target(1) == 1.0 and prices.target(8) == 6.0

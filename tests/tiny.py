@@ -98,3 +98,14 @@ def save_tiny(path, kind: str = "llama", seed: int = 0) -> str:
     tiny_model(kind, seed).save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return str(path)
+
+
+def steady_prices(*llms):
+    """Pin each LLM's prices to a fixed curve (a verified token costs 0.05 of a pass, a draft
+    model's pass 0.2), so which K a test's drafts get never depends on timing a tiny model,
+    whose millisecond passes a busy machine can make look dear (K = 1) or free. Returns llms."""
+    from specserve.engine.governor import CostModel
+
+    for llm in llms:
+        llm.engine.use_prices(CostModel.linear(0.05, draft=0.2))
+    return llms

@@ -51,6 +51,7 @@ from ..config import CALIBRATION_CONTEXT, CALIBRATION_SIZES  # the loader sizes 
 
 GOVERNED = ("ngram", "draft")
 SMALL_REPEATS = 3  # passes of <= 8 tokens are short and noisy: take the median of a few
+CHEAP_PASS_S = 0.05  # a longer pass this quick (a small model) is noisy too: take the median of SMALL_REPEATS
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,16 @@ class CostModel:
 
 
 def _time_passes(runner, sizes: tuple[int, ...], context: int) -> list[float]:
-    """Seconds of one pass of each size after `context` cached tokens (the median of
-    SMALL_REPEATS for small sizes); the runner is reset afterwards."""
+    """Seconds of one pass of each size after `context` cached tokens: the median of
+    SMALL_REPEATS for small sizes and for any pass quicker than CHEAP_PASS_S (a one-off stall
+    of a millisecond would otherwise price a small model's whole curve); the runner is reset
+    afterwards."""
     runner.reset()
     runner.forward([1] * context, last_only=True)
     out = []
     for n in sizes:
-        runs = []
-        for _ in range(SMALL_REPEATS if n <= 8 else 1):
+        runs: list[float] = []
+        while len(runs) < SMALL_REPEATS and (n <= 8 or not runs or runs[0] < CHEAP_PASS_S):
             t = time.perf_counter()
             runner.forward([1] * n)
             runs.append(time.perf_counter() - t)
