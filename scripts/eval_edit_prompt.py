@@ -425,31 +425,22 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
 
 def _tool_writes(pair: Pair, original: str, code: str) -> bool:
     """Whether `specserve edit` writes this complete answer without asking again: the CLI's own
-    rule (check_answer, then a splice of changed definitions, and not the file unchanged),
-    blind to what only this script knows, such as which name a rename had to remove."""
-    from specserve.edit import check_answer
-    from specserve.edit_splice import splice_definitions
+    rule (`edit.judge_answer`), blind to what only this script knows, such as which name a
+    rename had to remove."""
+    from specserve.edit import judge_answer
 
-    if check_answer(original, code, pair.instruction, "python"):
-        spliced = splice_definitions(original, code)
-        if spliced is None or check_answer(original, spliced[0], pair.instruction, "python"):
-            return False
-        code = spliced[0]
-    return code != original
+    return judge_answer(original, code, pair.instruction, "python").failure is None
 
 
 def _spliced(pair: Pair, original: str, code: str) -> str | None:
     """The file `specserve edit` writes for an answer of only the changed definitions, if it would
-    write one (edit_splice.py; the same checks), and a rename is done in it."""
-    from specserve.edit import check_answer
-    from specserve.edit_splice import splice_definitions
+    write one (`edit.judge_answer`), and a rename is done in it."""
+    from specserve.edit import judge_answer
 
-    spliced = splice_definitions(original, code)
-    if spliced is None or check_answer(original, spliced[0], pair.instruction, "python"):
+    verdict = judge_answer(original, code, pair.instruction, "python")
+    if not verdict.spliced or (pair.kind == "rename" and not renamed(pair, verdict.code)):
         return None
-    if pair.kind == "rename" and not renamed(pair, spliced[0]):
-        return None
-    return spliced[0]
+    return verdict.code
 
 
 def written_by_the_tool(r: dict) -> bool:

@@ -50,3 +50,19 @@ def test_anything_uncertain_builds_nothing():
     twice = FILE + "\n\ndef first(a):\n    return a\n"
     assert splice_definitions(twice, "def first(a):\n    return 0\n") is None  # defined twice: which one?
     assert splice_definitions(FILE, "def first(a):\n    return 0\n\ndef first(a):\n    return 1\n") is None
+
+
+def test_the_edit_tools_verdict_splices_refuses_and_accepts_by_one_rule():
+    """`judge_answer` is the rule the CLI writes by and the prompt evaluation counts with."""
+    from specserve.edit import judge_answer
+
+    whole = FILE.replace("return a + 1", "return a + 2")
+    assert judge_answer(FILE, whole, "change first", "python").failure is None  # a whole, changed file
+    part = judge_answer(FILE, "def first(a):\n    return a + 2\n", "change first", "python")
+    assert part.spliced == ["first"] and part.code == whole and part.failure is None
+    same = judge_answer(FILE, FILE, "change first", "python")
+    assert same.failure == "the answer is the file unchanged" and not same.spliced
+    text = judge_answer(FILE, "def first(a):\n    return a + 2\n", "change first", "text")  # no splice outside Python
+    assert text.spliced == [] and "far shorter" in text.failure
+    broken = judge_answer(FILE, "def first(a):\n    return (\n", "change first", "python")
+    assert broken.failure and broken.code == "def first(a):\n    return (\n"

@@ -228,6 +228,41 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
     return problems
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What `specserve edit` makes of one complete answer: the file it would write and why not.
+
+    code: the answer, or, for a Python answer that holds only changed top-level definitions,
+    the original with those put in place (edit_splice.py); spliced: their names ([] when the
+    answer was whole); problems: what `check_answer` finds wrong with `code`."""
+
+    code: str
+    problems: list[str]
+    spliced: list[str]
+    original: str
+
+    @property
+    def failure(self) -> str | None:
+        """Why this is no edit at all (None when the tool writes it without asking again)."""
+        if self.problems:
+            return "; ".join(self.problems)
+        return "the answer is the file unchanged" if self.code == self.original else None
+
+
+def judge_answer(original: str, answer: str, instruction: str = "", language: str = "") -> Verdict:
+    """The edit tool's one rule for a complete answer (fence stripped), shared by the CLI and the
+    prompt evaluation: check it; if that fails on Python, try it as changed definitions spliced
+    into the file, kept only when the spliced file passes the same check."""
+    from .edit_splice import splice_definitions
+
+    problems = check_answer(original, answer, instruction, language)
+    if problems and language == "python":
+        spliced = splice_definitions(original, answer)
+        if spliced is not None and not check_answer(original, spliced[0], instruction, language):
+            return Verdict(spliced[0], [], spliced[1], original)
+    return Verdict(answer, problems, [], original)
+
+
 def _syntax_error(code: str) -> str | None:
     import warnings
 

@@ -2,7 +2,7 @@
 
 Shows a unified diff and the Predicted Outputs figures. Writes (with --in-place or --output)
 only an answer that can be the updated file: a response cut by max_tokens is refused, and so is
-one that `edit.check_answer` finds broken (far shorter than the file without a removal asked
+one that `edit.judge_answer` finds broken (far shorter than the file without a removal asked
 for, no code, a placeholder such as `obj['updated_code']`) unless --force is given. A refused
 answer never touches the file: no write, no .bak. A Python answer that holds only the changed
 top-level definitions is put back into the whole file first (edit_splice.py). An answer that
@@ -25,13 +25,13 @@ from ..edit import (
     RETRY_PROMPT,
     EditError,
     EditResult,
-    check_answer,
+    Verdict,
+    judge_answer,
     language_for,
     make_client,
     refactor_with_predicted_outputs,
     write_atomic,
 )
-from ..edit_splice import splice_definitions
 
 
 def add_parser(subparsers) -> None:
@@ -129,22 +129,9 @@ def target_path(args) -> Path | None:
     return args.output
 
 
-def _splice(original: str, result: EditResult, problems: list[str], instruction: str):
-    """An answer of only the changed definitions, put back into the whole file (edit_splice.py),
-    when that gives a file `check_answer` accepts; else the answer and its problems as they were."""
-    spliced = splice_definitions(original, result.code)
-    if spliced is None or check_answer(original, spliced[0], instruction, "python"):
-        return result, problems
-    print(
-        f"the answer held only the changed definitions ({', '.join(spliced[1])}): put in place in the file",
-        file=sys.stderr,
-    )
-    return dataclasses.replace(result, code=spliced[0]), []
-
-
-def ask(args, original: str, prompt: str) -> tuple[EditResult, list[str]]:
+def ask(args, original: str, prompt: str) -> tuple[EditResult, Verdict | None]:
     """One request: the answer (spliced into the file when it holds only changed definitions)
-    and what `check_answer` finds wrong with it."""
+    and the tool's verdict on it (None when the answer is incomplete)."""
     client = make_client(args.base_url, args.api_key)
     with tqdm(desc="receiving", unit="chunk", file=sys.stderr, leave=False, disable=None) as bar:
         result = refactor_with_predicted_outputs(
@@ -158,31 +145,28 @@ def ask(args, original: str, prompt: str) -> tuple[EditResult, list[str]]:
             prompt=prompt,
         )
     if not result.complete:
-        return result, []
-    problems = check_answer(original, result.code, args.instruction, language_for(args.file))
-    if problems and language_for(args.file) == "python":
-        result, problems = _splice(original, result, problems, args.instruction)
-    return result, problems
-
-
-def _failure(original: str, result: EditResult, problems: list[str]) -> str | None:
-    """Why a complete answer is no edit at all (None if it is one)."""
-    if problems:
-        return "; ".join(problems)
-    return "the answer is the file unchanged" if result.code == original else None
+        return result, None
+    verdict = judge_answer(original, result.code, args.instruction, language_for(args.file))
+    if verdict.spliced:
+        print(
+            f"the answer held only the changed definitions ({', '.join(verdict.spliced)}): put in place in the file",
+            file=sys.stderr,
+        )
+    return dataclasses.replace(result, code=verdict.code), verdict
 
 
 def run(args) -> int:
     original = args.file.read_text(encoding="utf-8")
-    result, problems = ask(args, original, DEFAULT_PROMPT)
-    why = _failure(original, result, problems) if result.complete else None
+    result, verdict = ask(args, original, DEFAULT_PROMPT)
+    why = verdict.failure if verdict else None
     if why and not args.no_retry and not args.force:
         print(f"{why}: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
-        second, second_problems = ask(args, original, RETRY_PROMPT)
-        if second.complete and _failure(original, second, second_problems) is None:
-            result, problems = second, second_problems
+        second, second_verdict = ask(args, original, RETRY_PROMPT)
+        if second_verdict and second_verdict.failure is None:
+            result, verdict = second, second_verdict
         else:
             print("the second answer is no better: keeping the first", file=sys.stderr)
+    problems = verdict.problems if verdict else []
     if args.html:
         from ..bench.report_html import render_diff_html
 
