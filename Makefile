@@ -39,13 +39,18 @@ browser:
 # module fixtures (servers, loaded models) start once.
 # --durations=15 lists the slowest tests at the end, to see where the minutes go.
 TEST_WORKERS ?= 2
+# Only the pytest plugins the suite uses. Every installed one (langsmith's, from the clients
+# extra; schemathesis' and hypothesis', which the suite imports as libraries) would otherwise be
+# loaded in each worker, and pytest would rewrite the asserts of their ~500 modules there: about
+# 10 s per worker with PYTHONDONTWRITEBYTECODE set, as it is on CI machines.
+PYTEST = SPECSERVE_HOME=$(TEST_HOME) PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/python -m pytest -p xdist.plugin
 
 test: venv browser
-	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test-ray: venv  # the Ray Serve replica tests (CI runs them; installs specserve[ray])
 	$(BIN)/pip install --quiet -e '.[test,ray]'
-	SPECSERVE_HOME=$(TEST_HOME) $(BIN)/python -m pytest -q -m ray
+	$(PYTEST) -q -m ray
 
 lint: venv  # ruff's rules and its formatter, configured in pyproject.toml
 	$(BIN)/ruff check .

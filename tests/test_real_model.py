@@ -28,11 +28,16 @@ def format_price(value):
 
 @pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
 def llm(request, smol_hf_dir, smol_gguf):
+    """The pack on each backend, priced by a fixed curve: draft lengths follow the engine's
+    prices, and a measurement taken while another test worker loads the CPU can say anything
+    (the real calibration is tested in test_governor.py)."""
     if request.param == "llama.cpp":
         llm = LLM(model=str(smol_gguf), exact=True)
         assert llm.backend_name == "llama.cpp"
-        return llm
-    return LLM(model=str(smol_hf_dir), dtype="float32")
+    else:
+        llm = LLM(model=str(smol_hf_dir), dtype="float32")
+    llm.engine.use_prices(CostModel(LLAMACPP_2CORE_CURVE))
+    return llm
 
 
 def chat(llm, instruction, **kw):
@@ -53,14 +58,7 @@ def test_predicted_outputs_on_real_model_are_exact_and_accepted(llm):
         out = chat(llm, instruction, prediction=CODE, speculation=method)
         assert out.token_ids == base.token_ids, method
         assert out.text == base.text
-    # Draft lengths follow the engine's measured prices, and a measurement taken while another
-    # test worker loads the CPU can say anything: the acceptance figures are checked on fixed ones.
-    core = llm.engine.core
-    measured, core._prices = core._prices, CostModel(LLAMACPP_2CORE_CURVE)
-    try:
-        out = chat(llm, instruction, prediction=CODE, speculation="prediction")
-    finally:
-        core._prices = measured
+    out = chat(llm, instruction, prediction=CODE, speculation="prediction")  # on the fixture's fixed prices
     pred = out.stats.by_source["prediction"]
     assert pred.accepted >= 0.4 * len(out.token_ids), out.stats.to_dict()
     assert out.stats.tokens_per_step > 2.0

@@ -159,6 +159,15 @@ class EngineLimits:
 BACKENDS = ("auto", "llama.cpp", "transformers")
 
 
+NO_DRAFT = ("", "none")  # draft_model values that ask for no draft model
+
+
+def loads_draft_model(model: str | None, draft_model: str | None) -> bool:
+    """Whether `LLM(model, draft_model)` loads a draft model: the default pair when neither is
+    named, else only a draft model named explicitly (a check the CLI makes before loading)."""
+    return (model is None and draft_model is None) or draft_model not in (None, *NO_DRAFT)
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """How models are run: shared by `LLM`, `specserve generate/serve/bench`.

@@ -12,15 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from .chat import template_messages, template_supports_tools
-from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig
+from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig, loads_draft_model
 from .engine import Engine, Generation
 from .engine.constrain import CompiledGuide, GrammarSpec, PendingGuide, factory_for
 from .engine.stats import RequestOutput
 from .engine.tokenizer import per_thread
 from .errors import InvalidRequestError, ModelLoadError
 from .models.loader import eos_ids, load
-
-NO_DRAFT = ("", "none")
 
 
 class LLM:
@@ -61,9 +59,8 @@ class LLM:
         limits = limits or EngineLimits(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens)
         target = load(model, "target", options, limits)
         draft = None
-        default_draft = model is None and draft_model is None
-        if default_draft or draft_model not in (None, *NO_DRAFT):
-            draft = load(None if default_draft else draft_model, "draft", options, limits)
+        if loads_draft_model(model, draft_model):
+            draft = load(draft_model, "draft", options, limits)  # None: the default draft pack
         try:
             self._init(
                 target.backend,

@@ -13,6 +13,7 @@ from ..config import (
     LoadOptions,
     SamplingParams,
     SpeculationConfig,
+    loads_draft_model,
 )
 from ..errors import InvalidRequestError
 from ..hardware import cpu_info, describe
@@ -182,6 +183,8 @@ def run(args) -> int:
     )
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     check_model_paths(args)
+    if spec.method == "draft" and not loads_draft_model(args.model, args.draft_model):
+        raise InvalidRequestError("--speculation draft needs a draft model: give one with --draft-model")
     from ..llm import LLM  # heavy import only once the arguments are known to be good
 
     llm = LLM.from_options(args.model, args.draft_model, load_options(args))
