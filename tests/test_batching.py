@@ -229,7 +229,7 @@ def test_admission_waits_for_cache_room(llm):
 
 
 # -- the statistical test inside batches ----------------------------------------------------------
-def batched_pairs(draft_kind: str, params: SamplingParams, n: int = 4000, seed0: int = 0, batch: int = 8):
+def batched_pairs(draft_kind: str, params: SamplingParams, n: int = 4000, seed0: int = 0, batch: int = 32):
     """Counts [V, V] of the first two output tokens over n seeded requests run `batch` at a time."""
     target = BigramBackend(target_table(), max_sequences=batch + 1)
     if draft_kind == "sampled":

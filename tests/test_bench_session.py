@@ -12,8 +12,8 @@ import pytest
 from specserve.bench.session import RUNS, code_of
 from specserve.cli.main import main
 
-# Small enough for CI: a prompt of a few hundred tokens, a dozen output tokens per turn.
-SMALL = ["--quick", "--threads", "1", "--max-prompt-tokens", "160", "--max-tokens", "8"]
+# Small enough for CI: a first prompt of under 100 tokens (300 by the last turn), 8 output tokens per turn.
+SMALL = ["--quick", "--threads", "1", "--max-prompt-tokens", "96", "--max-tokens", "8"]
 
 
 def _session(args: list[str], out) -> tuple[int, dict]:
