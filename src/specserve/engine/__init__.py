@@ -101,8 +101,12 @@ class Engine:
         """Run requests together (continuous batching) until all have finished."""
         for r in requests:
             self.core.add(r)
-        while not all(r.finished for r in requests):
-            self.core.step()
+        pending = 0  # requests before this one have finished (a rescan per step would be O(n^2) in a big run)
+        while pending < len(requests):
+            if requests[pending].finished:
+                pending += 1
+            else:
+                self.core.step()
         for r in requests:
             if r.error is not None:
                 raise r.error

@@ -427,6 +427,9 @@ class EngineCore:
             self.scheduler.waiting.clear()
 
     def _info(self, plan: StepPlan) -> StepInfo:
+        # _admit has just dropped the cancelled requests: counting the queue is O(1) here, where
+        # num_waiting's check of each one would make a step O(queue)
+        waiting = len(self.scheduler.waiting) + len(self._incoming)
         return StepInfo(
             len(plan.decode),
             len(plan.prefill),
@@ -434,5 +437,5 @@ class EngineCore:
             sum(len(r.draft_ids) for r in plan.decode),
             0.0,
             self.cache_used,
-            self.num_waiting,
+            waiting,
         )
