@@ -25,9 +25,11 @@ from specserve import SamplingParams
 from specserve.backends import SeqInput
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.backends.transformers import TransformersBackend
+from specserve.bench.curves import LLAMACPP_2CORE_CURVE
 from specserve.config import EngineLimits
 from specserve.engine import prefix_cache
 from specserve.engine.core import SPARE_CELLS
+from specserve.engine.governor import CostModel
 from specserve.engine.prefix_cache import BLOCK, PrefixCache, common_prefix
 from specserve.llm import LLM
 
@@ -308,7 +310,9 @@ def test_smollm2_exact_next_turn(smol_gguf):
 
         tok = AutoTokenizer.from_pretrained(smol_gguf.parent)
         limits = EngineLimits(max_num_seqs=2, prefix_caching=prefix_caching)
-        return LLM.from_backends(backend, tok, name="smol", limits=limits, eos_token_ids=backend.eog_token_ids())
+        llm = LLM.from_backends(backend, tok, name="smol", limits=limits, eos_token_ids=backend.eog_token_ids())
+        llm.engine.use_prices(CostModel(LLAMACPP_2CORE_CURVE))  # auto drafts as on a 2-core CPU, unmeasured
+        return llm
 
     warm, cold = make(True), make(False)
     messages = [{"role": "user", "content": "Explain this code:\n" + FILE}]

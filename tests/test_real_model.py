@@ -31,11 +31,11 @@ def llm(request, smol_hf_dir, smol_gguf):
     """The pack on each backend, priced by a fixed curve: draft lengths follow the engine's
     prices, and a measurement taken while another test worker loads the CPU can say anything
     (the real calibration is tested in test_governor.py)."""
-    if request.param == "llama.cpp":
-        llm = LLM(model=str(smol_gguf), exact=True)
+    if request.param == "llama.cpp":  # (speculation "none" at load: no measurement; each test names its method)
+        llm = LLM(model=str(smol_gguf), exact=True, speculation="none")
         assert llm.backend_name == "llama.cpp"
     else:
-        llm = LLM(model=str(smol_hf_dir), dtype="float32")
+        llm = LLM(model=str(smol_hf_dir), dtype="float32", speculation="none")
     llm.engine.use_prices(CostModel(LLAMACPP_2CORE_CURVE))
     return llm
 
