@@ -117,6 +117,16 @@ def test_useless_predictions(llms, prediction):
     check_same(llm, PROMPTS[0], "auto", prediction=prediction)
 
 
+def test_new_text_is_drafted_by_lookup_and_stays_exact(llms):
+    """A prediction that holds none of the output: `prediction` drafts the output's own repeats
+    by n-gram lookup (PredictionLookup), and the output is still plain decoding's."""
+    llm, _ = llms
+    _, out = check_same(llm, PROMPTS[0], "prediction", prediction="zzzz totally different text zzzz")
+    lookup = out.stats.by_source["ngram"]
+    assert lookup.proposed > 0 and lookup.accepted > 0, out.stats.to_dict()
+    assert out.stats.by_source["prediction"].accepted == 0
+
+
 def test_prediction_diverging_at_first_token_then_reanchoring(llms):
     llm, _ = llms
     base = plain(llm, PROMPTS[0], max_tokens=48)

@@ -8,6 +8,7 @@ import pytest
 from tiny import tiny_tokenizer
 from transformers import AutoTokenizer
 
+from specserve.bench.curves import LLAMACPP_2CORE_CURVE
 from specserve.bench.replay import (
     OracleRunner,
     aggregate,
@@ -17,6 +18,7 @@ from specserve.bench.replay import (
     step_cost,
 )
 from specserve.cli.main import main
+from specserve.engine.governor import CostModel
 from specserve.proposers.base import REGISTRY
 from specserve.proposers.prediction import PredictionProposer
 
@@ -52,8 +54,11 @@ def check_stats_add_up(tokenizer, prediction: str, output: str) -> None:
     assert s.proposed == s.accepted + s.rejected
     assert s.output_tokens == len(ids) == s.accepted + s.steps  # each step adds one target token
     assert sum(st["committed"] for st in out.steps) == len(ids)
-    assert sum(st["accepted"] for st in out.steps) == s.accepted == s.by_source["prediction"].accepted
-    assert out.token_sources.count("prediction") == s.accepted
+    by_source = {k: v.accepted for k, v in s.by_source.items() if v.steps}
+    assert set(by_source) <= {"prediction", "ngram", "none"}  # the prediction, and lookups where it has no anchor
+    assert sum(st["accepted"] for st in out.steps) == s.accepted == sum(by_source.values())
+    for source, accepted in by_source.items():
+        assert out.token_sources.count(source) == accepted
     assert out.token_sources.count("target") == s.steps
 
 
@@ -97,9 +102,21 @@ def test_edit_in_the_middle_reanchors(tokenizer, monkeypatch):
 
 
 def test_unrelated_output_gains_nothing(tokenizer):
-    r = replay(tokenizer, BEFORE, "The quick brown fox jumps over the lazy dog.\n" * 5)
+    # (text that does not repeat itself either: a repeat is drafted by lookup, as it should be)
+    unrelated = "The quick brown fox jumps over a lazy dog. Pack my box with five dozen liquor jugs!\n"
+    r = replay(tokenizer, BEFORE, unrelated)
     assert r.accepted <= 0.2 * r.output_tokens
     assert r.projected_speedup < 1.2
+
+
+def test_new_text_that_repeats_itself_is_drafted_by_lookup_where_it_pays(tokenizer):
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog.\n" * 5, add_special_tokens=False)
+    out = replay_ids(tokenizer, BEFORE, ids)  # no prices: lookups draft
+    assert out.token_ids == ids and out.stats.by_source["ngram"].accepted >= 0.5 * len(ids), out.stats.to_dict()
+    # on the 2-core CPU's curve a 2-token pass costs 1.8 plain steps: at the prior acceptance
+    # (1 in 2) a lookup cannot pay, so it sits out
+    dear = replay_ids(tokenizer, BEFORE, ids, prices=CostModel(LLAMACPP_2CORE_CURVE))
+    assert dear.token_ids == ids and dear.stats.by_source["ngram"].proposed == 0
 
 
 def test_cost_model():

@@ -21,6 +21,13 @@ Two refinements use what the request has shown so far:
   not yet confirmed (shorter than TRUST_CHARS, or the very start) drafts k_init tokens first:
   short anchors are often wrong, and a wrong long draft wastes a pass of its length.
   Without prices K doubles from k_init up to FALLBACK_K_MAX, as it always did.
+- *new text is looked up* (`PredictionLookup`, `speculation="prediction"` only): while the output
+  writes text the prediction does not hold (no anchor), short drafts continue the output's latest
+  n-gram from where it last occurred in the prediction or the output (a new line often reuses a
+  name or call just written). These drafts are n-gram drafts, reported under "ngram", not as
+  prediction tokens. With prices they are drafted only at a K that beats a plain step at the
+  acceptance they have shown (so on a CPU where verifying is dear they sit out). Under `auto` the
+  chain's own n-gram source does this over the prompt, which holds the file.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from bisect import bisect_left
 
 from ..engine.detokenize import IncrementalDetokenizer
 from .base import AdaptiveK, Draft, ProposerContext, register
+from .ngram import NgramProposer
 from .substitutions import Span, learn, rewrite
 
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
@@ -70,6 +78,7 @@ class PredictionProposer:
         min_anchor_chars: int = 4,
         prices=None,
         learn_edits: bool = True,
+        lookup: bool = False,
     ):
         self.tok = tokenizer
         self.prompt_len = prompt_len
@@ -102,6 +111,7 @@ class PredictionProposer:
         self.sync = self.base = (0, 0)
         self.followed = 0  # output tokens that followed the prediction
         self.divergences = 0  # times the output left a confirmed anchor
+        self.lookup = PredictionLookup(self.ids, prompt_len, self.prices) if lookup else None
 
     def set_text(self, text: str) -> None:
         """Follow `text` (tokenized with character offsets) from its start."""
@@ -121,7 +131,7 @@ class PredictionProposer:
 
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         if not self.anchored:
-            return None
+            return self.lookup.propose(tokens, max_k) if self.lookup is not None else None
         draft = self.expected(self.draft_length(max_k))
         return Draft(draft, self.name) if draft else None
 
@@ -141,6 +151,8 @@ class PredictionProposer:
         committed = num_accepted + 1 if draft is not None else 1
         new = tokens[-committed:]
         self._hear(tokens)
+        if self.lookup is not None:
+            self.lookup.observe(tokens, draft, num_accepted)
         if draft is not None and draft.source == self.name:
             self.k.update(len(draft.token_ids), num_accepted)
             # A draft rejected at its first token means the anchor was wrong: trust only longer
@@ -261,6 +273,45 @@ class PredictionProposer:
         self.char_pos = min(self.char_pos, at)
 
 
+class PredictionLookup(NgramProposer):
+    """n-gram lookup over the prediction's tokens followed by the output so far: drafts for new
+    text, where the prediction has no anchor. K adapts from k_init up to k_max without prices;
+    with them it is the K with the most expected tokens per unit of cost at this source's own
+    acceptance (a prior of 1 in 2), or 0 when none beats a plain step."""
+
+    def __init__(self, prediction_ids: list[int], prompt_len: int, prices, k_init: int = 2, k_max: int = 8):
+        super().__init__(n_min=2, n_max=4, k_init=k_init, k_max=k_max)
+        self.context = list(prediction_ids)  # [prediction | output so far]: only ever appended to
+        self.base = len(self.context)
+        self.prompt_len = prompt_len
+        self.prices = prices
+        self.accepted, self.proposed = 1.0, 2.0
+
+    def propose(self, tokens: list[int], max_k: int) -> Draft | None:
+        out = tokens[self.prompt_len :]
+        self.context += out[len(self.context) - self.base :]
+        k = self.draft_length(max_k)
+        return super().propose(self.context, k) if k > 0 else None
+
+    def draft_length(self, max_k: int) -> int:
+        prices = self.prices()
+        if prices is None:
+            return min(self.k.k, max_k)
+        a = min(self.accepted / self.proposed, 0.99)
+        best_k, best = 0, 1.0  # a plain step: 1 token for 1 unit
+        for k in range(1, min(self.k.k_max, max_k) + 1):
+            value = (1 - a ** (k + 1)) / (1 - a) / prices.target(k + 1)
+            if value > best:
+                best_k, best = k, value
+        return best_k
+
+    def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
+        if draft is not None and draft.source == self.name:
+            super().observe(tokens, draft, num_accepted)
+            self.accepted += num_accepted
+            self.proposed += len(draft.token_ids)
+
+
 def _token_starts(offsets) -> list[int]:
     """Start char of each token, made non-decreasing (byte-level pieces may share a char)."""
     starts, last = [], 0
@@ -295,4 +346,5 @@ def make_prediction(ctx: ProposerContext) -> PredictionProposer | None:
         s.prediction_min_anchor_chars,
         ctx.prices,
         s.prediction_learn_edits,
+        lookup=s.method == "prediction",  # under auto, the chain's n-gram source drafts new text
     )
