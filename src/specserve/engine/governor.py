@@ -199,6 +199,11 @@ class Governor:
         """Expected tokens per unit of a K-token draft at acceptance a (a draft model also pays K passes)."""
         return (1 - a ** (k + 1)) / (1 - a) / self.prices.step(k + 1, k if source == "draft" else 0)
 
+    def best_k(self, source: str, k_max: int) -> int:
+        """The K, at most k_max, with the most expected tokens per unit at the acceptance `source`
+        has shown so far; 0 if none beats `margin` (no probes: a caller that wants them uses k_cap)."""
+        return self._best_k(source, self.acceptance(source), k_max)
+
     def _best_k(self, source: str, a: float, k_max: int) -> int:
         """The K with the most expected tokens per unit at acceptance a; 0 if none beats `margin`."""
         best_k, best = 0, self.margin

@@ -35,6 +35,7 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from ..engine.detokenize import IncrementalDetokenizer
+from ..engine.governor import CostModel, Governor
 from .base import AdaptiveK, Draft, ProposerContext, register
 from .ngram import NgramProposer
 from .substitutions import Span, learn, rewrite
@@ -276,8 +277,8 @@ class PredictionProposer:
 class PredictionLookup(NgramProposer):
     """n-gram lookup over the prediction's tokens followed by the output so far: drafts for new
     text, where the prediction has no anchor. K adapts from k_init up to k_max without prices;
-    with them it is the K with the most expected tokens per unit of cost at this source's own
-    acceptance (a prior of 1 in 2), or 0 when none beats a plain step."""
+    with them it is the governor's best K for this source at the acceptance it has shown (a prior
+    of 1 in 2), or 0 when none beats a plain step."""
 
     def __init__(self, prediction_ids: list[int], prompt_len: int, prices, k_init: int = 2, k_max: int = 8):
         super().__init__(n_min=2, n_max=4, k_init=k_init, k_max=k_max)
@@ -285,7 +286,7 @@ class PredictionLookup(NgramProposer):
         self.base = len(self.context)
         self.prompt_len = prompt_len
         self.prices = prices
-        self.accepted, self.proposed = 1.0, 2.0
+        self.governor = Governor(CostModel())  # counts this source's acceptance; priced once prices are known
 
     def propose(self, tokens: list[int], max_k: int) -> Draft | None:
         out = tokens[self.prompt_len :]
@@ -297,19 +298,13 @@ class PredictionLookup(NgramProposer):
         prices = self.prices()
         if prices is None:
             return min(self.k.k, max_k)
-        a = min(self.accepted / self.proposed, 0.99)
-        best_k, best = 0, 1.0  # a plain step: 1 token for 1 unit
-        for k in range(1, min(self.k.k_max, max_k) + 1):
-            value = (1 - a ** (k + 1)) / (1 - a) / prices.target(k + 1)
-            if value > best:
-                best_k, best = k, value
-        return best_k
+        self.governor.prices = prices
+        return self.governor.best_k(self.name, min(self.k.k_max, max_k))
 
     def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
         if draft is not None and draft.source == self.name:
             super().observe(tokens, draft, num_accepted)
-            self.accepted += num_accepted
-            self.proposed += len(draft.token_ids)
+            self.governor.record(self.name, 1 + len(draft.token_ids), 0, num_accepted + 1)
 
 
 def _token_starts(offsets) -> list[int]:
