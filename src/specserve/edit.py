@@ -234,19 +234,20 @@ class Verdict:
 
     code: the answer, or, for a Python answer that holds only changed top-level definitions,
     the original with those put in place (edit_splice.py); spliced: their names ([] when the
-    answer was whole); problems: what `check_answer` finds wrong with `code`."""
+    answer was whole); problems: what `check_answer` finds wrong with `code`; unchanged: `code`
+    is the original file."""
 
     code: str
     problems: list[str]
     spliced: list[str]
-    original: str
+    unchanged: bool
 
     @property
     def failure(self) -> str | None:
         """Why this is no edit at all (None when the tool writes it without asking again)."""
         if self.problems:
             return "; ".join(self.problems)
-        return "the answer is the file unchanged" if self.code == self.original else None
+        return "the answer is the file unchanged" if self.unchanged else None
 
 
 def judge_answer(original: str, answer: str, instruction: str = "", language: str = "") -> Verdict:
@@ -259,8 +260,8 @@ def judge_answer(original: str, answer: str, instruction: str = "", language: st
     if problems and language == "python":
         spliced = splice_definitions(original, answer)
         if spliced is not None and not check_answer(original, spliced[0], instruction, language):
-            return Verdict(spliced[0], [], spliced[1], original)
-    return Verdict(answer, problems, [], original)
+            return Verdict(spliced[0], [], spliced[1], spliced[0] == original)
+    return Verdict(answer, problems, [], answer == original)
 
 
 def _syntax_error(code: str) -> str | None:
