@@ -28,7 +28,8 @@ Jinja2 from the same environment. An excerpt is chosen deterministically: from t
 definition on, whole top-level statements until it holds at least MIN_LINES lines (never more than
 MAX_LINES). The JSON records the Python and Jinja2 versions and each excerpt's sha256, so a rerun can tell
 whether it measured the same text. Results are appended to a JSONL cache as they come, so an interrupted
-run resumes where it stopped (--cache).
+run resumes where it stopped (--cache). Each line keeps the whole answer, and a rerun judges cached answers
+again by the rules of the day (lines written before answers were kept keep their recorded verdicts).
 """
 
 from __future__ import annotations
@@ -523,11 +524,19 @@ def write_report(
             for p in pairs
         ],
         "summary": summary,
-        "results": results,
+        "results": [_reported(r) for r in results],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return summary
+
+
+def _reported(r: dict) -> dict:
+    """A result as the report shows it: the head of a failed answer instead of the whole answer."""
+    shown = {k: v for k, v in r.items() if k != "answer"}
+    if "answer" in r and not r["well_formed"]:
+        shown["answer_head"] = r["answer"][:300]
+    return shown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -571,10 +580,15 @@ def main(argv: list[str] | None = None) -> int:
     from specserve.edit import build_messages
 
     done: dict[tuple[str, str], dict] = {}
+    by_name = {p.name: p for p in PAIRS}
     if args.cache.exists():
         for line in args.cache.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
             if r.get("sha256") != hashlib.sha256(codes.get(r["pair"], "").encode()).hexdigest():
+                continue
+            if "answer" in r:  # judged again by today's rules: a cached verdict never goes stale
+                r.update(judge(by_name[r["pair"]], codes[r["pair"]], r["answer"], r["finish_reason"]))
+                done[(r["pair"], r["prompt"])] = r
                 continue
             if r.get("unchanged") and (r["well_formed"] or r.get("usable")):  # judged before "unchanged" failed
                 r.update(well_formed=False, usable=False, applied=False)
@@ -626,9 +640,8 @@ def main(argv: list[str] | None = None) -> int:
                 "prompt_tokens": len(out.prompt_token_ids),
                 "batch_seconds": seconds,
                 **judge(pair, code, out.text, out.finish_reason),
+                "answer": out.text,  # kept whole, so that a change of the rules can judge it again
             }
-            if not r["well_formed"]:
-                r["answer_head"] = out.text[:300]
             done[(pair.name, name)] = r
             with args.cache.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(r) + "\n")

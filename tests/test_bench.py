@@ -9,7 +9,9 @@ import pytest
 from tiny import save_tiny
 
 from specserve.bench import runner as bench
+from specserve.bench.curves import parse_curve
 from specserve.bench.peers import LLAMACPP_PEERS, TRANSFORMERS_PEERS
+from specserve.bench.replay_check import check_report
 from specserve.bench.runner import (
     MODES,
     Run,
@@ -19,6 +21,7 @@ from specserve.bench.runner import (
     markdown_table,
 )
 from specserve.cli.main import main
+from specserve.cli.replay import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +69,28 @@ def test_quick_bench_outputs_equal_plain(quick_run):
     ours = [r for r in runs if r["engine"] == "specserve"]
     assert all(r["stats"]["output_tokens"] == r["output_tokens"] for r in ours)
     assert next(r for r in ours if r["mode"] == "plain")["tokens_per_step"] == 1.0
+
+
+def test_a_bench_report_replays_with_the_drafter_that_ran(quick_run, tiny_pair, capsys):
+    """`specserve replay --bench`: each prediction run's own output, replayed with the cost curve
+    the bench drafted with (recorded in its environment), takes the steps the run took and accepts
+    what it accepted. The replay simulates the drafter that ran, with its prices."""
+    _, out = quick_run
+    report = json.loads((out / "bench.json").read_text())
+    ours = [r for r in report["runs"] if r["engine"] == "specserve"]
+    assert all(len(r["output_ids"]) == r["output_tokens"] for r in ours)
+    assert parse_curve(report["environment"]["cost_curve"]).target(8) > 1.0
+    checks = check_report(report, load_tokenizer(tiny_pair[0]))  # the report names the folder, not its path
+    pred = next(r for r in ours if r["mode"] == "prediction")
+    assert [c.scenario for c in checks] == ["py-rename"]
+    c = checks[0]
+    assert c.exact and c.output_tokens == pred["output_tokens"]
+    assert c.replay_steps == c.bench_steps == pred["stats"]["steps"]
+    assert c.replay_acceptance == pytest.approx(pred["stats"]["acceptance_rate"], abs=1e-4)
+    assert c.measured == pred["speedup"] and c.projected > 0
+    assert main(["replay", "--bench", str(out / "bench.json"), "--model", tiny_pair[0]]) == 0
+    table = capsys.readouterr().out
+    assert f"| py-rename | {c.output_tokens} | {c.bench_steps} / {c.replay_steps} |" in table
 
 
 def test_quick_bench_files_written(quick_run):

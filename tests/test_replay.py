@@ -206,3 +206,47 @@ def test_copy_ceiling_copies_runs_from_anywhere_in_the_prediction():
 
         brute = [max(n for n in range(len(query) - j + 1) if occurs(query[j : j + n])) for j in range(len(query))]
         assert _longest_matches(text, query) == brute
+
+
+def test_a_bench_report_is_replayed_with_the_curve_it_drafted_with(tokenizer):
+    """`replay --bench` drafts with the report's own cost curve: a report made by an engine that
+    drafted with one curve is replayed step for step, and the same output under another curve
+    takes other steps (so the curve is read, not assumed)."""
+    from specserve.bench.curves import format_curve
+    from specserve.bench.replay_check import check_report, prediction_of
+    from specserve.bench.runner import load_scenarios
+
+    scenario = next(s for s in load_scenarios()[1] if s.name == "py-rename")
+    prediction = prediction_of(scenario.code, 200)  # the bench cut the file's last 200 lines
+    output = prediction.replace("UserService", "UserRepository").replace("user_service", "user_repository")
+    ids = tokenizer.encode(output, add_special_tokens=False)
+
+    def report(curve: CostModel, measured_with: CostModel) -> dict:
+        ran = replay_ids(tokenizer, prediction, ids, prices=measured_with)  # stands in for the bench's engine
+        run = {
+            "scenario": "py-rename",
+            "mode": "prediction",
+            "skipped": None,
+            "trimmed_lines": 200,
+            "output_ids": ids,
+            "speedup": 2.0,
+            "acceptance_rate": ran.stats.acceptance_rate,
+            "stats": {"steps": ran.stats.steps},
+        }
+        return {"environment": {"cost_curve": format_curve(curve)}, "runs": [run]}
+
+    steep, flat = CostModel(LLAMACPP_2CORE_CURVE), CostModel.linear(0.02)
+    [same] = check_report(report(steep, steep), tokenizer)
+    assert same.exact and same.replay_steps == same.bench_steps
+    assert same.projected == pytest.approx(projected_speedup_of(tokenizer, prediction, ids, steep))
+    assert same.error == pytest.approx(same.projected / 2.0 - 1)
+    [other] = check_report(report(flat, steep), tokenizer)
+    assert other.replay_steps != other.bench_steps
+    with pytest.raises(ValueError, match="cost_curve"):
+        check_report({"environment": {"cost_curve": None}, "runs": []}, tokenizer)
+
+
+def projected_speedup_of(tokenizer, prediction: str, ids: list[int], prices: CostModel) -> float:
+    """Plain passes over priced speculative passes, straight from a replay's step trace."""
+    out = replay_ids(tokenizer, prediction, ids, prices=prices)
+    return len(ids) / sum(prices.target(st["proposed"] + 1) for st in out.steps)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .edit_names import new_unbound_names
 from .errors import SpecServeError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
@@ -177,7 +178,9 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
       `...` that is not a Python body) on a line the original does not have;
     - far shorter than the original (under SHORT_FRACTION of its non-blank lines or characters) when
       the instruction asks for no removal (delete, remove, drop, strip, shorten, simplify, ...);
-    - for Python (language "python"): the original compiles and the answer does not.
+    - for Python (language "python"): the original compiles and the answer does not; or the answer
+      reads a name that nothing in it binds and the original did not (edit_names.py): the fault of
+      a rename left half done, such as a definition renamed and its callers not.
     """
     problems: list[str] = []
     old_lines = [ln for ln in original.splitlines() if ln.strip()]
@@ -225,6 +228,9 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
         err = _syntax_error(answer)
         if err and not _syntax_error(original):
             problems.append(f"the answer is not valid Python ({err})")
+        elif unbound := new_unbound_names(original, answer):
+            names = ", ".join(f"`{n}`" for n in unbound[:5]) + (", ..." if len(unbound) > 5 else "")
+            problems.append(f"the answer uses {names}, which nothing in it defines (a rename left half done?)")
     return problems
 
 

@@ -4,6 +4,8 @@ runner.py       refactor scenarios x speculation modes x peers on the same weigh
 load.py         `bench --concurrency`: many requests at once, in-process and through the server
 peers.py        llama-cpp-python and transformers generate() on the same weights
 replay.py       what the prediction drafter would accept, without a model
+replay_check.py a bench report's prediction runs replayed: projected beside measured speedups
+curves.py       cost curves: the defaults replay assumes, and their text form
 report_html.py  the token-source HTML report
 samples/        the scenario files
 """

@@ -3,8 +3,31 @@ CLI can show them in `--help` without importing torch and the engine."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..engine.governor import CostModel
+
 DEFAULT_COST_RATIO = 1.16  # cost of verifying 8 tokens / cost of 1 (DESIGN.md, 1.5B bf16 CPU)
 COST_REF_TOKENS = 8
 # Qwen2.5-Coder 1.5B Q4_K_M on llama.cpp's default kernels, 2 threads, AVX-512, a 1024-token
 # cache (docs/benchmarks.md, "The backend's own costs"): a pass of n tokens in decoding steps.
 LLAMACPP_2CORE_CURVE = ((1, 1.0), (8, 6.6), (32, 15.4), (128, 44.9))
+
+
+def parse_curve(text: str) -> CostModel:
+    """'1:1,8:6.6,128:44.9' (tokens in a pass : its cost in decoding steps) -> a CostModel."""
+    from ..engine.governor import CostModel  # the engine's prices; imported late: --help stays light
+
+    try:
+        points = sorted((int(n), float(c)) for n, c in (p.split(":") for p in text.split(",") if p.strip()))
+    except ValueError:
+        raise ValueError(f"a cost curve is 'tokens:cost,...' such as 1:1,8:6.6,128:44.9; got {text!r}") from None
+    if len(points) < 2 or points[0] != (1, 1.0) or any(c1 < c0 for (_, c0), (_, c1) in zip(points, points[1:])):
+        raise ValueError("a cost curve starts at 1:1, has at least two points and never gets cheaper")
+    return CostModel(tuple(points))
+
+
+def format_curve(prices: CostModel) -> str:
+    """A CostModel's target curve as parse_curve reads it: '1:1,8:6.6,128:44.9'."""
+    return ",".join(f"{n}:{c!r}" for n, c in prices.curve)  # exact: a replay drafts with the same K

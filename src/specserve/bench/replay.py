@@ -25,7 +25,7 @@ from ..config import SamplingParams, SpeculationConfig
 from ..engine import Engine
 from ..engine.governor import CostModel
 from ..engine.stats import RequestOutput
-from .curves import COST_REF_TOKENS, DEFAULT_COST_RATIO
+from .curves import COST_REF_TOKENS, DEFAULT_COST_RATIO, parse_curve  # noqa: F401 (re-exported)
 
 
 class OracleRunner:
@@ -116,17 +116,6 @@ def projected_speedup(
     model of cost_ratio, or the measured curve of `prices`)."""
     cost = sum(prices.target(n) if prices is not None else step_cost(n, cost_ratio) for n in step_sizes)
     return output_tokens / cost if cost else 0.0
-
-
-def parse_curve(text: str) -> CostModel:
-    """'1:1,8:6.6,128:44.9' (tokens in a pass : its cost in decoding steps) -> a CostModel."""
-    try:
-        points = sorted((int(n), float(c)) for n, c in (p.split(":") for p in text.split(",") if p.strip()))
-    except ValueError:
-        raise ValueError(f"a cost curve is 'tokens:cost,...' such as 1:1,8:6.6,128:44.9; got {text!r}") from None
-    if len(points) < 2 or points[0] != (1, 1.0) or any(c1 < c0 for (_, c0), (_, c1) in zip(points, points[1:])):
-        raise ValueError("a cost curve starts at 1:1, has at least two points and never gets cheaper")
-    return CostModel(tuple(points))
 
 
 def replay_ids(

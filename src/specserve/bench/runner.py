@@ -35,6 +35,7 @@ from ..config import SamplingParams
 from ..edit import build_messages
 from ..hardware import cpu_info
 from . import pyplot
+from .curves import format_curve
 from .peers import (
     PEER_ENGINE,
     PEERS,
@@ -113,6 +114,7 @@ class Run:
     equal_to_plain: bool | None = None
     first_difference: dict | None = None
     stats: dict = field(default_factory=dict)
+    output_ids: list[int] = field(default_factory=list)  # ours: the tokens written, for replaying (replay_vs_bench.py)
 
 
 # --------------------------------------------------------------------------- scenarios
@@ -260,6 +262,7 @@ def _ours_run(llm, s: Scenario, mode: str, prompt_ids, prediction, trimmed, opts
         tokens_per_step=st.tokens_per_step,
         prefill_rate=prefill,
         stats=st.to_dict(),
+        output_ids=list(out.token_ids),
     )
     return run, out
 
@@ -444,6 +447,8 @@ def environment(llm, opts: BenchOptions) -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
+        # the pass prices the speculative runs drafted with (None: no run needed them)
+        "cost_curve": format_curve(prices) if (prices := llm.engine.measured_prices) is not None else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 

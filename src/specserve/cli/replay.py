@@ -2,11 +2,13 @@
 
 specserve replay --prediction old.py --output new.py [--model NAME] [--cost-ratio 1.16 | --curve 1:1,8:6.6,...]
 specserve replay --prompt request.txt --output new.py --method auto   (no prediction: prompt drafting)
+specserve replay --bench bench-out/bench.json   (each prediction run of a bench, replayed: projected vs measured)
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from ..bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
@@ -22,7 +24,13 @@ def add_parser(subparsers) -> None:
         "projected speedup. Only the tokenizer is loaded.",
     )
     p.add_argument("--prediction", type=Path, help="the predicted text (e.g. the file before the edit)")
-    p.add_argument("--output", required=True, type=Path, help="the text the target produces (the file after)")
+    p.add_argument("--output", type=Path, help="the text the target produces (the file after)")
+    p.add_argument(
+        "--bench",
+        type=Path,
+        help="instead: a `specserve bench` report (bench.json); replay each prediction run's own "
+        "output with the cost curve the bench drafted with, and compare projected with measured speedups",
+    )
     p.add_argument(
         "--prompt",
         type=Path,
@@ -86,6 +94,10 @@ def cost_ratio_for(args) -> float:
 def run(args) -> int:
     from ..bench.replay import parse_curve, replay  # torch and the engine: once the arguments are read
 
+    if args.bench is not None:
+        return check_bench(args)
+    if args.output is None:
+        raise ValueError("give --output (the text the target produces), or --bench with a bench report")
     if args.prediction is None and args.method == "prediction":
         raise ValueError("--method prediction needs --prediction (or choose --method auto with --prompt)")
     prediction = args.prediction.read_text(encoding="utf-8") if args.prediction else None
@@ -108,4 +120,23 @@ def run(args) -> int:
         f"projected speedup  {result.projected_speedup:.2f}x  (cost of verifying 8 tokens = "
         f"{result.cost_ratio:.2f}x one token{', from --curve' if prices else ''})"
     )
+    return 0
+
+
+def check_bench(args) -> int:
+    """--bench: the replay of each prediction run beside its measured speedup."""
+    from ..bench.replay_check import check_report, markdown
+
+    try:
+        report = json.loads(args.bench.read_text(encoding="utf-8"))
+        env = report["environment"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--bench {args.bench}: not a bench report ({e})") from None
+    checks = check_report(report, load_tokenizer(args.model or env["model"]))
+    if not checks:
+        raise ValueError(f"--bench {args.bench}: no prediction run with its output ids to replay")
+    if args.json:
+        print(json.dumps([{**asdict(c), "error": c.error} for c in checks], indent=2))
+    else:
+        print(markdown(checks, env))
     return 0

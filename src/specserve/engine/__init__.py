@@ -47,6 +47,11 @@ class Engine:
     def prices(self):
         return self.core.prices()
 
+    @property
+    def measured_prices(self):
+        """The prices if they are known already (never measures them)."""
+        return self.core.measured_prices
+
     def clear_prefix_cache(self) -> None:
         """Free every cached prefix of finished requests (benchmark runs start cold)."""
         with self.core.lock:

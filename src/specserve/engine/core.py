@@ -187,6 +187,11 @@ class EngineCore:
                         draft.close()
             return self._prices
 
+    @property
+    def measured_prices(self) -> CostModel | None:
+        """The prices if they are known already (never measures them)."""
+        return self._prices
+
     def _needs_prices(self, req: Request) -> bool:
         """`auto` requests need them for their governor, a second running request for scheduling.
         A lone plain request never pays for the measurement."""

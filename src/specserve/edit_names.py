@@ -1,0 +1,107 @@
+"""Names a Python file reads but never binds: how `specserve edit` sees a rename left half done.
+
+A small model asked to rename a function often renames only its definition, or only its calls.
+The answer still compiles, so only names can show the fault: the old name is now read where
+nothing binds it (or the new one is). `unbound_names` is deliberately loose about scopes: a name
+bound *anywhere* in the file (an assignment, a parameter, a def, an import, a loop or `with`
+target, an `except ... as`, a match capture, a `global`) counts as bound everywhere. It can
+therefore miss a fault, but it flags a name only when nothing in the whole file could bind it.
+The edit tool compares the answer with the original, so a name the original already read
+unbound (a star import, a name injected at run time) is never blamed on the answer.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+
+# Names every module or class body has without binding them.
+_IMPLICIT = frozenset(dir(builtins)) | {
+    "__name__",
+    "__file__",
+    "__doc__",
+    "__spec__",
+    "__loader__",
+    "__package__",
+    "__builtins__",
+    "__path__",
+    "__annotations__",
+    "__class__",
+    "__module__",
+    "__qualname__",
+    "__dict__",
+}
+
+
+def unbound_names(code: str) -> set[str] | None:
+    """The names `code` reads that nothing in it binds; None when that cannot be told (the code
+    does not parse, or a star import binds names we cannot see). Annotations count as reads
+    unless the module defers them (`from __future__ import annotations`)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    future = {
+        a.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        for a in node.names
+    }
+    deferred = "annotations" in future
+    bound: set[str] = set()
+    read: set[str] = set()
+    skip = _annotation_nodes(tree) if deferred else set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return None
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                if id(node) not in skip:
+                    read.add(node.id)
+            else:
+                bound.add(node.id)
+        else:
+            bound.update(_binds(node))
+    return read - bound - _IMPLICIT
+
+
+def new_unbound_names(original: str, answer: str) -> list[str]:
+    """Names the answer reads unbound that the original did not ([] when either cannot be told)."""
+    before, after = unbound_names(original), unbound_names(answer)
+    if before is None or after is None:
+        return []
+    return sorted(after - before)
+
+
+def _binds(node: ast.AST) -> list[str]:
+    """The names a non-Name node binds (defs, parameters, imports, except/match captures, global)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    if isinstance(node, ast.ExceptHandler):
+        return [node.name] if node.name else []
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names)
+    if isinstance(node, (ast.MatchAs, ast.MatchStar)):
+        return [node.name] if node.name else []
+    if isinstance(node, ast.MatchMapping):
+        return [node.rest] if node.rest else []
+    if type(node).__name__ in ("TypeVar", "ParamSpec", "TypeVarTuple"):  # def f[T](), Python 3.12+
+        return [node.name]
+    return []
+
+
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """ids of the Name nodes inside annotations (not evaluated under deferred annotations)."""
+    roots: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            roots.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+    return {id(n) for root in roots for n in ast.walk(root) if isinstance(n, ast.Name)}
