@@ -230,7 +230,9 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
             problems.append(f"the answer is not valid Python ({err})")
         elif unbound := new_unbound_names(original, answer):
             names = ", ".join(f"`{n}`" for n in unbound[:5]) + (", ..." if len(unbound) > 5 else "")
-            problems.append(f"the answer uses {names}, which nothing in it defines (a rename left half done?)")
+            problems.append(
+                f"the answer uses {names}, which nothing in it defines (a rename left half done, or a name made up?)"
+            )
     return problems
 
 
