@@ -224,6 +224,25 @@ def test_check_answer_rules_are_separate():
     assert check_answer(broken, broken + "x = 1\n", "Add x.", "python") == []
 
 
+def test_a_name_in_the_instruction_is_not_a_request_to_remove_code():
+    """Asked to "add type hints to the function split" in a 60-line file, the 1.5B pack answered
+    with the one function: `split` read as a removal verb, and the tool would have written 12
+    lines over the file. A word that names code (after "function", called, in backticks, or
+    defined by the file) is not a verb; a real removal still is."""
+    code = MODULE + "\n\ndef split(p):\n    return p.split('/')\n\n\ndef remove_all(xs):\n    xs.clear()\n"
+    one_function = "def split(p: str) -> list[str]:\n    return p.split('/')\n"
+    for instruction in (
+        "Add type hints to the function split.",
+        "Add type hints to split.",
+        "Add a docstring to `split`.",
+        "Fix split() for bytes.",
+        "Rename remove_all to clear_all.",
+    ):
+        assert any("far shorter" in p for p in check_answer(code, one_function, instruction, "python")), instruction
+    for instruction in ("Delete the function area and the Circle class.", "Remove everything but split.", "Strip it."):
+        assert not any("far shorter" in p for p in check_answer(code, one_function, instruction, "python")), instruction
+
+
 def test_prompts_share_one_layout():
     for p in PROMPTS.values():
         msgs = build_messages(ORIGINAL, "Rename greet to hello.", "python", p.name)

@@ -107,6 +107,14 @@ _REMOVAL = re.compile(
     r"|reduc|dedup|clean ?up|keep only|only keep|extract|split|move)",
     re.I,
 )
+# A word of the instruction that names code is not a verb: "add type hints to the function split"
+# asks for no removal. Names: in backticks, called (`split(`), after a kind of name, or defined by the file.
+_NAMED_IN_TEXT = re.compile(
+    r"`[^`]*`|\b[A-Za-z_]\w*(?=\()"
+    r"|\b(?:function|method|class|variable|parameter|argument|attribute|field|constant|def|helper)s?\s+[A-Za-z_]\w*",
+    re.I,
+)
+_DEFINES = r"\b(?:def|class|function|func|fn|const|let|var)\s+{}\b"
 _REWRITE = re.compile(r"\b(rewrite|translate|port|convert the (whole )?file|from scratch)\b", re.I)
 # Names the model invents for "the updated file" instead of writing it (the issue's `obj['updated_code']`).
 _PLACEHOLDER_NAME = re.compile(
@@ -215,7 +223,7 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
     meaningful = {ln for ln in old_set if len(ln) >= 4 and any(c.isalnum() for c in ln)}
     if len(meaningful) >= 3 and not (meaningful & new_set) and not _REWRITE.search(instruction):
         problems.append("the answer keeps none of the original's lines")
-    if not _REMOVAL.search(instruction):
+    if not _asks_for_removal(instruction, original):
         old_chars = sum(len(ln.strip()) for ln in old_lines)
         new_chars = sum(len(ln.strip()) for ln in new_lines)
         if len(new_lines) < SHORT_FRACTION * len(old_lines) or new_chars < SHORT_FRACTION * old_chars:
@@ -234,6 +242,18 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
                 f"the answer uses {names}, which nothing in it defines (a rename left half done, or a name made up?)"
             )
     return problems
+
+
+def _asks_for_removal(instruction: str, original: str) -> bool:
+    """Whether the instruction asks to take code out (then a far shorter answer may be right).
+    Only its words that are not names count: a file's function called `split` or `remove` must
+    not let a short answer replace the whole file."""
+    text = _NAMED_IN_TEXT.sub(" ", instruction)
+    for m in list(_REMOVAL.finditer(text)):
+        word = re.match(r"\w+", text[m.start() :]).group(0)
+        if re.search(_DEFINES.format(re.escape(word)), original):
+            text = text.replace(word, " ")
+    return bool(_REMOVAL.search(text))
 
 
 @dataclass(frozen=True)
