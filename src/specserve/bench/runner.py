@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..config import SamplingParams
-from ..edit import build_messages
+from ..edit import DEFAULT_PROMPT, build_messages
 from ..hardware import cpu_info
 from . import pyplot
 from .curves import format_curve
@@ -136,9 +136,10 @@ def load_scenarios(names: tuple[str, ...] | None = None) -> tuple[str, list[Scen
     return spec["system"], [found[n] for n in names]
 
 
-# The edit scenarios keep the layout every figure in docs/benchmarks.md was measured with
-# (the edit tool's default since changed to "file-first"; see edit.DEFAULT_PROMPT).
-BENCH_EDIT_PROMPT = "instruction-first"
+# The edit scenarios send what `specserve edit` sends (edit.DEFAULT_PROMPT, chosen by measurement).
+# Figures in docs/benchmarks.md dated before 2026-12-02 were measured with "instruction-first", to
+# which the 1.5B pack answered a placeholder on the four validate and route scenarios.
+BENCH_EDIT_PROMPT = DEFAULT_PROMPT
 
 
 def scenario_messages(s: Scenario, code: str) -> list[dict]:
