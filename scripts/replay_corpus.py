@@ -34,8 +34,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specserve.bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
-from specserve.bench.replay import aggregate, copy_ceiling, parse_curve, replay
+from specserve.bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE, parse_curve
+from specserve.bench.replay import aggregate, copy_ceiling, replay
 from specserve.config import SpeculationConfig
 from specserve.proposers.base import REGISTRY
 from specserve.proposers.prediction import PredictionProposer

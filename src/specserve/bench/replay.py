@@ -25,7 +25,7 @@ from ..config import SamplingParams, SpeculationConfig
 from ..engine import Engine
 from ..engine.governor import CostModel
 from ..engine.stats import RequestOutput
-from .curves import COST_REF_TOKENS, DEFAULT_COST_RATIO, parse_curve  # noqa: F401 (re-exported)
+from .curves import COST_REF_TOKENS, DEFAULT_COST_RATIO
 
 
 class OracleRunner:

@@ -79,7 +79,7 @@ def check_report(report: dict, tokenizer) -> list[ReplayCheck]:
 
 def markdown(checks: list[ReplayCheck], env: dict) -> str:
     """The comparison as a markdown table, with the largest error."""
-    curve = ",".join(f"{n}:{float(c):.3g}" for n, c in (p.split(":") for p in env["cost_curve"].split(",")))
+    curve = ",".join(f"{n}:{c:.3g}" for n, c in parse_curve(env["cost_curve"]).curve)
     pct = lambda v: "–" if v is None else f"{v:.1%}"  # noqa: E731
     lines = [
         f"`{env['model']}` on {env['backend']}, {env['threads']} threads, {env.get('cpu', '?')}; cost curve {curve}",

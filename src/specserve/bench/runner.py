@@ -114,7 +114,7 @@ class Run:
     equal_to_plain: bool | None = None
     first_difference: dict | None = None
     stats: dict = field(default_factory=dict)
-    output_ids: list[int] = field(default_factory=list)  # ours: the tokens written, for replaying (replay_vs_bench.py)
+    output_ids: list[int] = field(default_factory=list)  # ours: the tokens written (`specserve replay --bench`)
 
 
 # --------------------------------------------------------------------------- scenarios

@@ -92,7 +92,8 @@ def cost_ratio_for(args) -> float:
 
 
 def run(args) -> int:
-    from ..bench.replay import parse_curve, replay  # torch and the engine: once the arguments are read
+    from ..bench.curves import parse_curve
+    from ..bench.replay import replay  # torch and the engine: once the arguments are read
 
     if args.bench is not None:
         return check_bench(args)
