@@ -469,6 +469,29 @@ def with_retry(results: list[dict], first: str, second: str) -> list[dict]:
     return chosen
 
 
+FEEDBACK = "feedback"  # the cache's name for a feedback request after `edit.DEFAULT_PROMPT`'s refused answer
+
+
+def with_feedback(results: list[dict], first: str, second: str) -> list[dict]:
+    """What `specserve edit` ends with per pair: `first`'s answer; if the tool refuses it,
+    `second`'s; if that is refused too, the answer to the feedback request (`first`'s answer sent
+    back with what is wrong with it, run by `run_feedback`). The first answer the tool would write
+    is kept, else the first."""
+    by = {(r["pair"], r["prompt"]): r for r in results}
+    chosen = []
+    for pair in dict.fromkeys(r["pair"] for r in results):
+        tries = [by.get((pair, first)), by.get((pair, second)), by.get((pair, f"{first}+{FEEDBACK}"))]
+        if tries[0] is not None and written_by_the_tool(tries[0]):
+            tries = tries[:1]
+        elif tries[1] is not None and written_by_the_tool(tries[1]):
+            tries = tries[:2]
+        if any(r is None for r in tries):
+            continue  # not measured yet
+        keep = next((r for r in tries if written_by_the_tool(r)), tries[0])
+        chosen.append({**keep, "prompt": f"{first} then {second} then {FEEDBACK}", "tries": len(tries)})
+    return chosen
+
+
 def write_report(
     out: Path, llm, pairs: list[Pair], prompts: list[str], codes: dict[str, str], done: dict[tuple[str, str], dict]
 ) -> dict:
@@ -479,8 +502,12 @@ def write_report(
 
     results = [done[(p.name, name)] for p in pairs for name in prompts if (p.name, name) in done]
     firsts = [name for name in prompts if name != RETRY_PROMPT] if RETRY_PROMPT in prompts else []
-    chained = [r for name in firsts for r in with_retry(results, name, RETRY_PROMPT)]  # what the tool does
+    chained = [r for name in firsts for r in with_retry(results, name, RETRY_PROMPT)]
     chains = [f"{name} then {RETRY_PROMPT}" for name in firsts]
+    if (DEFAULT_PROMPT, RETRY_PROMPT) in {(a, b) for a in prompts for b in prompts}:  # what the tool does
+        fed = [done[k] for k in done if k[1] == f"{DEFAULT_PROMPT}+{FEEDBACK}"]
+        chained += with_feedback(results + fed, DEFAULT_PROMPT, RETRY_PROMPT)
+        chains.append(f"{DEFAULT_PROMPT} then {RETRY_PROMPT} then {FEEDBACK}")
     results += chained
     summary = {}
     for name in prompts + chains:
@@ -500,7 +527,7 @@ def write_report(
             **(
                 {"system": PROMPTS[name].system, "user": PROMPTS[name].user}
                 if name in PROMPTS
-                else {"retry": "the second prompt is asked only when the tool refuses the first answer"}
+                else {"retry": "each later request is made only when the tool refuses the answer before"}
             ),
         }
     report = {
@@ -537,6 +564,59 @@ def _reported(r: dict) -> dict:
     if "answer" in r and not r["well_formed"]:
         shown["answer_head"] = r["answer"][:300]
     return shown
+
+
+def run_feedback(llm, pairs: list[Pair], codes: dict[str, str], done: dict[tuple[str, str], dict], cache: Path):
+    """`specserve edit`'s second request, for every pair whose default-prompt answer the tool
+    refuses: that conversation, the answer and what is wrong with it (`edit.feedback_messages`),
+    with `edit.feedback_prediction` as the prediction. Results go to the cache as
+    "<default prompt>+feedback"; all such requests run as one batch."""
+    from specserve import SamplingParams
+    from specserve.edit import DEFAULT_PROMPT, feedback_messages, feedback_prediction, judge_answer, strip_fence
+
+    name = f"{DEFAULT_PROMPT}+{FEEDBACK}"
+    todo = []
+    for pair in pairs:
+        first, code = done.get((pair.name, DEFAULT_PROMPT)), codes[pair.name]
+        if (pair.name, name) in done or first is None or "answer" not in first or written_by_the_tool(first):
+            continue
+        if first["finish_reason"] != "stop":
+            continue  # the tool writes nothing and asks nothing more for a cut answer
+        verdict = judge_answer(code, strip_fence(first["answer"], code), pair.instruction, "python")
+        messages = feedback_messages(
+            code, pair.instruction, first["answer"], verdict.problems or [verdict.failure], "python"
+        )
+        todo.append((pair, llm.apply_chat_template(messages), feedback_prediction(code, verdict.code)))
+    if not todo:
+        return
+    print(f"feedback requests for {len(todo)} refused answers", file=sys.stderr)
+    t = time.perf_counter()
+    outs = llm.generate(
+        [prompt for _, prompt, _ in todo],
+        [SamplingParams(max_tokens=int(len(llm.encode(codes[p.name])) * 1.5) + 64, temperature=0) for p, _, _ in todo],
+        prediction=[prediction for _, _, prediction in todo],
+    )
+    seconds = round(time.perf_counter() - t, 1)
+    for (pair, _, _), out in zip(todo, outs):
+        r = {
+            "pair": pair.name,
+            "prompt": name,
+            "kind": pair.kind,
+            "sha256": hashlib.sha256(codes[pair.name].encode()).hexdigest(),
+            "finish_reason": out.finish_reason,
+            "completion_tokens": len(out.token_ids),
+            "prompt_tokens": len(out.prompt_token_ids),
+            "batch_seconds": seconds,
+            **judge(pair, codes[pair.name], out.text, out.finish_reason),
+            "answer": out.text,
+        }
+        done[(pair.name, name)] = r
+        with cache.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(r) + "\n")
+        print(
+            f"{'ok ' if r['well_formed'] else 'BAD'} {name} {pair.name:20s} {'; '.join(r['problems'])[:100]}",
+            file=sys.stderr,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -577,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from specserve import LLM, SamplingParams
-    from specserve.edit import build_messages
+    from specserve.edit import DEFAULT_PROMPT, RETRY_PROMPT, build_messages
 
     done: dict[tuple[str, str], dict] = {}
     by_name = {p.name: p for p in PAIRS}
@@ -654,6 +734,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         write_report(args.out, llm, pairs, prompts, codes, done)  # a run stopped early still leaves its figures
 
+    if DEFAULT_PROMPT in prompts and RETRY_PROMPT in prompts:
+        run_feedback(llm, pairs, codes, done, args.cache)
     summary = write_report(args.out, llm, pairs, prompts, codes, done)
     for name, s in summary.items():
         print(

@@ -404,11 +404,17 @@ def test_an_answer_of_only_the_changed_function_is_put_in_place(server, tmp_path
 
 
 def _prompt_of(body: dict) -> str:
-    """Which of PROMPTS laid out this request (by its system message and worked examples)."""
+    """Which of PROMPTS laid out this request (by its system message and worked examples), or
+    "feedback" for the first request's conversation continued with its answer and a complaint."""
+    messages = body["messages"]
+    if [m["role"] for m in messages[-2:]] == ["assistant", "user"] and messages[-1]["content"].startswith(
+        "That is not the updated file yet"
+    ):
+        return "feedback"
     return next(
         name
         for name, p in PROMPTS.items()
-        if body["messages"][0]["content"] == p.system and len(body["messages"]) == 2 + 2 * len(p.examples)
+        if messages[0]["content"] == p.system and len(messages) == 2 + 2 * len(p.examples)
     )
 
 
@@ -421,17 +427,48 @@ def test_a_broken_answer_is_asked_for_again_with_the_retry_prompt(server, src, c
     assert f"asking again with the {RETRY_PROMPT!r} prompt" in capsys.readouterr().err
 
 
+def test_then_the_first_answer_is_sent_back_with_what_is_wrong(server, src, capsys):
+    server.queue = [PLACEHOLDER, PLACEHOLDER]  # then the good answer
+    assert edit_cli(server, src, "--in-place") == 0
+    assert src.read_text() == EDITED
+    first, _, third = server.requests
+    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, RETRY_PROMPT, "feedback"]
+    assert third["messages"][:2] == first["messages"]  # the first conversation, continued
+    assert third["messages"][2] == {"role": "assistant", "content": PLACEHOLDER}
+    assert "placeholder" in third["messages"][3]["content"]
+    assert "Add type hints to greet" in third["messages"][3]["content"]
+    # a placeholder is no base for the fix: the file stays the prediction
+    assert all(r["prediction"]["content"] == ORIGINAL for r in server.requests)
+    assert "telling the model what is wrong" in capsys.readouterr().err
+
+
+def test_a_rename_left_half_done_is_fixed_from_its_own_answer(server, tmp_path):
+    """The feedback names the name left dangling, and the half-done answer (nearly the fix) is
+    the prediction of that request."""
+    original = "def hello(name):\n    return 'hi ' + name\n\n\ndef main():\n    print(hello('bob'))\n"
+    half = original.replace("def hello", "def greet")
+    done = half.replace("print(hello", "print(greet")
+    path = tmp_path / "hello.py"
+    path.write_text(original)
+    server.queue, server.answer = [f"```python\n{half}```"] * 2, f"```python\n{done}```"
+    rc = main(["edit", str(path), "-i", "Rename hello to greet.", "--base-url", server.base_url, "--in-place"])
+    assert rc == 0 and path.read_text() == done
+    feedback = server.requests[2]
+    assert _prompt_of(feedback) == "feedback" and "`hello`" in feedback["messages"][3]["content"]
+    assert feedback["prediction"]["content"] == half
+
+
 def test_an_unchanged_answer_is_asked_for_again(server, src):
     server.queue = ["```python\n" + ORIGINAL + "```"]
     assert edit_cli(server, src, "--in-place") == 0
     assert src.read_text() == EDITED and len(server.requests) == 2
 
 
-def test_a_second_broken_answer_keeps_the_refusal(server, src, capsys):
+def test_later_broken_answers_keep_the_refusal(server, src, capsys):
     server.answer = PLACEHOLDER
     assert edit_cli(server, src, "--in-place") == 2
-    assert src.read_text() == ORIGINAL and len(server.requests) == 2
-    assert "the second answer is no better" in capsys.readouterr().err
+    assert src.read_text() == ORIGINAL and len(server.requests) == 3
+    assert "no later answer is better" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--no-retry", "--force"])

@@ -422,6 +422,14 @@ DEFAULT_PROMPT = "file-first"
 # answers, the commonest failure of the others (docs/server.md, "Which edit prompt").
 RETRY_PROMPT = "example"
 SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
+# When that answer is refused too, the first request's conversation goes on with its answer and a
+# turn that says what is wrong with it (`feedback_messages`). A rename left half done is the
+# commonest fault on the default pack, and its fix differs from the answer in a few lines, so the
+# answer is the prediction and the request costs little (docs/server.md).
+FEEDBACK = (
+    "That is not the updated file yet: {problems}. {instruction} Make the change everywhere it "
+    "applies, and reply with the whole corrected file in one ```{language} code block, and nothing else."
+)
 
 
 def build_messages(
@@ -430,6 +438,31 @@ def build_messages(
     """The edit prompt (`PROMPTS[prompt]`, by default the measured best) for this file and instruction."""
     p = prompt if isinstance(prompt, EditPrompt) else PROMPTS[prompt]
     return p.messages(original_code, instruction, language)
+
+
+def feedback_messages(
+    original_code: str,
+    instruction: str,
+    answer: str,
+    problems: list[str],
+    language: str = "",
+    prompt: str | EditPrompt = DEFAULT_PROMPT,
+) -> list[dict]:
+    """The first request's messages, its `answer` (as the model wrote it), and a user turn naming
+    `problems`, what the tool found wrong with it: the model gets to fix its own answer."""
+    turn = FEEDBACK.format(problems="; ".join(problems), instruction=instruction, language=language)
+    return [
+        *build_messages(original_code, instruction, language, prompt),
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": turn},
+    ]
+
+
+def feedback_prediction(original_code: str, answer_code: str) -> str:
+    """What to predict for the corrected file: the refused answer when it is about as long as the
+    file (a rename left half done: the fix keeps most of it), else the file itself (a placeholder
+    or a shortened answer: the fix must write the file out)."""
+    return answer_code if len(answer_code) >= SHORT_FRACTION * len(original_code) else original_code
 
 
 def make_client(base_url: str | None = None, api_key: str | None = None):
@@ -459,12 +492,15 @@ def refactor_with_predicted_outputs(
     max_tokens: int | None = None,
     on_delta: Callable[[str], None] | None = None,
     prompt: str | EditPrompt = DEFAULT_PROMPT,
+    messages: list[dict] | None = None,
+    prediction: str | None = None,
 ) -> EditResult:
     """Ask the model to apply `instruction` to `original_code`, with the code as the prediction.
 
     Streams the answer (on_delta gets each text delta) and returns when the stream ends.
     The caller decides what to do with an incomplete answer: check `result.complete`.
-    `prompt`: which of PROMPTS lays out the request.
+    `prompt`: which of PROMPTS lays out the request; `messages` and `prediction`, when given,
+    replace the prompt's messages and the file as the prediction (the feedback request).
     """
     import openai
 
@@ -475,9 +511,9 @@ def refactor_with_predicted_outputs(
     try:
         stream = client.chat.completions.create(
             model=model,
-            messages=build_messages(original_code, instruction, language, prompt),
+            messages=messages or build_messages(original_code, instruction, language, prompt),
             temperature=0,
-            prediction={"type": "content", "content": original_code},
+            prediction={"type": "content", "content": original_code if prediction is None else prediction},
             stream=True,
             stream_options={"include_usage": True},
             **kwargs,

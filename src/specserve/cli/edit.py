@@ -6,8 +6,10 @@ one that `edit.judge_answer` finds broken (far shorter than the file without a r
 for, no code, a placeholder such as `obj['updated_code']`) unless --force is given. A refused
 answer never touches the file: no write, no .bak. A Python answer that holds only the changed
 top-level definitions is put back into the whole file first (edit_splice.py). An answer that
-still cannot be the updated file, or is the file unchanged, is asked for once more with another
-prompt (`edit.RETRY_PROMPT`), unless --no-retry; the better of the two is kept.
+still cannot be the updated file, or is the file unchanged, is asked for again with another
+prompt (`edit.RETRY_PROMPT`), and if that answer is refused too, the first answer goes back to the
+model with what is wrong with it (`edit.feedback_messages`), unless --no-retry; the first answer
+the tool would write is kept, else the first.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ..edit import (
     EditError,
     EditResult,
     Verdict,
+    feedback_messages,
+    feedback_prediction,
     judge_answer,
     language_for,
     make_client,
@@ -66,7 +70,8 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--no-retry",
         action="store_true",
-        help=f"do not ask again (with the {RETRY_PROMPT!r} prompt) when the answer cannot be the updated file",
+        help=f"do not ask again when the answer cannot be the updated file (by default: with the {RETRY_PROMPT!r} "
+        "prompt, then telling the model what is wrong with its answer)",
     )
     p.add_argument("--max-tokens", type=int, default=None, help="cap on the answer's length")
     p.add_argument("--html", type=Path, help="also write an HTML report of the edit (lines kept vs changed)")
@@ -129,9 +134,10 @@ def target_path(args) -> Path | None:
     return args.output
 
 
-def ask(args, original: str, prompt: str) -> tuple[EditResult, Verdict | None]:
+def ask(args, original: str, prompt: str, **request) -> tuple[EditResult, Verdict | None]:
     """One request: the answer (spliced into the file when it holds only changed definitions)
-    and the tool's verdict on it (None when the answer is incomplete)."""
+    and the tool's verdict on it (None when the answer is incomplete). `request`: messages and
+    prediction for a feedback request."""
     client = make_client(args.base_url, args.api_key)
     with tqdm(desc="receiving", unit="chunk", file=sys.stderr, leave=False, disable=None) as bar:
         result = refactor_with_predicted_outputs(
@@ -143,6 +149,7 @@ def ask(args, original: str, prompt: str) -> tuple[EditResult, Verdict | None]:
             args.max_tokens,
             on_delta=lambda _: bar.update(1),
             prompt=prompt,
+            **request,
         )
     if not result.complete:
         return result, None
@@ -155,17 +162,36 @@ def ask(args, original: str, prompt: str) -> tuple[EditResult, Verdict | None]:
     return dataclasses.replace(result, code=verdict.code), verdict
 
 
+def retries(args, original: str, first: EditResult, verdict: Verdict):
+    """The requests after a refused answer, in order, each made only when the one before is
+    refused too: the file asked for with the other prompt, then the model told what is wrong
+    with its first answer (that answer as the prediction). Measured on 20 real edits, the
+    first cures 4 of 8 refusals and the second 1 of the other 4 (docs/server.md)."""
+    print(f"{verdict.failure}: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
+    yield ask(args, original, RETRY_PROMPT)
+    print("telling the model what is wrong with its first answer, and asking once more", file=sys.stderr)
+    language = language_for(args.file)
+    yield ask(
+        args,
+        original,
+        DEFAULT_PROMPT,
+        messages=feedback_messages(
+            original, args.instruction, first.raw, verdict.problems or [verdict.failure], language
+        ),
+        prediction=feedback_prediction(original, verdict.code),
+    )
+
+
 def run(args) -> int:
     original = args.file.read_text(encoding="utf-8")
     result, verdict = ask(args, original, DEFAULT_PROMPT)
-    why = verdict.failure if verdict else None
-    if why and not args.no_retry and not args.force:
-        print(f"{why}: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
-        second, second_verdict = ask(args, original, RETRY_PROMPT)
-        if second_verdict and second_verdict.failure is None:
-            result, verdict = second, second_verdict
+    if verdict and verdict.failure and not args.no_retry and not args.force:
+        for again, again_verdict in retries(args, original, result, verdict):
+            if again_verdict and again_verdict.failure is None:
+                result, verdict = again, again_verdict
+                break
         else:
-            print("the second answer is no better: keeping the first", file=sys.stderr)
+            print("no later answer is better: keeping the first", file=sys.stderr)
     problems = verdict.problems if verdict else []
     if args.html:
         from ..bench.report_html import render_diff_html
