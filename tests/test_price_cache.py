@@ -67,6 +67,21 @@ def test_threads_exact_kernels_and_draft_change_the_key(home):
     assert calibrations(FakeGGUFBackend(home, threads=2))[1] == 0
 
 
+def test_sequence_ids_share_the_cells_and_the_prices(home):
+    """A unified cache of the same cells prices a pass the same with more sequence ids (a prefix
+    cache's); more cells, or a longer context, are another setup."""
+    calibrations(FakeGGUFBackend(home))
+    more_ids = FakeGGUFBackend(home)
+    more_ids.max_sequences = 4
+    assert calibrations(more_ids)[1] == 0
+    more_cells = FakeGGUFBackend(home)
+    more_cells.cache_tokens = 32768
+    assert calibrations(more_cells)[1] == 1
+    longer = FakeGGUFBackend(home)
+    longer.max_context = 16384
+    assert calibrations(longer)[1] == 1
+
+
 def test_another_cpu_is_measured_again(home, monkeypatch):
     calibrations(FakeGGUFBackend(home))
     monkeypatch.setattr(prices, "cpu_key", lambda: {"cpu": "Fake EPYC", "flags": ["avx2"], "cores": 2})

@@ -6,8 +6,13 @@ reports ready only after), and its result is stored under `$SPECSERVE_HOME/price
 everything a price depends on:
 
     the model file (path, size, modification time), the backend and how it runs it (threads,
-    exact kernels, context and sequences; dtype and device on transformers), the draft model
+    exact kernels, context and cache cells; dtype and device on transformers), the draft model
     likewise, and the CPU (model name, SIMD flags, usable cores).
+
+Not the number of sequence ids on llama.cpp: its one cache is unified (all sequences share its
+cells), and a pass over one sequence attends over the cells in use, so the ids a prefix cache
+adds, or `--max-num-seqs` with the same cells, leave a pass's price as it was. A server with its
+prefix cache and one without (`specserve bench --session` loads both) share their prices.
 
 Change any of them and the key changes, so stale prices are never read; a backend we cannot
 identify (a model built in memory, a test runner) is measured every time and never cached.
@@ -24,7 +29,7 @@ from pathlib import Path
 from .. import hardware
 from .governor import CALIBRATION_SIZES, CostModel
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the sequence count left the llama.cpp key
 
 
 def _file_key(path: Path) -> dict | None:
@@ -52,7 +57,6 @@ def backend_key(backend) -> dict | None:
             "exact": bool(getattr(backend, "batch_invariant", False)),
             "kernels": getattr(backend, "kernels", None),
             "context": getattr(backend, "max_context", None),
-            "sequences": getattr(backend, "max_sequences", None),
             "cache_tokens": getattr(backend, "cache_tokens", None),
         }
     model = getattr(backend, "model", None)
