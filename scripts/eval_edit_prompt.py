@@ -454,6 +454,18 @@ def written_by_the_tool(r: dict) -> bool:
     return r["usable"] or (r["finish_reason"] == "stop" and not seen and not r["unchanged"])
 
 
+def _tool_ends_with(tries: list[dict | None]) -> tuple[dict, int] | None:
+    """What `specserve edit` keeps from its requests in order, each made only when the tool
+    refuses the answer before: (the first answer it would write, else the first answer; how many
+    requests it made). None when a request it would make was not measured."""
+    for n, r in enumerate(tries, 1):
+        if r is None:
+            return None
+        if written_by_the_tool(r):
+            return r, n
+    return tries[0], len(tries)
+
+
 def with_retry(results: list[dict], first: str, second: str) -> list[dict]:
     """What `specserve edit` ends with per pair when it asks with `first`, then with `second` if
     the first answer is refused (greedy answers are deterministic: the two runs above are the
@@ -461,11 +473,9 @@ def with_retry(results: list[dict], first: str, second: str) -> list[dict]:
     by = {(r["pair"], r["prompt"]): r for r in results}
     chosen = []
     for pair in dict.fromkeys(r["pair"] for r in results):
-        a, b = by.get((pair, first)), by.get((pair, second))
-        if a is None or b is None:
-            continue
-        keep = a if written_by_the_tool(a) or not written_by_the_tool(b) else b
-        chosen.append({**keep, "prompt": f"{first} then {second}"})
+        tries = [by.get((pair, first)), by.get((pair, second))]
+        if None not in tries:  # both prompts measured
+            chosen.append({**_tool_ends_with(tries)[0], "prompt": f"{first} then {second}"})
     return chosen
 
 
@@ -475,20 +485,17 @@ FEEDBACK = "feedback"  # the cache's name for a feedback request after `edit.DEF
 def with_feedback(results: list[dict], first: str, second: str) -> list[dict]:
     """What `specserve edit` ends with per pair: `first`'s answer; if the tool refuses it,
     `second`'s; if that is refused too, the answer to the feedback request (`first`'s answer sent
-    back with what is wrong with it, run by `run_feedback`). The first answer the tool would write
-    is kept, else the first."""
+    back with what is wrong with it, run by `run_feedback`)."""
     by = {(r["pair"], r["prompt"]): r for r in results}
     chosen = []
     for pair in dict.fromkeys(r["pair"] for r in results):
-        tries = [by.get((pair, first)), by.get((pair, second)), by.get((pair, f"{first}+{FEEDBACK}"))]
-        if tries[0] is not None and written_by_the_tool(tries[0]):
-            tries = tries[:1]
-        elif tries[1] is not None and written_by_the_tool(tries[1]):
-            tries = tries[:2]
-        if any(r is None for r in tries):
-            continue  # not measured yet
-        keep = next((r for r in tries if written_by_the_tool(r)), tries[0])
-        chosen.append({**keep, "prompt": f"{first} then {second} then {FEEDBACK}", "tries": len(tries)})
+        tries = [by.get((pair, name)) for name in (first, second, f"{first}+{FEEDBACK}")]
+        if tries[0] is not None and tries[0]["finish_reason"] != "stop":
+            tries = tries[:1]  # a cut first answer: the tool writes nothing and asks nothing more
+        ended = _tool_ends_with(tries)
+        if ended is not None:
+            keep, tries = ended
+            chosen.append({**keep, "prompt": f"{first} then {second} then {FEEDBACK}", "tries": tries})
     return chosen
 
 
@@ -504,7 +511,7 @@ def write_report(
     firsts = [name for name in prompts if name != RETRY_PROMPT] if RETRY_PROMPT in prompts else []
     chained = [r for name in firsts for r in with_retry(results, name, RETRY_PROMPT)]
     chains = [f"{name} then {RETRY_PROMPT}" for name in firsts]
-    if (DEFAULT_PROMPT, RETRY_PROMPT) in {(a, b) for a in prompts for b in prompts}:  # what the tool does
+    if DEFAULT_PROMPT in prompts and RETRY_PROMPT in prompts:  # what the tool does
         fed = [done[k] for k in done if k[1] == f"{DEFAULT_PROMPT}+{FEEDBACK}"]
         chained += with_feedback(results + fed, DEFAULT_PROMPT, RETRY_PROMPT)
         chains.append(f"{DEFAULT_PROMPT} then {RETRY_PROMPT} then {FEEDBACK}")
@@ -566,6 +573,34 @@ def _reported(r: dict) -> dict:
     return shown
 
 
+def answer_limit(llm, code: str) -> int:
+    """max_tokens for an answer: room for the whole file and a half (the report's "sampling")."""
+    return int(len(llm.encode(code)) * 1.5) + 64
+
+
+def record(pair: Pair, prompt: str, code: str, out, seconds: float) -> dict:
+    """One (pair, prompt) result as the cache keeps it: the figures, the verdict and the whole answer."""
+    return {
+        "pair": pair.name,
+        "prompt": prompt,
+        "kind": pair.kind,
+        "sha256": hashlib.sha256(code.encode()).hexdigest(),
+        "finish_reason": out.finish_reason,
+        "completion_tokens": len(out.token_ids),
+        "prompt_tokens": len(out.prompt_token_ids),
+        "batch_seconds": seconds,
+        **judge(pair, code, out.text, out.finish_reason),
+        "answer": out.text,  # kept whole, so that a change of the rules can judge it again
+    }
+
+
+def keep(done: dict[tuple[str, str], dict], cache: Path, r: dict) -> None:
+    """Count a result and append it to the cache at once (an interrupted run resumes after it)."""
+    done[(r["pair"], r["prompt"])] = r
+    with cache.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(r) + "\n")
+
+
 def run_feedback(llm, pairs: list[Pair], codes: dict[str, str], done: dict[tuple[str, str], dict], cache: Path):
     """`specserve edit`'s second request, for every pair whose default-prompt answer the tool
     refuses: that conversation, the answer and what is wrong with it (`edit.feedback_messages`),
@@ -593,26 +628,13 @@ def run_feedback(llm, pairs: list[Pair], codes: dict[str, str], done: dict[tuple
     t = time.perf_counter()
     outs = llm.generate(
         [prompt for _, prompt, _ in todo],
-        [SamplingParams(max_tokens=int(len(llm.encode(codes[p.name])) * 1.5) + 64, temperature=0) for p, _, _ in todo],
+        [SamplingParams(max_tokens=answer_limit(llm, codes[p.name]), temperature=0) for p, _, _ in todo],
         prediction=[prediction for _, _, prediction in todo],
     )
     seconds = round(time.perf_counter() - t, 1)
     for (pair, _, _), out in zip(todo, outs):
-        r = {
-            "pair": pair.name,
-            "prompt": name,
-            "kind": pair.kind,
-            "sha256": hashlib.sha256(codes[pair.name].encode()).hexdigest(),
-            "finish_reason": out.finish_reason,
-            "completion_tokens": len(out.token_ids),
-            "prompt_tokens": len(out.prompt_token_ids),
-            "batch_seconds": seconds,
-            **judge(pair, codes[pair.name], out.text, out.finish_reason),
-            "answer": out.text,
-        }
-        done[(pair.name, name)] = r
-        with cache.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(r) + "\n")
+        r = record(pair, name, codes[pair.name], out, seconds)
+        keep(done, cache, r)
         print(
             f"{'ok ' if r['well_formed'] else 'BAD'} {name} {pair.name:20s} {'; '.join(r['problems'])[:100]}",
             file=sys.stderr,
@@ -693,38 +715,23 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for pair in pairs:
         code = codes[pair.name]
-        sha = hashlib.sha256(code.encode()).hexdigest()
         todo = [name for name in prompts if (pair.name, name) not in done]
         n += len(prompts) - len(todo)
         if not todo:
             continue
         # One batch per pair: the candidates decode together (continuous batching), which on a CPU
         # gets more done per second than one after the other; greedy answers do not depend on it.
-        max_tokens = int(len(llm.encode(code)) * 1.5) + 64
         t = time.perf_counter()
         outs = llm.generate(
             [llm.apply_chat_template(build_messages(code, pair.instruction, "python", name)) for name in todo],
-            SamplingParams(max_tokens=max_tokens, temperature=0),
+            SamplingParams(max_tokens=answer_limit(llm, code), temperature=0),
             prediction=code,
         )
         seconds = round(time.perf_counter() - t, 1)
         for name, out in zip(todo, outs):
             n += 1
-            r = {
-                "pair": pair.name,
-                "prompt": name,
-                "kind": pair.kind,
-                "sha256": sha,
-                "finish_reason": out.finish_reason,
-                "completion_tokens": len(out.token_ids),
-                "prompt_tokens": len(out.prompt_token_ids),
-                "batch_seconds": seconds,
-                **judge(pair, code, out.text, out.finish_reason),
-                "answer": out.text,  # kept whole, so that a change of the rules can judge it again
-            }
-            done[(pair.name, name)] = r
-            with args.cache.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(r) + "\n")
+            r = record(pair, name, code, out, seconds)
+            keep(done, args.cache, r)
             mark = "ok " if r["well_formed"] else "SPL" if r["usable"] else "BAD"
             print(
                 f"[{n}/{total}] {time.perf_counter() - t0:6.0f}s {mark} {name:18s} {pair.name:20s} "
