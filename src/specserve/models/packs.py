@@ -366,22 +366,24 @@ def extract_tokenizer(gguf: Path, out: Path, progress: bool = True) -> None:
     """Save the GGUF's tokenizer (and chat template) into ``out`` as a Hugging Face tokenizer."""
     from transformers import AutoTokenizer
 
+    from .gguf_reads import gguf_read_once
+
     quiet = contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())
-    with quiet:
+    with quiet, gguf_read_once():
         _say(progress, f"{gguf.stem}: saving the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer.save_pretrained(out)
     _check_chat_template(tokenizer.chat_template, out)
 
 
-def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> None:
+def convert_gguf(gguf: Path, out: Path, progress: bool = True, tokenizer: bool = True) -> None:
     """Load ``gguf`` with transformers (dequantized, bf16) and save it into ``out`` as safetensors.
 
-    The tokenizer comes from the same file; its chat template (GGUF ``tokenizer.chat_template``)
-    must survive the save. The quantizer is dropped so the folder loads as a plain model.
+    With ``tokenizer`` the GGUF's tokenizer is saved too (a pack's folder already holds it: the
+    pull saved it). The quantizer is dropped so the folder loads as a plain model.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     from .gguf_reads import gguf_read_once
 
@@ -389,7 +391,7 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> None:
     with (
         gguf_read_once(),
         quiet,
-        tqdm(total=3, desc=f"{gguf.stem}: convert", unit="step", disable=not progress, file=sys.stderr) as bar,
+        tqdm(total=2, desc=f"{gguf.stem}: convert", unit="step", disable=not progress, file=sys.stderr) as bar,
     ):
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent,
@@ -399,13 +401,11 @@ def convert_gguf(gguf: Path, out: Path, progress: bool = True) -> None:
         )
         _drop_quantizer(model)
         bar.update(1)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        bar.update(1)
         model.save_pretrained(out, safe_serialization=True)
-        tokenizer.save_pretrained(out)
         bar.update(1)
+        if tokenizer:
+            extract_tokenizer(gguf, out, progress=False)
     del model
-    _check_chat_template(tokenizer.chat_template, out)
 
 
 def _drop_quantizer(model: object) -> None:
@@ -508,7 +508,8 @@ def ensure_converted(source: ModelSource, progress: bool = True) -> ModelSource:
         work = Path(tempfile.mkdtemp(dir=folder, prefix=".convert-"))
         try:
             _say(progress, f"{folder.name}: converting the GGUF to safetensors for the transformers backend (once)")
-            convert_gguf(folder / source.gguf_file, work, progress)
+            has_tokenizer = (folder / TOKENIZER_MARK).is_file()
+            convert_gguf(folder / source.gguf_file, work, progress, tokenizer=not has_tokenizer)
             for item in sorted(work.iterdir(), key=lambda p: p.name == CONVERTED_MARK):
                 item.chmod(0o644)
                 os.replace(item, folder / item.name)
