@@ -156,7 +156,10 @@ def test_check_answer_accepts_real_edits():
     assert check_answer(MODULE, RENAMED, "Rename perimeter to circumference.", "python") == []
     hinted = MODULE.replace("def area(radius):", "def area(radius: float) -> float:")
     assert check_answer(MODULE, hinted, "Add type hints to area.", "python") == []
-    assert check_answer(MODULE, MODULE, "Rename perimeter to circumference.", "python") == []  # no-op: not broken
+    assert check_answer(MODULE, MODULE, "Add a docstring to area.", "python") == []  # no-op: not broken
+    assert check_answer(MODULE, MODULE, "Rename perimeter to circumference.", "python") == [
+        "the rename is not done: `circumference` appears nowhere in the answer"
+    ]
     # A removal asked for: a much shorter answer is what was wanted.
     only_area = MODULE.split("def perimeter")[0]
     assert check_answer(MODULE, only_area, "Delete perimeter and the Circle class.", "python") == []
@@ -456,6 +459,22 @@ def test_a_rename_left_half_done_is_fixed_from_its_own_answer(server, tmp_path):
     feedback = server.requests[2]
     assert _prompt_of(feedback) == "feedback" and "`hello`" in feedback["messages"][3]["content"]
     assert feedback["prediction"]["content"] == half
+
+
+def test_a_rename_not_done_is_asked_for_again_and_never_written(server, tmp_path):
+    original = "def hello(name):\n    return 'hi ' + name\n\n\ndef main():\n    print(hello('bob'))\n"
+    touched = original.replace("'hi '", "'hello '")  # an edit, but not the one asked for
+    done = original.replace("hello(", "greet(")
+    path = tmp_path / "hello.py"
+    path.write_text(original)
+    server.queue, server.answer = [f"```python\n{touched}```"], f"```python\n{done}```"
+    rc = main(["edit", str(path), "-i", "Rename hello to greet.", "--base-url", server.base_url, "--in-place"])
+    assert rc == 0 and path.read_text() == done and len(server.requests) == 2
+    server.requests.clear()
+    path.write_text(original)
+    server.queue, server.answer = [], f"```python\n{touched}```"
+    rc = main(["edit", str(path), "-i", "Rename hello to greet.", "--base-url", server.base_url, "--in-place"])
+    assert rc == 2 and path.read_text() == original and len(server.requests) == 3
 
 
 def test_an_unchanged_answer_is_asked_for_again(server, src):

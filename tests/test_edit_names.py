@@ -1,5 +1,7 @@
 """`specserve edit` refuses a Python answer that reads a name nothing in it binds, where the
-original did not: the trace of a rename left half done (edit_names.py)."""
+original did not: the trace of a rename left half done (edit_names.py). And in any language it
+refuses an answer to "Rename X to Y" where Y appears nowhere, or X is still there when the
+rename is not narrowed to part of the file."""
 
 from __future__ import annotations
 
@@ -37,7 +39,48 @@ def test_a_rename_of_the_definition_alone_is_refused_and_a_whole_one_is_written(
     assert "`insort_right`" in problem and "half done" in problem
     assert "`insort_after`" in check_answer(FILE, only_calls, RENAME, "python")[0]
     assert "`insort_right`" in judge_answer(FILE, only_def, RENAME, "python").failure
-    assert check_answer(FILE, only_def, RENAME, "text") == []  # only Python is read for names
+    # Only Python is read for names; in any language the rename check sees the old name left.
+    assert check_answer(FILE, only_def, RENAME, "text") == [
+        "the rename is left half done: `insort_right` is still there 2 times"
+    ]
+
+
+def test_a_rename_not_done_is_refused_in_any_language():
+    no_rename = FILE.replace("after any equal items", "after any items equal to x")
+    for language in ("python", "text"):
+        [problem] = check_answer(FILE, no_rename, RENAME, language)
+        assert problem == "the rename is not done: `insort_after` appears nowhere in the answer"
+    ts = "export function toView(o) {\n  return o;\n}\n\nconst v = toView(order);\n"
+    half = ts.replace("function toView", "function serializeOrder")
+    problem = check_answer(ts, half, "Rename the function toView to serializeOrder.", "typescript")
+    assert problem == ["the rename is left half done: `toView` is still there 1 time"]
+    assert check_answer(ts, ts.replace("toView", "serializeOrder"), "Rename toView to serializeOrder.") == []
+
+
+def test_a_rename_every_name_of_which_is_bound_can_still_be_half_done():
+    """The old name left in `__all__` (a string) binds nothing, so only the rename check sees it."""
+    listed = '__all__ = ["insort_right"]\n' + FILE
+    half = listed.replace("def insort_right", "def insort_after").replace("insort_right(a, x)", "insort_after(a, x)")
+    assert check_answer(listed, half, RENAME, "python") == [
+        "the rename is left half done: `insort_right` is still there 1 time"
+    ]
+    assert check_answer(listed, listed.replace("insort_right", "insort_after"), RENAME, "python") == []
+
+
+def test_a_rename_narrowed_to_one_function_may_leave_the_old_name_elsewhere():
+    code = (
+        "def dedent(text):\n    margin = 0\n    return margin\n\n\n"
+        "def indent(text):\n    margin = 4\n    return margin\n"
+    )
+    once = code.replace("    margin = 0\n    return margin", "    common_margin = 0\n    return common_margin")
+    scoped = "Rename the variable margin to common_margin in dedent."
+    assert check_answer(code, once, scoped, "python") == []
+    assert check_answer(code, once, "Rename the variable margin to common_margin in every function.", "python") == [
+        "the rename is left half done: `margin` is still there 2 times"
+    ]
+    assert check_answer(code, code, scoped, "python") == [
+        "the rename is not done: `common_margin` appears nowhere in the answer"
+    ]
 
 
 def test_a_missing_import_counts_unless_annotations_are_deferred():

@@ -186,6 +186,8 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
       `...` that is not a Python body) on a line the original does not have;
     - far shorter than the original (under SHORT_FRACTION of its non-blank lines or characters) when
       the instruction asks for no removal (delete, remove, drop, strip, shorten, simplify, ...);
+    - a rename the instruction asks for ("Rename X to Y") not done: Y nowhere in the answer, or X
+      still in it when the rename is not narrowed to part of the file ("... in dedent");
     - for Python (language "python"): the original compiles and the answer does not; or the answer
       reads a name that nothing in it binds and the original did not (edit_names.py): the fault of
       a rename left half done, such as a definition renamed and its callers not.
@@ -241,7 +243,42 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
             problems.append(
                 f"the answer uses {names}, which nothing in it defines (a rename left half done, or a name made up?)"
             )
+    if not problems and (rename := _rename_problem(original, answer, instruction)):
+        problems.append(rename)
     return problems
+
+
+# "Rename [the function] old to new [in dedent | everywhere | in every function]".
+_RENAME = re.compile(
+    r"\brename\s+(?:(?:the|every|all|each)\s+)?(?:(?:function|method|class|variable|parameter|argument|"
+    r"attribute|field|constant|list|dict|type|property|helper|module|global|local|name)s?\s+)?"
+    r"`?(?P<old>[A-Za-z_]\w*)`?\s+(?:to|as|into)\s+`?(?P<new>[A-Za-z_]\w*)`?(?P<rest>[^.;\n]*)",
+    re.I,
+)
+# What narrows a rename to part of the file ("in dedent"), as opposed to "in every function" or "everywhere".
+_SCOPE = re.compile(r"\b(?:in|inside|within)\s+(?!(?:every|all|each|the whole|the file|this file|the module)\b)", re.I)
+
+
+def _rename_problem(original: str, answer: str, instruction: str) -> str | None:
+    """Why `answer` does not do the rename the instruction asks for, if it asks for one: the new
+    name appears nowhere, or (when the rename is not narrowed to part of the file) the old name
+    is still there. A half-done rename is the commonest wrong answer of a small model to this."""
+    m = _RENAME.search(instruction)
+    if m is None:
+        return None
+    old, new = m.group("old"), m.group("new")
+
+    def count(name: str, text: str) -> int:
+        return len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", text))
+
+    if old == new or not count(old, original) or count(new, original):
+        return None  # nothing to rename, or the new name is taken already: the check cannot tell
+    if not count(new, answer):
+        return f"the rename is not done: `{new}` appears nowhere in the answer"
+    left = count(old, answer)
+    if left and not _SCOPE.search(m.group("rest")):
+        return f"the rename is left half done: `{old}` is still there {left} time{'s' * (left > 1)}"
+    return None
 
 
 def _asks_for_removal(instruction: str, original: str) -> bool:
