@@ -426,8 +426,8 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
 
 def _tool_writes(pair: Pair, original: str, code: str) -> bool:
     """Whether `specserve edit` writes this complete answer without asking again: the CLI's own
-    rule (`edit.judge_answer`), blind to what only this script knows, such as which name a
-    rename had to remove."""
+    rule (`edit.judge_answer`), blind to what only this script knows, such as that a rename
+    narrowed to one function ("... in dedent") left the old name in it."""
     from specserve.edit import judge_answer
 
     return judge_answer(original, code, pair.instruction, "python").failure is None
