@@ -477,6 +477,20 @@ def test_a_rename_not_done_is_asked_for_again_and_never_written(server, tmp_path
     assert rc == 2 and path.read_text() == original and len(server.requests) == 3
 
 
+def test_an_answer_cut_short_is_asked_for_again_and_never_written(server, tmp_path):
+    """The data-loss case: the answer does the edit, then stops before the file's last function
+    (under the length rule's half, so only the definitions show it)."""
+    original = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(5))
+    hinted = original.replace("def f0(x)", "def f0(x: Any) -> Any")
+    cut = "from typing import Any\n\n\n" + hinted.split("\n\n\ndef f4")[0] + "\n"  # a new import: no splice
+    path = tmp_path / "fs.py"
+    path.write_text(original)
+    server.queue, server.answer = [], f"```python\n{cut}```"
+    rc = main(["edit", str(path), "-i", "Add type hints to f0.", "--base-url", server.base_url, "--in-place"])
+    assert rc == 2 and path.read_text() == original and len(server.requests) == 3
+    assert not (tmp_path / "fs.py.bak").exists()
+
+
 def test_an_unchanged_answer_is_asked_for_again(server, src):
     server.queue = ["```python\n" + ORIGINAL + "```"]
     assert edit_cli(server, src, "--in-place") == 0

@@ -6,7 +6,7 @@ rename is not narrowed to part of the file."""
 from __future__ import annotations
 
 from specserve.edit import check_answer, judge_answer
-from specserve.edit_names import new_unbound_names, unbound_names
+from specserve.edit_names import dropped_definitions, new_unbound_names, unbound_names
 
 FILE = '''import bisect as _b
 
@@ -81,6 +81,46 @@ def test_a_rename_narrowed_to_one_function_may_leave_the_old_name_elsewhere():
     assert check_answer(code, code, scoped, "python") == [
         "the rename is not done: `common_margin` appears nowhere in the answer"
     ]
+
+
+def test_an_answer_that_stops_before_the_last_function_is_refused():
+    """A model that stops early writes a file that ends well and compiles: only the definitions
+    show that `insort_all` (a fifth of the file here, under the length rule's half) was lost."""
+    hinted = FILE.replace("def insort(a, x):", "def insort(a: list, x: object) -> None:")
+    cut = hinted.split("\n\ndef insort_all")[0] + "\n"
+    assert check_answer(FILE, hinted, "Add type hints to insort.", "python") == []
+    assert check_answer(FILE, cut, "Add type hints to insort.", "python") == [
+        "the answer no longer defines `insort_all`, which the file defines (cut short, or renamed unasked?)"
+    ]
+    assert check_answer(FILE, cut, "Delete insort_all.", "python") == []  # asked for
+    # Whole definitions and the file's own imports only: the tool puts them into the file instead.
+    spliced = judge_answer(FILE, cut, "Add type hints to insort.", "python")
+    assert spliced.failure is None and spliced.code == hinted
+    # With a line the file does not have (a new import) it cannot, and refuses the answer.
+    typed = "from typing import Any\n" + cut.replace("object", "Any")
+    assert "`insort_all`" in judge_answer(FILE, typed, "Add type hints to insort.", "python").failure
+
+
+def test_a_rename_of_another_definition_than_the_one_asked_is_refused():
+    renamed_too = FILE.replace("insort_right", "insort_after").replace("def insort(", "def insort_after2(")
+    renamed_too = renamed_too.replace("\n    return insort_after", "\n    return insort_after")
+    assert dropped_definitions(FILE, renamed_too, "python", "insort_right") == ["insort"]
+    [problem] = check_answer(FILE, renamed_too, RENAME, "python")
+    assert problem.startswith("the answer no longer defines `insort`")
+    assert dropped_definitions(FILE, FILE.replace("insort_right", "insort_after"), "python", "insort_right") == []
+
+
+def test_methods_and_other_languages_count():
+    cls = "class Box:\n    def open(self):\n        pass\n\n    def close(self):\n        pass\n"
+    assert dropped_definitions(cls, cls.split("\n\n    def close")[0] + "\n", "python") == ["Box.close"]
+    ts = "".join(f"export function f{i}() {{\n  return {i};\n}}\n\n" for i in range(3))
+    ts += "export async function b() {\n  return f0();\n}\n"
+    cut = ts.split("\nexport async")[0]
+    assert dropped_definitions(ts, cut, "typescript") == ["b"]
+    assert check_answer(ts, cut, "Add JSDoc to f0.", "typescript") == [
+        "the answer no longer defines `b`, which the file defines (cut short, or renamed unasked?)"
+    ]
+    assert dropped_definitions(FILE, "def broken(:\n", "python") == []  # unparsable: other checks say so
 
 
 def test_a_missing_import_counts_unless_annotations_are_deferred():

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .edit_names import new_unbound_names
+from .edit_names import dropped_definitions, new_unbound_names
 from .errors import SpecServeError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
@@ -188,6 +188,9 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
       the instruction asks for no removal (delete, remove, drop, strip, shorten, simplify, ...);
     - a rename the instruction asks for ("Rename X to Y") not done: Y nowhere in the answer, or X
       still in it when the rename is not narrowed to part of the file ("... in dedent");
+    - a function or class of the file (for Python: top-level ones and their methods) that the
+      answer no longer defines, when the instruction asks for no removal and the name is not
+      the one a rename replaces: the trace of an answer cut short, or of a name renamed unasked;
     - for Python (language "python"): the original compiles and the answer does not; or the answer
       reads a name that nothing in it binds and the original did not (edit_names.py): the fault of
       a rename left half done, such as a definition renamed and its callers not.
@@ -245,6 +248,14 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
             )
     if not problems and (rename := _rename_problem(original, answer, instruction)):
         problems.append(rename)
+    rewrite = _REWRITE.search(instruction)
+    if not problems and not prose_ok and not rewrite and not _asks_for_removal(instruction, original):
+        match = _RENAME.search(instruction)
+        if dropped := dropped_definitions(original, answer, language, match and match.group("old")):
+            names = ", ".join(f"`{n}`" for n in dropped[:5]) + (", ..." if len(dropped) > 5 else "")
+            problems.append(
+                f"the answer no longer defines {names}, which the file defines (cut short, or renamed unasked?)"
+            )
     return problems
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 
 # Names every module or class body has without binding them.
 _IMPLICIT = frozenset(dir(builtins)) | {
@@ -105,3 +106,44 @@ def _annotation_nodes(tree: ast.AST) -> set[int]:
         elif isinstance(node, ast.AnnAssign):
             roots.append(node.annotation)
     return {id(n) for root in roots for n in ast.walk(root) if isinstance(n, ast.Name)}
+
+
+# A definition line in the languages the edit tool reads without a parser: `def f`, `class C`,
+# `function f`, `func f`, `fn f` (optionally exported, public, async, ...).
+_DEFINITION = re.compile(
+    r"^[ \t]*(?:(?:export|default|public|private|protected|static|async|pub|abstract|final)\s+)*"
+    r"(?:def|class|function|func|fn|interface)\s+(?P<name>[A-Za-z_$][\w$]*)",
+    re.M,
+)
+
+
+def definitions(code: str, language: str) -> set[str] | None:
+    """The functions and classes `code` defines: for Python the top-level ones and the methods of
+    top-level classes (as `Class.method`), elsewhere every definition line `_DEFINITION` finds.
+    None when Python code does not parse."""
+    if language != "python":
+        return {m.group("name") for m in _DEFINITION.finditer(code)}
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            found |= {
+                f"{node.name}.{m.name}" for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }
+    return found
+
+
+def dropped_definitions(original: str, answer: str, language: str, renamed: str | None = None) -> list[str]:
+    """The functions and classes the original defines and the answer no longer does (sorted),
+    leaving out `renamed` (the old name of a rename the instruction asks for): a model that
+    stops early, or renames more than it was asked to, loses code this way while the rest of the
+    answer looks whole."""
+    before, after = definitions(original, language), definitions(answer, language)
+    if before is None or after is None:
+        return []
+    return sorted(n for n in before - after if n.rsplit(".", 1)[-1] != renamed)
