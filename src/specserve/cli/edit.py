@@ -166,7 +166,7 @@ def retries(args, original: str, first: EditResult, verdict: Verdict):
     """The requests after a refused answer, in order, each made only when the one before is
     refused too: the file asked for with the other prompt, then the model told what is wrong
     with its first answer (that answer as the prediction). Measured on 33 real edits, the
-    first turned 5 refused answers into usable files and the second 2 more (docs/server.md)."""
+    first turned 5 refused answers into usable files and the second 1 more (docs/server.md)."""
     print(f"{verdict.failure}: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
     yield ask(args, original, RETRY_PROMPT)
     print("telling the model what is wrong with its first answer, and asking once more", file=sys.stderr)
