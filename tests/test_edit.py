@@ -479,16 +479,23 @@ def test_a_rename_not_done_is_asked_for_again_and_never_written(server, tmp_path
 
 def test_an_answer_cut_short_is_asked_for_again_and_never_written(server, tmp_path):
     """The data-loss case: the answer does the edit, then stops before the file's last function
-    (under the length rule's half, so only the definitions show it)."""
-    original = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(5))
+    (under the length rule's half, so only the definitions show it). When the answer is only
+    definitions and imports, the tool puts them into the file instead; otherwise it refuses."""
+    original = "BASE = 10\n\n\n" + "".join(f"def f{i}(x):\n    return x + BASE + {i}\n\n\n" for i in range(5))
     hinted = original.replace("def f0(x)", "def f0(x: Any) -> Any")
-    cut = "from typing import Any\n\n\n" + hinted.split("\n\n\ndef f4")[0] + "\n"  # a new import: no splice
+    cut = hinted.split("\n\n\ndef f4")[0] + "\n"
     path = tmp_path / "fs.py"
     path.write_text(original)
-    server.queue, server.answer = [], f"```python\n{cut}```"
+    server.queue, server.answer = [], f"```python\n{cut.replace('BASE = 10', 'BASE: int = 10')}```"
     rc = main(["edit", str(path), "-i", "Add type hints to f0.", "--base-url", server.base_url, "--in-place"])
     assert rc == 2 and path.read_text() == original and len(server.requests) == 3
     assert not (tmp_path / "fs.py.bak").exists()
+    server.requests.clear()
+    definitions_only = "from typing import Any\n\n\n" + cut.split("\n\n\n", 1)[1]
+    server.queue, server.answer = [], f"```python\n{definitions_only}```"
+    rc = main(["edit", str(path), "-i", "Add type hints to f0.", "--base-url", server.base_url, "--in-place"])
+    assert rc == 0 and len(server.requests) == 1
+    assert path.read_text() == "from typing import Any\n\n\n" + hinted  # the file had no imports: at the top
 
 
 def test_an_unchanged_answer_is_asked_for_again(server, src):

@@ -96,8 +96,9 @@ def test_an_answer_that_stops_before_the_last_function_is_refused():
     # Whole definitions and the file's own imports only: the tool puts them into the file instead.
     spliced = judge_answer(FILE, cut, "Add type hints to insort.", "python")
     assert spliced.failure is None and spliced.code == hinted
-    # With a line the file does not have (a new import) it cannot, and refuses the answer.
-    typed = "from typing import Any\n" + cut.replace("object", "Any")
+    # With a statement that is no definition or import (a changed module line) it cannot, and
+    # the answer is refused.
+    typed = cut.replace("import bisect as _b", "import bisect as _b\nLIMIT: int = 10")
     assert "`insort_all`" in judge_answer(FILE, typed, "Add type hints to insort.", "python").failure
 
 

@@ -1,5 +1,5 @@
-"""edit_splice: an answer of only the changed definitions goes back into the whole file; anything
-less certain builds nothing."""
+"""edit_splice: an answer of only the changed definitions (and the imports they need) goes back
+into the whole file; anything less certain builds nothing."""
 
 from specserve.edit_splice import splice_definitions
 
@@ -41,9 +41,31 @@ def test_two_definitions_and_a_known_import_with_decorators():
     compile(spliced, "<spliced>", "exec")
 
 
+def test_a_new_import_goes_after_the_files_imports():
+    """A type hint often needs an import the file lacks; the answer's is kept, once, above every
+    definition, and the file's own stay as they were."""
+    answer = "import os\nfrom typing import Tuple\n\ndef first(a: int) -> Tuple[int]:\n    return (a + 1,)\n"
+    spliced, names = splice_definitions(FILE, answer)
+    assert names == ["first"]
+    assert spliced == FILE.replace("import os\n", "import os\nfrom typing import Tuple\n", 1).replace(
+        "def first(a):\n    return a + 1\n", "def first(a: int) -> Tuple[int]:\n    return (a + 1,)\n"
+    )
+
+
+def test_a_new_import_in_a_file_without_imports_goes_after_its_docstring_or_leading_comments():
+    bare = '#!/usr/bin/env python\n"""Doc."""\ndef f(x):\n    return x\n'
+    spliced, _ = splice_definitions(bare, "import math\n\ndef f(x: float) -> float:\n    return x\n")
+    assert spliced == '#!/usr/bin/env python\n"""Doc."""\nimport math\n\n\ndef f(x: float) -> float:\n    return x\n'
+    shebang = "#!/usr/bin/env python\ndef f(x):\n    return x\n"
+    spliced, _ = splice_definitions(shebang, "import math\n\ndef f(x):\n    return math.floor(x)\n")
+    assert spliced == "#!/usr/bin/env python\nimport math\n\n\ndef f(x):\n    return math.floor(x)\n"
+    compile(spliced, "<spliced>", "exec")
+
+
 def test_anything_uncertain_builds_nothing():
     assert splice_definitions(FILE, "def second(b):\n    return (\n") is None  # does not parse
-    assert splice_definitions(FILE, "import sys\n\ndef first(a):\n    return a\n") is None  # a new import
+    assert splice_definitions(FILE, "from __future__ import annotations\n\ndef first(a):\n    return a\n") is None
+    assert splice_definitions(FILE, "X = 1\n\ndef first(a):\n    return a\n") is None  # a statement of its own
     assert splice_definitions(FILE, "def method(self):\n    return 1\n") is None  # a method, not top level
     assert splice_definitions(FILE, "def fourth():\n    pass\n") is None  # a name the file does not define
     assert splice_definitions(FILE, "print('hi')\n") is None  # no definition at all

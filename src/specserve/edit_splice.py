@@ -6,8 +6,13 @@ docstring, type-hint and logic edits). That answer is not the file, and `edit.ch
 refuses to write it; but when it is nothing more than complete top-level definitions that the
 file has, each under the same name, the intended file is clear: the original with those
 definitions replaced. This builds it, and builds nothing (None) for anything less certain:
-code that does not parse, a statement that is not such a definition (an import the original
-does not have, a call, a method written at top level), or a name the original defines twice.
+code that does not parse, a statement that is neither such a definition nor an import (a call,
+an assignment, a method written at top level), or a name the original defines twice.
+
+Imports the original lacks are kept: a type hint or a new helper call often needs one (`from
+typing import Tuple`). They go right after the original's last top-level import, or at the top
+(after the docstring and `from __future__` lines) when it has none; a new `from __future__`
+import, which must come first, builds nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import ast
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_IMPORTS = (ast.Import, ast.ImportFrom)
 
 
 def splice_definitions(original: str, answer: str) -> tuple[str, list[str]] | None:
@@ -23,10 +29,13 @@ def splice_definitions(original: str, answer: str) -> tuple[str, list[str]] | No
         old_tree, new_tree = ast.parse(original), ast.parse(answer)
     except (SyntaxError, ValueError):
         return None
-    old_imports = {ast.unparse(n) for n in old_tree.body if isinstance(n, (ast.Import, ast.ImportFrom))}
+    old_imports = {ast.unparse(n) for n in old_tree.body if isinstance(n, _IMPORTS)}
     defs = [n for n in new_tree.body if isinstance(n, _DEFS)]
     rest = [n for n in new_tree.body if not isinstance(n, _DEFS)]
-    if not defs or any(ast.unparse(n) not in old_imports for n in rest):
+    if not defs or not all(isinstance(n, _IMPORTS) for n in rest):
+        return None
+    added = [ast.unparse(n) for n in rest if ast.unparse(n) not in old_imports]
+    if any(n.startswith("from __future__") for n in added):
         return None
     old_defs: dict[str, list[ast.AST]] = {}
     for n in old_tree.body:
@@ -39,7 +48,25 @@ def splice_definitions(original: str, answer: str) -> tuple[str, list[str]] | No
     replacements = sorted(((*_span(old_defs[n.name][0]), _text(new_lines, n)) for n in defs), reverse=True)
     for start, end, text in replacements:  # bottom up, so earlier spans keep their line numbers
         old_lines[start:end] = [text if text.endswith("\n") or end >= len(old_lines) else text + "\n"]
+    if added:  # above every definition, so the replacements below did not move this line
+        at = _import_line(old_tree, old_lines)
+        gap = ["\n", "\n"] if at < len(old_lines) and old_lines[at].strip() else []  # none before code: PEP 8's two
+        old_lines[at:at] = [line + "\n" for line in dict.fromkeys(added)] + gap
     return "".join(old_lines), names
+
+
+def _import_line(tree: ast.Module, lines: list[str]) -> int:
+    """0-based line where new imports go: after the file's leading docstring and imports (all
+    above every definition), else after its leading comments (a shebang, a coding line)."""
+    at = 0
+    for i, node in enumerate(tree.body):
+        docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (docstring or isinstance(node, _IMPORTS)):
+            break
+        at = node.end_lineno
+    while at == 0 and at < len(lines) and lines[at].lstrip().startswith("#"):
+        at += 1
+    return at
 
 
 def _span(node: ast.AST) -> tuple[int, int]:
