@@ -81,6 +81,12 @@ def test_a_rename_narrowed_to_one_function_may_leave_the_old_name_elsewhere():
     assert check_answer(code, code, scoped, "python") == [
         "the rename is not done: `common_margin` appears nowhere in the answer"
     ]
+    # Left half done inside the function the rename is narrowed to: Python shows where.
+    half = code.replace("    margin = 0\n", "    common_margin = 0\n")
+    assert check_answer(code, half, scoped, "python") == [
+        "the rename is left half done in `dedent`: `margin` is still there 1 time"
+    ]
+    assert check_answer(code, half, scoped, "text") == []  # elsewhere the part cannot be found
 
 
 def test_an_answer_that_stops_before_the_last_function_is_refused():

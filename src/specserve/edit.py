@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .edit_names import dropped_definitions, new_unbound_names
+from .edit_names import dropped_definitions, new_unbound_names, python_definition_source
 from .errors import SpecServeError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
@@ -246,7 +246,7 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
             problems.append(
                 f"the answer uses {names}, which nothing in it defines (a rename left half done, or a name made up?)"
             )
-    if not problems and (rename := _rename_problem(original, answer, instruction)):
+    if not problems and (rename := _rename_problem(original, answer, instruction, language)):
         problems.append(rename)
     rewrite = _REWRITE.search(instruction)
     if not problems and not prose_ok and not rewrite and not _asks_for_removal(instruction, original):
@@ -267,13 +267,18 @@ _RENAME = re.compile(
     re.I,
 )
 # What narrows a rename to part of the file ("in dedent"), as opposed to "in every function" or "everywhere".
-_SCOPE = re.compile(r"\b(?:in|inside|within)\s+(?!(?:every|all|each|the whole|the file|this file|the module)\b)", re.I)
+_SCOPE = re.compile(
+    r"\b(?:in|inside|within)\s+(?!(?:every|all|each|the whole|the file|this file|the module)\b)"
+    r"(?:the\s+(?:function|method|class)\s+)?`?(?P<name>[A-Za-z_][\w.]*)?",
+    re.I,
+)
 
 
-def _rename_problem(original: str, answer: str, instruction: str) -> str | None:
+def _rename_problem(original: str, answer: str, instruction: str, language: str = "") -> str | None:
     """Why `answer` does not do the rename the instruction asks for, if it asks for one: the new
-    name appears nowhere, or (when the rename is not narrowed to part of the file) the old name
-    is still there. A half-done rename is the commonest wrong answer of a small model to this."""
+    name appears nowhere, or the old name is still there: anywhere when the rename is not
+    narrowed to part of the file, and in Python inside the function or class it is narrowed to
+    ("... in dedent"). A half-done rename is the commonest wrong answer of a small model to this."""
     m = _RENAME.search(instruction)
     if m is None:
         return None
@@ -287,8 +292,15 @@ def _rename_problem(original: str, answer: str, instruction: str) -> str | None:
     if not count(new, answer):
         return f"the rename is not done: `{new}` appears nowhere in the answer"
     left = count(old, answer)
-    if left and not _SCOPE.search(m.group("rest")):
-        return f"the rename is left half done: `{old}` is still there {left} time{'s' * (left > 1)}"
+    scope = _SCOPE.search(m.group("rest"))
+    where = ""
+    if scope and language == "python" and scope.group("name"):
+        body = python_definition_source(answer, scope.group("name"))
+        where, left = (f" in `{scope.group('name')}`", count(old, body)) if body is not None else ("", 0)
+    elif scope:
+        left = 0  # narrowed to a part the check cannot find: the old name may rightly stay elsewhere
+    if left:
+        return f"the rename is left half done{where}: `{old}` is still there {left} time{'s' * (left > 1)}"
     return None
 
 

@@ -147,3 +147,21 @@ def dropped_definitions(original: str, answer: str, language: str, renamed: str 
     if before is None or after is None:
         return []
     return sorted(n for n in before - after if n.rsplit(".", 1)[-1] != renamed)
+
+
+def python_definition_source(code: str, name: str) -> str | None:
+    """The source of the function or class `name` defines in `code` (top level, or `Class.method`
+    / a method name inside a top-level class), or None when it parses to no such definition."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for node in tree.body:
+        if isinstance(node, defs) and node.name == name:
+            return ast.get_source_segment(code, node)
+        if isinstance(node, ast.ClassDef):
+            for m in node.body:
+                if isinstance(m, defs) and name in (m.name, f"{node.name}.{m.name}"):
+                    return ast.get_source_segment(code, m)
+    return None
