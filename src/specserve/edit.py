@@ -242,21 +242,31 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
         if err and not _syntax_error(original):
             problems.append(f"the answer is not valid Python ({err})")
         elif unbound := new_unbound_names(original, answer):
-            names = ", ".join(f"`{n}`" for n in unbound[:5]) + (", ..." if len(unbound) > 5 else "")
             problems.append(
-                f"the answer uses {names}, which nothing in it defines (a rename left half done, or a name made up?)"
+                f"the answer uses {_listed(unbound)}, which nothing in it defines "
+                "(a rename left half done, or a name made up?)"
             )
     if not problems and (rename := _rename_problem(original, answer, instruction, language)):
         problems.append(rename)
-    rewrite = _REWRITE.search(instruction)
-    if not problems and not prose_ok and not rewrite and not _asks_for_removal(instruction, original):
-        match = _RENAME.search(instruction)
-        if dropped := dropped_definitions(original, answer, language, match and match.group("old")):
-            names = ", ".join(f"`{n}`" for n in dropped[:5]) + (", ..." if len(dropped) > 5 else "")
-            problems.append(
-                f"the answer no longer defines {names}, which the file defines (cut short, or renamed unasked?)"
-            )
+    if not problems and not prose_ok and (dropped := _dropped_problem(original, answer, instruction, language)):
+        problems.append(dropped)
     return problems
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def _dropped_problem(original: str, answer: str, instruction: str, language: str) -> str | None:
+    """The functions or classes of the file the answer lost, unless the instruction asks for a
+    removal or a rewrite; the name a rename replaces does not count."""
+    if _REWRITE.search(instruction) or _asks_for_removal(instruction, original):
+        return None
+    rename = _RENAME.search(instruction)
+    dropped = dropped_definitions(original, answer, language, rename and rename.group("old"))
+    if not dropped:
+        return None
+    return f"the answer no longer defines {_listed(dropped)}, which the file defines (cut short, or renamed unasked?)"
 
 
 # "Rename [the function] old to new [in dedent | everywhere | in every function]".
