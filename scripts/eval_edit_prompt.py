@@ -393,7 +393,12 @@ def applied(pair: Pair, code: str) -> bool:
 
 
 def renamed(pair: Pair, code: str) -> bool:
-    return not re.search(rf"\b{re.escape(pair.old)}\b", code) and bool(re.search(rf"\b{re.escape(pair.new)}\b", code))
+    """The old name is gone from the code and the new one is in it. Code as `edit_names.name_uses`
+    reads it: names, attributes and strings that are exactly the name, not comments or prose in
+    longer strings (a debug message's "margin = %r" label may stay)."""
+    from specserve.edit_names import name_uses
+
+    return not name_uses(code, pair.old) and bool(name_uses(code, pair.new))
 
 
 def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:

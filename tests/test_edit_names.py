@@ -67,6 +67,19 @@ def test_a_rename_every_name_of_which_is_bound_can_still_be_half_done():
     assert check_answer(listed, listed.replace("insort_right", "insort_after"), RENAME, "python") == []
 
 
+def test_prose_in_docstrings_and_comments_is_no_use_of_the_old_name():
+    """In Python only code counts (names, attributes, a string that is exactly the name): a
+    docstring or comment may still say "hi" in prose."""
+    code = 'def f(lo, hi):\n    """Between lo and hi."""\n    # hi is the upper bound\n    return hi - lo\n'
+    done = code.replace("f(lo, hi)", "f(lo, high)").replace("return hi", "return high")
+    rename = "Rename the parameter hi to high in every function."
+    assert check_answer(code, done, rename, "python") == []
+    assert check_answer(code, done.replace("return high", "return hi"), rename, "python") == [
+        "the answer uses `hi`, which nothing in it defines (a rename left half done, or a name made up?)"
+    ]
+    assert check_answer(code, done, rename, "text") == ["the rename is left half done: `hi` is still there 2 times"]
+
+
 def test_a_rename_narrowed_to_one_function_may_leave_the_old_name_elsewhere():
     code = (
         "def dedent(text):\n    margin = 0\n    return margin\n\n\n"

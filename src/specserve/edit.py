@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .edit_names import dropped_definitions, new_unbound_names, python_definition_source
+from .edit_names import dropped_definitions, name_uses, new_unbound_names, python_definition_source
 from .errors import SpecServeError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
@@ -295,7 +295,9 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
     old, new = m.group("old"), m.group("new")
 
     def count(name: str, text: str) -> int:
-        return len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", text))
+        return (
+            name_uses(text, name) if language == "python" else len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", text))
+        )
 
     if old == new or not count(old, original) or count(new, original):
         return None  # nothing to rename, or the new name is taken already: the check cannot tell

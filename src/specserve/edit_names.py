@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import io
 import re
+import tokenize
 
 # Names every module or class body has without binding them.
 _IMPLICIT = frozenset(dir(builtins)) | {
@@ -165,3 +167,20 @@ def python_definition_source(code: str, name: str) -> str | None:
                 if isinstance(m, defs) and name in (m.name, f"{node.name}.{m.name}"):
                     return ast.get_source_segment(code, m)
     return None
+
+
+def name_uses(code: str, name: str) -> int:
+    """How often Python `code` uses `name`: as a name, an attribute, or a string that is exactly
+    the name (an `__all__` entry, a `getattr` argument); not inside comments or longer strings
+    such as docstrings, where prose may say "hi" or "data" after the code stopped. Code that
+    does not tokenize is counted by whole words, comments and all."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", code))
+    quoted = {f"'{name}'", f'"{name}"'}
+    return sum(
+        1
+        for t in tokens
+        if (t.type == tokenize.NAME and t.string == name) or (t.type == tokenize.STRING and t.string in quoted)
+    )
