@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .edit_names import dropped_definitions, name_uses, new_unbound_names, python_definition_source
+from .edit_names import dropped_definitions, name_uses, new_unbound_names, python_definition_source, word_count
 from .errors import SpecServeError
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
@@ -187,7 +187,8 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
     - far shorter than the original (under SHORT_FRACTION of its non-blank lines or characters) when
       the instruction asks for no removal (delete, remove, drop, strip, shorten, simplify, ...);
     - a rename the instruction asks for ("Rename X to Y") not done: Y nowhere in the answer, or X
-      still in it when the rename is not narrowed to part of the file ("... in dedent");
+      still in it when the rename is not narrowed to part of the file ("... in dedent"), or, in
+      Python, still inside the function it is narrowed to (Python counts code, not comments);
     - a function or class of the file (for Python: top-level ones and their methods) that the
       answer no longer defines, when the instruction asks for no removal and the name is not
       the one a rename replaces: the trace of an answer cut short, or of a name renamed unasked;
@@ -295,9 +296,7 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
     old, new = m.group("old"), m.group("new")
 
     def count(name: str, text: str) -> int:
-        return (
-            name_uses(text, name) if language == "python" else len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", text))
-        )
+        return name_uses(text, name) if language == "python" else word_count(text, name)
 
     if old == new or not count(old, original) or count(new, original):
         return None  # nothing to rename, or the new name is taken already: the check cannot tell

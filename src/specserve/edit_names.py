@@ -8,6 +8,10 @@ target, an `except ... as`, a match capture, a `global`) counts as bound everywh
 therefore miss a fault, but it flags a name only when nothing in the whole file could bind it.
 The edit tool compares the answer with the original, so a name the original already read
 unbound (a star import, a name injected at run time) is never blamed on the answer.
+
+Two more readings of an answer live here: the functions and classes it no longer defines
+(`dropped_definitions`: an answer cut short, or a name renamed unasked), and how often its code
+uses a name (`name_uses`, for the rename check in edit.py).
 """
 
 from __future__ import annotations
@@ -177,10 +181,15 @@ def name_uses(code: str, name: str) -> int:
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):
-        return len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", code))
+        return word_count(code, name)
     quoted = {f"'{name}'", f'"{name}"'}
     return sum(
         1
         for t in tokens
         if (t.type == tokenize.NAME and t.string == name) or (t.type == tokenize.STRING and t.string in quoted)
     )
+
+
+def word_count(text: str, name: str) -> int:
+    """How often `name` occurs in `text` as a whole word (comments and strings included)."""
+    return len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", text))
