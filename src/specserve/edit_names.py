@@ -21,6 +21,7 @@ import builtins
 import io
 import re
 import tokenize
+from collections.abc import Iterator
 
 # Names every module or class body has without binding them.
 _IMPLICIT = frozenset(dir(builtins)) | {
@@ -114,6 +115,7 @@ def _annotation_nodes(tree: ast.AST) -> set[int]:
     return {id(n) for root in roots for n in ast.walk(root) if isinstance(n, ast.Name)}
 
 
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # A definition line in the languages the edit tool reads without a parser: `def f`, `class C`,
 # `function f`, `func f`, `fn f` (optionally exported, public, async, ...).
 _DEFINITION = re.compile(
@@ -123,25 +125,25 @@ _DEFINITION = re.compile(
 )
 
 
+def _python_definitions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
+    """(name, node) of the top-level functions and classes, and of the methods of top-level
+    classes as `Class.method`."""
+    for node in tree.body:
+        if isinstance(node, _DEFS):
+            yield node.name, node
+        if isinstance(node, ast.ClassDef):
+            yield from ((f"{node.name}.{m.name}", m) for m in node.body if isinstance(m, _DEFS))
+
+
 def definitions(code: str, language: str) -> set[str] | None:
-    """The functions and classes `code` defines: for Python the top-level ones and the methods of
-    top-level classes (as `Class.method`), elsewhere every definition line `_DEFINITION` finds.
-    None when Python code does not parse."""
+    """The functions and classes `code` defines: for Python those of `_python_definitions`,
+    elsewhere every definition line `_DEFINITION` finds. None when Python code does not parse."""
     if language != "python":
         return {m.group("name") for m in _DEFINITION.finditer(code)}
     try:
-        tree = ast.parse(code)
+        return {name for name, _ in _python_definitions(ast.parse(code))}
     except (SyntaxError, ValueError):
         return None
-    found: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.add(node.name)
-        if isinstance(node, ast.ClassDef):
-            found |= {
-                f"{node.name}.{m.name}" for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
-            }
-    return found
 
 
 def dropped_definitions(original: str, answer: str, language: str, renamed: str | None = None) -> list[str]:
@@ -162,14 +164,9 @@ def python_definition_source(code: str, name: str) -> str | None:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return None
-    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    for node in tree.body:
-        if isinstance(node, defs) and node.name == name:
+    for qualified, node in _python_definitions(tree):
+        if name in (qualified, qualified.rsplit(".", 1)[-1]):
             return ast.get_source_segment(code, node)
-        if isinstance(node, ast.ClassDef):
-            for m in node.body:
-                if isinstance(m, defs) and name in (m.name, f"{node.name}.{m.name}"):
-                    return ast.get_source_segment(code, m)
     return None
 
 
