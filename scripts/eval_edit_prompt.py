@@ -15,7 +15,7 @@ user-message layout; the CLI sends exactly these) through the in-process API on 
 - it is not the file unchanged (complete, but no edit: every pair asks for one).
 
 **Usable** counts what `specserve edit` can write: a well-formed answer, or an answer of only the changed
-top-level definitions that `edit_splice` puts back into the file, the result passing the same checks.
+top-level definitions that `edit.splice` puts back into the file, the result passing the same checks.
 **`A then B`** rows are what `specserve edit` ends with: it asks with prompt A, and asks again with B
 (`edit.RETRY_PROMPT`) only when it refuses A's answer (`written_by_the_tool`); computed from the two runs
 (greedy, so the same answers up to llama.cpp's default kernels rounding a batch of another shape).
@@ -393,10 +393,10 @@ def applied(pair: Pair, code: str) -> bool:
 
 
 def renamed(pair: Pair, code: str) -> bool:
-    """The old name is gone from the code and the new one is in it. Code as `edit_names.name_uses`
+    """The old name is gone from the code and the new one is in it. Code as `edit.names.name_uses`
     reads it: names, attributes and strings that are exactly the name, not comments or prose in
     longer strings (a debug message's "margin = %r" label may stay)."""
-    from specserve.edit_names import name_uses
+    from specserve.edit.names import name_uses
 
     return not name_uses(code, pair.old) and bool(name_uses(code, pair.new))
 

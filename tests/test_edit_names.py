@@ -1,12 +1,12 @@
 """`specserve edit` refuses a Python answer that reads a name nothing in it binds, where the
-original did not: the trace of a rename left half done (edit_names.py). And in any language it
+original did not: the trace of a rename left half done (edit/names.py). And in any language it
 refuses an answer to "Rename X to Y" where Y appears nowhere, or X is still there when the
 rename is not narrowed to part of the file."""
 
 from __future__ import annotations
 
 from specserve.edit import check_answer, judge_answer
-from specserve.edit_names import dropped_definitions, new_unbound_names, unbound_names
+from specserve.edit.names import dropped_definitions, new_unbound_names, unbound_names
 
 FILE = '''import bisect as _b
 

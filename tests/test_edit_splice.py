@@ -1,7 +1,7 @@
-"""edit_splice: an answer of only the changed definitions (and the imports they need) goes back
+"""edit/splice.py: an answer of only the changed definitions (and the imports they need) goes back
 into the whole file; anything less certain builds nothing."""
 
-from specserve.edit_splice import splice_definitions
+from specserve.edit.splice import splice_definitions
 
 FILE = """import os
 

@@ -5,7 +5,7 @@ only an answer that can be the updated file: a response cut by max_tokens is ref
 one that `edit.judge_answer` finds broken (far shorter than the file without a removal asked
 for, no code, a placeholder such as `obj['updated_code']`) unless --force is given. A refused
 answer never touches the file: no write, no .bak. A Python answer that holds only the changed
-top-level definitions is put back into the whole file first (edit_splice.py). An answer that
+top-level definitions is put back into the whole file first (edit/splice.py). An answer that
 still cannot be the updated file, or is the file unchanged, is asked for again with another
 prompt (`edit.RETRY_PROMPT`), and if that answer is refused too, the first answer goes back to the
 model with what is wrong with it (`edit.feedback_messages`), unless --no-retry; the first answer

@@ -11,7 +11,7 @@ unbound (a star import, a name injected at run time) is never blamed on the answ
 
 Two more readings of an answer live here: the functions and classes it no longer defines
 (`dropped_definitions`: an answer cut short, or a name renamed unasked), and how often its code
-uses a name (`name_uses`, for the rename check in edit.py).
+uses a name (`name_uses`, for the rename check in checks.py).
 """
 
 from __future__ import annotations

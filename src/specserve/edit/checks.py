@@ -1,0 +1,293 @@
+"""The edit tool's one rule for what it writes: can this answer be the file with the instruction applied?
+
+`check_answer` lists what is wrong with an answer (a pure function, so `specserve edit` and the
+prompt evaluation judge with the same rules); `judge_answer` adds the one repair the tool makes,
+splicing an answer of changed definitions back into the file (splice.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .names import dropped_definitions, name_uses, new_unbound_names, python_definition_source, word_count
+
+# An answer far shorter than the file is a lost file, unless the instruction asks to take code out.
+SHORT_FRACTION = 0.5
+_REMOVAL = re.compile(
+    r"\b(delet|remov|drop|strip|shorten|simplif|trim|cut|eliminat|get rid|condens|minif|collaps"
+    r"|reduc|dedup|clean ?up|keep only|only keep|extract|split|move)",
+    re.I,
+)
+# A word of the instruction that names code is not a verb: "add type hints to the function split"
+# asks for no removal. Names: in backticks, called (`split(`), after a kind of name, or defined by the file.
+_NAMED_IN_TEXT = re.compile(
+    r"`[^`]*`|\b[A-Za-z_]\w*(?=\()"
+    r"|\b(?:function|method|class|variable|parameter|argument|attribute|field|constant|def|helper)s?\s+[A-Za-z_]\w*",
+    re.I,
+)
+_DEFINES = r"\b(?:def|class|function|func|fn|const|let|var)\s+{}\b"
+_REWRITE = re.compile(r"\b(rewrite|translate|port|convert the (whole )?file|from scratch)\b", re.I)
+# Names the model invents for "the updated file" instead of writing it (the issue's `obj['updated_code']`).
+_PLACEHOLDER_NAME = re.compile(
+    r"\b(updated|modified|edited|refactored|new|complete|full|final|your)_?"
+    r"(code|file|source|content|contents|version)\b",
+    re.I,
+)
+_COMMENT = re.compile(r"^(#+|//+|/\*+|\*+|<!--|--|;+|%+|'|rem\b)\s*(?P<body>.*?)\s*(\*+/|-->)?$", re.I)
+# The text of a comment (or of a <bracketed> line), ellipses and brackets taken out, that stands for code
+# the model left out: "rest of the file", "existing code here", "code unchanged", "same as before", ...
+_ELISION = re.compile(
+    r"^(?:"
+    r"(the )?(rest|remainder) of (the |your |this )?(\w+ )?"
+    r"(code|file|class|module|functions?|implementation|methods?|body|script|program)"
+    r"|(\w+ )?(existing|unchanged|remaining|previous|original|other|same) (\w+ )?"
+    r"(code|methods?|functions?|imports?|lines?|content|implementation|logic|body|definitions?|tests?|classes)"
+    r"|(code|everything|the rest|rest|body|implementation|file)"
+    r"|unchanged|omitted|elided|truncated|snip|same as (before|above)|as before"
+    r")( (here|below|above|unchanged|omitted|elided|as before|goes here|follows|for brevity|(remains?|stays?|is|are) "
+    r"(the )?(same|unchanged|as before)))*$",
+    re.I,
+)
+_PROSE_START = re.compile(
+    r"^(here(\'s| is| are)|sure\b|certainly\b|okay\b|ok,|below\b|the following\b|i have\b|"
+    r"i\'ve\b|i will\b|this (code|file|version)\b|to (rename|add|change|do)\b|"
+    r"as requested\b|the updated\b|updated (code|file)\b)",
+    re.I,
+)
+
+
+def _is_elision(line: str, prev: str) -> bool:
+    """A line standing for left-out code: `# ... rest of the file ...`, `// existing code`, `# ...`,
+    `<rest of code>`, or a bare `...` that is not a Python body (a body follows a line ending in ':')."""
+    s = line.strip()
+    if s in ("...", "…"):
+        return s == "…" or not prev.rstrip().endswith(":")
+    if len(s) >= 3 and s[0] + s[-1] in ("<>", "[]", "{}") and _elision_text(s[1:-1]):
+        return True
+    m = _COMMENT.match(s)
+    if not m:
+        return False
+    body = m.group("body")
+    if not body.strip(".… "):
+        return "..." in body or "…" in body  # `# ...`, `// …`
+    return _elision_text(body)
+
+
+def _elision_text(text: str) -> bool:
+    words = re.sub(r"\.\.\.+|…|[()\[\]<>{}:;,.!-]", " ", text).lower().split()
+    if (
+        not words
+        or len(words) > 10
+        or words in (["code"], ["file"], ["rest"], ["everything"], ["body"], ["the", "rest"], ["implementation"])
+    ):
+        return False
+    return bool(_ELISION.match(" ".join(words)))
+
+
+def check_answer(original: str, answer: str, instruction: str = "", language: str = "") -> list[str]:
+    """Why `answer` (fence already stripped) cannot be `original` with `instruction` applied; [] when none.
+
+    A pure function, so `specserve edit` can refuse to write such an answer and the prompt evaluation
+    can count well-formed answers with the same rules. Each problem is one short sentence:
+    - empty, or no code at all: prose (a sentence such as "Here is ..." opening it, or a ``` fence
+      inside it; not checked for markdown), or not one of the original's lines kept (unless the
+      instruction asks for a rewrite);
+    - a placeholder instead of code: a name such as `obj['updated_code']` that the original does not
+      have, or an elision (`# ... rest of the file ...`, `// existing code`, `<rest of code>`, a bare
+      `...` that is not a Python body) on a line the original does not have;
+    - far shorter than the original (under SHORT_FRACTION of its non-blank lines or characters) when
+      the instruction asks for no removal (delete, remove, drop, strip, shorten, simplify, ...);
+    - a rename the instruction asks for ("Rename X to Y") not done: Y nowhere in the answer, or X
+      still in it when the rename is not narrowed to part of the file ("... in dedent"), or, in
+      Python, still inside the function it is narrowed to (Python counts code, not comments);
+    - a function or class of the file (for Python: top-level ones and their methods) that the
+      answer no longer defines, when the instruction asks for no removal and the name is not
+      the one a rename replaces: the trace of an answer cut short, or of a name renamed unasked;
+    - for Python (language "python"): the original compiles and the answer does not; or the answer
+      reads a name that nothing in it binds and the original did not (names.py): the fault of
+      a rename left half done, such as a definition renamed and its callers not.
+    """
+    problems: list[str] = []
+    old_lines = [ln for ln in original.splitlines() if ln.strip()]
+    new_lines = [ln for ln in answer.splitlines() if ln.strip()]
+    if not new_lines:
+        return ["the answer is empty"]
+    old_set = {ln.strip() for ln in old_lines}
+    new_set = {ln.strip() for ln in new_lines}
+    first = new_lines[0].strip()
+    prose_ok = language in ("markdown", "text")  # there prose and fences are the content
+    if not prose_ok and first not in old_set and _PROSE_START.match(first) and not _COMMENT.match(first):
+        problems.append(f"the answer is prose, not code: {_clip(first)!r}")
+    elif (
+        not prose_ok
+        and any(ln.lstrip().startswith("```") for ln in new_lines)
+        and not any(ln.lstrip().startswith("```") for ln in old_lines)
+    ):
+        problems.append("the answer mixes prose and a ``` fenced block")
+    names = {m.group(0) for m in _PLACEHOLDER_NAME.finditer(answer)} - {
+        m.group(0) for m in _PLACEHOLDER_NAME.finditer(original)
+    }
+    if names and len(new_lines) <= 3:
+        problems.append(f"the answer is a placeholder, not the file: {_clip(new_lines[0].strip())!r}")
+    else:
+        prev = ""
+        for ln in answer.splitlines():
+            if ln.strip() and ln.strip() not in old_set and _is_elision(ln, prev):
+                problems.append(f"the answer leaves code out: {_clip(ln.strip())!r}")
+                break
+            if ln.strip():
+                prev = ln
+    meaningful = {ln for ln in old_set if len(ln) >= 4 and any(c.isalnum() for c in ln)}
+    if len(meaningful) >= 3 and not (meaningful & new_set) and not _REWRITE.search(instruction):
+        problems.append("the answer keeps none of the original's lines")
+    if not _asks_for_removal(instruction, original):
+        old_chars = sum(len(ln.strip()) for ln in old_lines)
+        new_chars = sum(len(ln.strip()) for ln in new_lines)
+        if len(new_lines) < SHORT_FRACTION * len(old_lines) or new_chars < SHORT_FRACTION * old_chars:
+            problems.append(
+                f"the answer is far shorter than the file ({len(new_lines)} of {len(old_lines)} "
+                f"non-blank lines, {new_chars} of {old_chars} characters) and the instruction "
+                "asks for no removal"
+            )
+    if language == "python" and not problems:
+        err = _syntax_error(answer)
+        if err and not _syntax_error(original):
+            problems.append(f"the answer is not valid Python ({err})")
+        elif unbound := new_unbound_names(original, answer):
+            problems.append(
+                f"the answer uses {_listed(unbound)}, which nothing in it defines "
+                "(a rename left half done, or a name made up?)"
+            )
+    if not problems and (rename := _rename_problem(original, answer, instruction, language)):
+        problems.append(rename)
+    if not problems and not prose_ok and (dropped := _dropped_problem(original, answer, instruction, language)):
+        problems.append(dropped)
+    return problems
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def _dropped_problem(original: str, answer: str, instruction: str, language: str) -> str | None:
+    """The functions or classes of the file the answer lost, unless the instruction asks for a
+    removal or a rewrite; the name a rename replaces does not count."""
+    if _REWRITE.search(instruction) or _asks_for_removal(instruction, original):
+        return None
+    rename = _RENAME.search(instruction)
+    dropped = dropped_definitions(original, answer, language, rename and rename.group("old"))
+    if not dropped:
+        return None
+    return f"the answer no longer defines {_listed(dropped)}, which the file defines (cut short, or renamed unasked?)"
+
+
+# "Rename [the function] old to new [in dedent | everywhere | in every function]".
+_RENAME = re.compile(
+    r"\brename\s+(?:(?:the|every|all|each)\s+)?(?:(?:function|method|class|variable|parameter|argument|"
+    r"attribute|field|constant|list|dict|type|property|helper|module|global|local|name)s?\s+)?"
+    r"`?(?P<old>[A-Za-z_]\w*)`?\s+(?:to|as|into)\s+`?(?P<new>[A-Za-z_]\w*)`?(?P<rest>[^.;\n]*)",
+    re.I,
+)
+# What narrows a rename to part of the file ("in dedent"), as opposed to "in every function" or "everywhere".
+_SCOPE = re.compile(
+    r"\b(?:in|inside|within)\s+(?!(?:every|all|each|the whole|the file|this file|the module)\b)"
+    r"(?:the\s+(?:function|method|class)\s+)?`?(?P<name>[A-Za-z_][\w.]*)?",
+    re.I,
+)
+
+
+def _rename_problem(original: str, answer: str, instruction: str, language: str = "") -> str | None:
+    """Why `answer` does not do the rename the instruction asks for, if it asks for one: the new
+    name appears nowhere, or the old name is still there: anywhere when the rename is not
+    narrowed to part of the file, and in Python inside the function or class it is narrowed to
+    ("... in dedent"). A half-done rename is the commonest wrong answer of a small model to this."""
+    m = _RENAME.search(instruction)
+    if m is None:
+        return None
+    old, new = m.group("old"), m.group("new")
+
+    def count(name: str, text: str) -> int:
+        return name_uses(text, name) if language == "python" else word_count(text, name)
+
+    if old == new or not count(old, original) or count(new, original):
+        return None  # nothing to rename, or the new name is taken already: the check cannot tell
+    if not count(new, answer):
+        return f"the rename is not done: `{new}` appears nowhere in the answer"
+    left = count(old, answer)
+    scope = _SCOPE.search(m.group("rest"))
+    where = ""
+    if scope and language == "python" and scope.group("name"):
+        body = python_definition_source(answer, scope.group("name"))
+        where, left = (f" in `{scope.group('name')}`", count(old, body)) if body is not None else ("", 0)
+    elif scope:
+        left = 0  # narrowed to a part the check cannot find: the old name may rightly stay elsewhere
+    if left:
+        return f"the rename is left half done{where}: `{old}` is still there {left} time{'s' * (left > 1)}"
+    return None
+
+
+def _asks_for_removal(instruction: str, original: str) -> bool:
+    """Whether the instruction asks to take code out (then a far shorter answer may be right).
+    Only its words that are not names count: a file's function called `split` or `remove` must
+    not let a short answer replace the whole file."""
+    text = _NAMED_IN_TEXT.sub(" ", instruction)
+    for m in list(_REMOVAL.finditer(text)):
+        word = re.match(r"\w+", text[m.start() :]).group(0)
+        if re.search(_DEFINES.format(re.escape(word)), original):
+            text = text.replace(word, " ")
+    return bool(_REMOVAL.search(text))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `specserve edit` makes of one complete answer: the file it would write and why not.
+
+    code: the answer, or, for a Python answer that holds only changed top-level definitions,
+    the original with those put in place (splice.py); spliced: their names ([] when the
+    answer was whole); problems: what `check_answer` finds wrong with `code`; unchanged: `code`
+    is the original file."""
+
+    code: str
+    problems: list[str]
+    spliced: list[str]
+    unchanged: bool
+
+    @property
+    def failure(self) -> str | None:
+        """Why this is no edit at all (None when the tool writes it without asking again)."""
+        if self.problems:
+            return "; ".join(self.problems)
+        return "the answer is the file unchanged" if self.unchanged else None
+
+
+def judge_answer(original: str, answer: str, instruction: str = "", language: str = "") -> Verdict:
+    """The edit tool's one rule for a complete answer (fence stripped), shared by the CLI and the
+    prompt evaluation: check it; if that fails on Python, try it as changed definitions spliced
+    into the file, kept only when the spliced file passes the same check."""
+    from .splice import splice_definitions
+
+    problems = check_answer(original, answer, instruction, language)
+    if problems and language == "python":
+        spliced = splice_definitions(original, answer)
+        if spliced is not None and not check_answer(original, spliced[0], instruction, language):
+            return Verdict(spliced[0], [], spliced[1], spliced[0] == original)
+    return Verdict(answer, problems, [], answer == original)
+
+
+def _syntax_error(code: str) -> str | None:
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(code, "<answer>", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        return f"line {e.lineno}: {e.msg}"
+    except ValueError as e:  # null bytes
+        return str(e)
+    return None
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."

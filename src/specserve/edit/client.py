@@ -1,0 +1,168 @@
+"""Edit a file with an LLM through any OpenAI-compatible server, with Predicted Outputs.
+
+The original file is sent as the `prediction`: an unchanged line costs the server almost
+nothing to write, so a small edit of a long file comes back several times faster. Greedy
+(temperature 0) so the same request gives the same edit. The official `openai` SDK does the
+talking, so this works against specserve, OpenAI, or anything else that speaks the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import SpecServeError
+from .prompts import DEFAULT_PROMPT, EditPrompt, build_messages
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+_FENCE = re.compile(r"\A\s*```[^\n`]*\n(?P<body>.*?)\n?[ \t]*```[ \t]*\s*\Z", re.S)
+
+
+class EditError(SpecServeError):
+    """The edit could not be completed (server unreachable, truncated answer, ...)."""
+
+
+@dataclass
+class EditResult:
+    """The server's answer to one edit request, with its speculation figures."""
+
+    code: str  # the updated file (fence stripped, trailing newline matched to the original)
+    raw: str  # the answer as streamed
+    finish_reason: str | None
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+    elapsed: float = 0.0  # request sent -> last chunk, seconds
+    time_to_first_token: float | None = None
+    speculation: dict | None = None  # specserve's non-standard stats object, when the server sends it
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """True only when the model finished on its own: anything else may be a truncated file."""
+        return self.finish_reason == "stop"
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Completion tokens per second after the first token (the decode rate the user sees)."""
+        ttft = self.time_to_first_token or 0.0
+        t = self.elapsed - ttft
+        return self.completion_tokens / t if t > 0 else 0.0
+
+
+def strip_fence(text: str, original: str = "") -> str:
+    """Remove a ``` fence around the whole answer; match the original's trailing newline."""
+    m = _FENCE.match(text)
+    code = m.group("body") if m else text
+    if original.endswith("\n") and not code.endswith("\n"):
+        code += "\n"
+    return code
+
+
+def make_client(base_url: str | None = None, api_key: str | None = None):
+    """An `openai.OpenAI` client; local servers get a dummy key when none is configured."""
+    import openai
+
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+    api_key = api_key or os.environ.get("OPENAI_API_KEY") or "sk-no-key-needed"
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=3600.0)
+
+
+def default_model(client) -> str:
+    """The first model the server lists, else the default target pack's name."""
+    try:
+        models = client.models.list().data
+    except Exception:  # noqa: BLE001 - listing is a convenience; the edit request reports real errors
+        return DEFAULT_MODEL
+    return models[0].id if models else DEFAULT_MODEL
+
+
+def refactor_with_predicted_outputs(
+    original_code: str,
+    instruction: str,
+    client=None,
+    model: str | None = None,
+    language: str = "",
+    max_tokens: int | None = None,
+    on_delta: Callable[[str], None] | None = None,
+    prompt: str | EditPrompt = DEFAULT_PROMPT,
+    messages: list[dict] | None = None,
+    prediction: str | None = None,
+) -> EditResult:
+    """Ask the model to apply `instruction` to `original_code`, with the code as the prediction.
+
+    Streams the answer (on_delta gets each text delta) and returns when the stream ends.
+    The caller decides what to do with an incomplete answer: check `result.complete`.
+    `prompt`: which of PROMPTS lays out the request; `messages` and `prediction`, when given,
+    replace the prompt's messages and the file as the prediction (the feedback request).
+    """
+    import openai
+
+    client = client or make_client()
+    model = model or default_model(client)
+    kwargs = {"max_tokens": max_tokens} if max_tokens else {}
+    t0 = time.perf_counter()
+    try:
+        stream = client.chat.completions.create(
+            model=model,
+            messages=messages or build_messages(original_code, instruction, language, prompt),
+            temperature=0,
+            prediction={"type": "content", "content": original_code if prediction is None else prediction},
+            stream=True,
+            stream_options={"include_usage": True},
+            **kwargs,
+        )
+        result = _collect(stream, model, t0, on_delta)
+    except openai.APIConnectionError as e:
+        raise EditError(f"cannot reach the server at {client.base_url}: {e}") from e
+    except openai.APIStatusError as e:
+        raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
+    result.code = strip_fence(result.raw, original_code)
+    return result
+
+
+def _collect(stream, model: str, t0: float, on_delta) -> EditResult:
+    """Read a chat-completion stream into an EditResult."""
+    parts: list[str] = []
+    result = EditResult(code="", raw="", finish_reason=None, model=model)
+    for chunk in stream:
+        for choice in chunk.choices:
+            text = choice.delta.content or ""
+            if text:
+                if result.time_to_first_token is None:
+                    result.time_to_first_token = time.perf_counter() - t0
+                parts.append(text)
+                if on_delta:
+                    on_delta(text)
+            if choice.finish_reason:
+                result.finish_reason = choice.finish_reason
+        if chunk.usage is not None:
+            _read_usage(result, chunk.usage)
+        spec = (chunk.model_extra or {}).get("speculation")
+        if spec:
+            result.speculation = spec
+        result.model = chunk.model or result.model
+    result.elapsed = time.perf_counter() - t0
+    result.raw = "".join(parts)
+    return result
+
+
+def _read_usage(result: EditResult, usage) -> None:
+    result.prompt_tokens = usage.prompt_tokens or 0
+    result.completion_tokens = usage.completion_tokens or 0
+    details = usage.completion_tokens_details
+    if details is not None:
+        result.accepted_prediction_tokens = details.accepted_prediction_tokens or 0
+        result.rejected_prediction_tokens = details.rejected_prediction_tokens or 0
+
+
+def _api_message(e) -> str:
+    body = e.body if isinstance(e.body, dict) else {}
+    err = body.get("error", body) if isinstance(body, dict) else {}
+    return (err.get("message") if isinstance(err, dict) else None) or str(e)

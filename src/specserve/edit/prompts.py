@@ -1,0 +1,167 @@
+"""How `specserve edit` asks for an edit: the candidate prompts, the one chosen by measurement,
+and the follow-up request that tells the model what was wrong with its answer.
+
+The candidates live here so that `specserve edit`, the benchmarks and scripts/eval_edit_prompt.py
+(which chose the default, docs/server.md) all send exactly the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checks import SHORT_FRACTION
+
+
+@dataclass(frozen=True)
+class EditPrompt:
+    """One way to ask for an edit: a system message and a user-message template.
+
+    `user` is formatted with {instruction}, {language} and {code}; `examples` are worked (user,
+    assistant) turns sent before it, each user turn formatted the same way. The candidates live here so that
+    `specserve edit`, the benchmarks and scripts/eval_edit_prompt.py (which chose the default by
+    measurement, docs/server.md) all send exactly the same text.
+    """
+
+    name: str
+    system: str
+    user: str
+    examples: tuple[tuple[str, str, str], ...] = ()  # (instruction, file, updated file)
+
+    def messages(self, original_code: str, instruction: str, language: str = "") -> list[dict]:
+        shots = []
+        for example_instruction, before, after in self.examples:
+            shots += [
+                {
+                    "role": "user",
+                    "content": self.user.format(instruction=example_instruction, language="python", code=before),
+                },
+                {"role": "assistant", "content": f"```python\n{after}```"},
+            ]
+        return [
+            {"role": "system", "content": self.system},
+            *shots,
+            {
+                "role": "user",
+                "content": self.user.format(instruction=instruction, language=language, code=original_code),
+            },
+        ]
+
+
+# A worked example for the "example" prompt: a rename that touches a definition and its uses, in a
+# file whose other function does not change, answered with the whole file.
+_EXAMPLE_BEFORE = """import math
+
+
+def area(radius):
+    \"\"\"The area of a circle.\"\"\"
+    return math.pi * radius**2
+
+
+def total_area(radii):
+    return sum(area(r) for r in radii)
+
+
+def describe(radius):
+    return f"r={radius}: {area(radius):.2f}"
+"""
+_EXAMPLE_AFTER = (
+    _EXAMPLE_BEFORE.replace("def area(", "def circle_area(")
+    .replace("(area(", "(circle_area(")
+    .replace("{area(", "{circle_area(")
+)
+
+
+PROMPTS: dict[str, EditPrompt] = {
+    p.name: p
+    for p in (
+        # The first prompt specserve shipped: instruction first, then the file.
+        EditPrompt(
+            "instruction-first",
+            "You are a coding assistant. Reply with the complete updated file only, no explanations.",
+            "{instruction}\n\n```{language}\n{code}\n```",
+        ),
+        # The file first and the instruction last, nearest to the answer, with the reply's shape spelled out.
+        EditPrompt(
+            "file-first",
+            "You are a coding assistant that edits source files.",
+            "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
+            "after this change, in one ```{language} code block, and nothing else.",
+        ),
+        # Explicit rules against the failures seen: shortened files, elisions, placeholders.
+        EditPrompt(
+            "rules",
+            "You are an expert programmer who edits code. When asked to change a file, you write out the "
+            "entire file with the change applied: every line, in order, from the first to the last, "
+            "including the lines that do not change. Never shorten the file, never write placeholders "
+            "such as '...' or '# rest of the code', and do not explain.",
+            "Instruction: {instruction}\n\nFile:\n```{language}\n{code}\n```",
+        ),
+        # The same rules, with the file first and the instruction last.
+        EditPrompt(
+            "rules-file-first",
+            "You are an expert programmer who edits code. When asked to change a file, you write out the "
+            "entire file with the change applied: every line, in order, from the first to the last, "
+            "including the lines that do not change. Never shorten the file, never write placeholders "
+            "such as '...' or '# rest of the code', and do not explain.",
+            "```{language}\n{code}\n```\n\n{instruction}\nWrite the full updated file.",
+        ),
+        # A worked example before the request: whole file back, the change made at every use.
+        EditPrompt(
+            "example",
+            "You are a coding assistant that edits source files. Reply with the complete updated file in "
+            "one code block: every line from the first to the last, with the change made everywhere it "
+            "applies (a renamed name at every use), and nothing else.",
+            "{instruction}\n\n```{language}\n{code}\n```",
+            examples=(("Rename area to circle_area.", _EXAMPLE_BEFORE, _EXAMPLE_AFTER),),
+        ),
+    )
+}
+# Chosen by scripts/eval_edit_prompt.py on 33 real edits (docs/server.md, "Which edit prompt"): with
+# the retry below, `file-first` gives the most usable and the most correct files of the candidates.
+DEFAULT_PROMPT = "file-first"
+# `specserve edit` asks once more with this prompt when the first answer cannot be the updated
+# file (short, no code, a placeholder, or the file unchanged): its worked example cures short
+# answers, the commonest failure of the others (docs/server.md, "Which edit prompt").
+RETRY_PROMPT = "example"
+SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
+# When that answer is refused too, the first request's conversation goes on with its answer and a
+# turn that says what is wrong with it (`feedback_messages`). A rename left half done is the
+# commonest fault on the default pack, and its fix differs from the answer in a few lines, so the
+# answer is the prediction and the request costs little (docs/server.md).
+FEEDBACK = (
+    "That is not the updated file yet: {problems}. {instruction} Make the change everywhere it "
+    "applies, and reply with the whole corrected file in one ```{language} code block, and nothing else."
+)
+
+
+def build_messages(
+    original_code: str, instruction: str, language: str = "", prompt: str | EditPrompt = DEFAULT_PROMPT
+) -> list[dict]:
+    """The edit prompt (`PROMPTS[prompt]`, by default the measured best) for this file and instruction."""
+    p = prompt if isinstance(prompt, EditPrompt) else PROMPTS[prompt]
+    return p.messages(original_code, instruction, language)
+
+
+def feedback_messages(
+    original_code: str,
+    instruction: str,
+    answer: str,
+    problems: list[str],
+    language: str = "",
+    prompt: str | EditPrompt = DEFAULT_PROMPT,
+) -> list[dict]:
+    """The first request's messages, its `answer` (as the model wrote it), and a user turn naming
+    `problems`, what the tool found wrong with it: the model gets to fix its own answer."""
+    turn = FEEDBACK.format(problems="; ".join(problems), instruction=instruction, language=language)
+    return [
+        *build_messages(original_code, instruction, language, prompt),
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": turn},
+    ]
+
+
+def feedback_prediction(original_code: str, answer_code: str) -> str:
+    """What to predict for the corrected file: the refused answer when it is about as long as the
+    file (a rename left half done: the fix keeps most of it), else the file itself (a placeholder
+    or a shortened answer: the fix must write the file out)."""
+    return answer_code if len(answer_code) >= SHORT_FRACTION * len(original_code) else original_code
