@@ -36,6 +36,7 @@ class FakeServer:
         self.answer, self.finish = "```python\n" + EDITED + "```", "stop"
         self.queue: list[str] = []  # answers for the next requests, in order; then `answer`
         self.requests: list[dict] = []
+        self.on_request = None  # called with each request body before the answer is sent
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,6 +54,8 @@ class FakeServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append(body)
+                if fake.on_request:
+                    fake.on_request(body)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -301,6 +304,68 @@ def test_dry_run_writes_nothing(server, src, tmp_path, capsys):
 # The issue's case (issue 17, item 10): on a real framework file the default 1.5B pack answered
 # "Rename <function> to <new name>." with 9 tokens, a fenced `obj['updated_code']`, finish_reason stop.
 PLACEHOLDER = "```python\nobj['updated_code']\n```"
+
+
+def test_in_place_follows_a_symlink_and_keeps_the_mode(server, tmp_path):
+    """The file a link points to is edited and the link stays; an executable stays executable."""
+    real = tmp_path / "real" / "greet.py"
+    real.parent.mkdir()
+    real.write_text(ORIGINAL)
+    real.chmod(0o750)
+    link = tmp_path / "greet.py"
+    link.symlink_to(real)
+    assert edit_cli(server, link, "--in-place") == 0
+    assert link.is_symlink() and real.read_text() == EDITED
+    assert real.stat().st_mode & 0o777 == 0o750
+    assert (tmp_path / "greet.py.bak").read_text() == ORIGINAL
+    assert sorted(p.name for p in real.parent.iterdir()) == ["greet.py"]  # no temporary file left
+
+
+def test_in_place_keeps_hard_links(server, src):
+    other = src.parent / "also_greet.py"
+    other.hardlink_to(src)
+    assert edit_cli(server, src, "--in-place") == 0
+    assert src.read_text() == EDITED and other.read_text() == EDITED
+    assert src.stat().st_ino == other.stat().st_ino
+
+
+def test_crlf_line_ends_and_a_bom_are_kept(server, tmp_path):
+    """The model sees '\\n' text; the file is written back with its CRLF line ends and BOM, so
+    the diff a user's git shows is the edit, not every line."""
+    path = tmp_path / "greet.py"
+    path.write_bytes(("\ufeff" + ORIGINAL).replace("\n", "\r\n").encode("utf-8"))
+    assert edit_cli(server, path, "--in-place") == 0
+    assert "\r" not in server.requests[0]["prediction"]["content"]
+    assert not server.requests[0]["prediction"]["content"].startswith("\ufeff")
+    assert path.read_bytes() == ("\ufeff" + EDITED).replace("\n", "\r\n").encode("utf-8")
+    out = tmp_path / "out.py"
+    assert edit_cli(server, path, "--output", str(out)) == 0
+    assert out.read_bytes() == path.read_bytes()
+
+
+def test_a_file_changed_while_the_model_answers_is_not_overwritten(server, src, capsys):
+    """Minutes pass while a CPU model answers: what the user saved meanwhile must survive."""
+    mine = ORIGINAL + "\n\ndef bye():\n    return 'bye'\n"
+    server.on_request = lambda body: src.write_text(mine)
+    assert edit_cli(server, src, "--in-place") != 0
+    assert src.read_text() == mine and not (src.parent / "greet.py.bak").exists()
+    assert "changed on disk while the model was answering" in capsys.readouterr().err
+
+
+def test_an_unwritable_destination_fails_before_the_model_is_asked(server, src, tmp_path, capsys):
+    assert edit_cli(server, src, "--output", str(tmp_path / "missing" / "out.py")) != 0
+    assert "does not exist" in capsys.readouterr().err and server.requests == []
+    assert edit_cli(server, src, "--output", str(tmp_path)) != 0
+    assert "is a folder" in capsys.readouterr().err and server.requests == []
+
+
+def test_a_file_that_is_not_utf8_is_refused_in_one_line(server, tmp_path, capsys):
+    path = tmp_path / "latin.py"
+    path.write_bytes(b"caf\xe9 = 1\n")
+    assert edit_cli(server, path, "--in-place") != 0
+    err = capsys.readouterr().err
+    assert "is not UTF-8 text" in err and "Traceback" not in err and server.requests == []
+    assert path.read_bytes() == b"caf\xe9 = 1\n"
 
 
 def test_placeholder_answer_is_refused_in_place(server, src, capsys):

@@ -9,14 +9,15 @@ top-level definitions is put back into the whole file first (edit/splice.py). An
 still cannot be the updated file, or is the file unchanged, is asked for again with another
 prompt (`edit.RETRY_PROMPT`), and if that answer is refused too, the first answer goes back to the
 model with what is wrong with it (`edit.feedback_messages`), unless --no-retry; the first answer
-the tool would write is kept, else the first.
+the tool would write is kept, else the first. Writing keeps what the user had (edit/files.py): a
+symlink is followed, the file's mode, byte-order mark and CRLF line ends stay, and a file changed
+on disk while the model answered is not overwritten.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import shutil
 import sys
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from ..edit import (
     refactor_with_predicted_outputs,
     write_atomic,
 )
+from ..edit.files import check_writable, read_source, write_in_place
 
 
 def add_parser(subparsers) -> None:
@@ -126,6 +128,10 @@ def shown(text: str, max_lines: int = 40) -> str:
     return "\n".join(lines[:max_lines]) + f"\n[... {len(lines) - max_lines} more lines]"
 
 
+def backup_path(path: Path) -> Path:
+    return path.with_name(path.name + ".bak")
+
+
 def target_path(args) -> Path | None:
     if args.dry_run:
         return None
@@ -183,7 +189,13 @@ def retries(args, original: str, first: EditResult, verdict: Verdict):
 
 
 def run(args) -> int:
-    original = args.file.read_text(encoding="utf-8")
+    source = read_source(args.file)
+    original = source.text
+    dest = target_path(args)
+    if dest is not None:  # before the model is asked: an answer that cannot be written is minutes lost
+        check_writable(dest)
+        if args.in_place:
+            check_writable(backup_path(args.file))
     result, verdict = ask(args, original, DEFAULT_PROMPT)
     if verdict and verdict.failure and not args.no_retry and not args.force:
         for again, again_verdict in retries(args, original, result, verdict):
@@ -207,7 +219,6 @@ def run(args) -> int:
             f"the answer is incomplete (finish_reason={result.finish_reason!r}); nothing written"
             + (" — raise --max-tokens" if result.finish_reason == "length" else "")
         )
-    dest = target_path(args)
     if problems and dest is not None and not args.force:
         print(
             f"--- the answer ({len(result.raw)} characters) ---\n{shown(result.raw)}\n--- end of the answer ---",
@@ -229,7 +240,8 @@ def run(args) -> int:
     if dest is None:
         return 0
     if args.in_place:
-        shutil.copy2(args.file, args.file.with_name(args.file.name + ".bak"))
-    write_atomic(dest, result.code)
+        write_in_place(source, result.code, backup_path(args.file))
+    else:
+        write_atomic(dest, source.encode(result.code))
     print(f"wrote {dest}" + (f" (backup: {args.file.name}.bak)" if args.in_place else ""), file=sys.stderr)
     return 0

@@ -1,9 +1,21 @@
-"""The file side of an edit: which language a path holds, and writing the result safely."""
+"""The file side of an edit: which language a path holds, reading it, and writing the result
+without losing anything the user had.
+
+A file is read as UTF-8 (a byte-order mark and CRLF line ends are set aside, so the model sees
+plain '\n' text) and written back the way it was: through a symlink to the file it points to,
+with its permission bits, BOM and line ends, atomically (a temporary file renamed over it), and
+only if nobody changed it while the model was answering (an edit of several minutes on a CPU
+must not overwrite what the user saved meanwhile).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+from .client import EditError
 
 LANGUAGES = {
     ".py": "python",
@@ -32,13 +44,87 @@ LANGUAGES = {
     ".css": "css",
 }
 
+_BOM = "\ufeff"
+
 
 def language_for(path: str | Path | None) -> str:
     return LANGUAGES.get(Path(path).suffix.lower(), "") if path else ""
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: never a half-written file."""
-    tmp = path.with_name(f".{path.name}.specserve-tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+@dataclass(frozen=True)
+class SourceFile:
+    """A file as `specserve edit` read it."""
+
+    path: Path  # as the user named it (maybe a symlink)
+    text: str  # what the model sees: '\n' line ends, no byte-order mark
+    raw: bytes  # the bytes read: a write in place first checks the file still holds them
+    crlf: bool  # every line ended in '\r\n'
+    bom: bool  # it began with a UTF-8 byte-order mark
+
+    def encode(self, text: str) -> bytes:
+        """`text` (an edited version of .text) with this file's BOM and line ends."""
+        if self.crlf:
+            text = text.replace("\r\n", "\n").replace("\n", "\r\n")
+        return ((_BOM if self.bom else "") + text).encode("utf-8")
+
+
+def read_source(path: Path) -> SourceFile:
+    """Read a UTF-8 text file for editing; EditError (one line) when it is not one."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EditError(f"{path} is not UTF-8 text (byte {e.start}); specserve edit reads and writes UTF-8") from None
+    bom = text.startswith(_BOM)
+    text = text.removeprefix(_BOM)
+    breaks = text.count("\n")
+    crlf = breaks > 0 and text.count("\r\n") == breaks
+    return SourceFile(path, text.replace("\r\n", "\n") if crlf else text, raw, crlf, bom)
+
+
+def check_writable(path: Path) -> None:
+    """Fail before the model is asked (minutes on a CPU) when `path` cannot be written."""
+    real = path.resolve()
+    folder = real.parent
+    if not folder.is_dir():
+        raise EditError(f"cannot write {path}: the folder {folder} does not exist")
+    if real.is_dir():
+        raise EditError(f"cannot write {path}: it is a folder")
+    if not os.access(folder, os.W_OK) or (real.exists() and not os.access(real, os.W_OK)):
+        raise EditError(f"cannot write {path}: permission denied")
+
+
+def write_in_place(source: SourceFile, text: str, backup: Path | None = None) -> None:
+    """Write `text` over the file `source` was read from, unless it changed since; first copy
+    what it held to `backup`, when given."""
+    if source.path.read_bytes() != source.raw:
+        raise EditError(
+            f"{source.path} changed on disk while the model was answering; nothing written "
+            "(the file keeps your changes: run the edit again)"
+        )
+    if backup is not None:
+        shutil.copy2(source.path, backup)
+    write_atomic(source.path, source.encode(text))
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write `data` through a temporary file in the same folder, renamed over the target: never a
+    half-written file. A symlink is followed (the file it points to is written, the link stays),
+    and an existing file keeps its permission bits. A file with other hard links is rewritten
+    where it is instead (a rename would leave the other names holding the old text)."""
+    real = path.resolve()
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if real.exists() and real.stat().st_nlink > 1:
+        with open(real, "r+b") as f:
+            f.write(data)
+            f.truncate()
+        return
+    tmp = real.with_name(f".{real.name}.specserve-tmp")
+    try:
+        tmp.write_bytes(data)
+        if real.exists():
+            os.chmod(tmp, real.stat().st_mode & 0o7777)
+        os.replace(tmp, real)
+    finally:
+        tmp.unlink(missing_ok=True)
