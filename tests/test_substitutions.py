@@ -54,6 +54,18 @@ def test_learn_reduces_a_diverged_span_to_words():
     assert learn("alpha beta gamma delta", 0, 22, "one two three four five", 0, 23) == []
 
 
+def test_a_changed_indentation_is_learned_as_a_shift_of_the_lines_below():
+    text, out = "def f():\n        a = 1\n", "def f():\n    a = 1\n"
+    assert learn(text, 9, len(text), out, 9, len(out)) == [("\n        ", "\n    ")]
+    # the shift applies to every later line indented at least as deep, and to no other
+    rest, _ = rewrite("x\n        b = 2\n            c = 3\n    d = 4\n", 0, {"\n        ": "\n    "})
+    assert rest == "x\n    b = 2\n        c = 3\n    d = 4\n"
+    # a line that was not indented gives nothing (the shift would touch every line), nor does a
+    # whitespace change inside a line
+    assert learn("a = 1\nb = 2\n", 6, 12, "a = 1\n    b = 2\n", 6, 16) == []
+    assert not [old for old, _ in learn("f(a,  b)\n", 0, 9, "f(a, b)\n", 0, 8) if "\n" in old]
+
+
 def test_rewrite_matches_whole_words_only():
     text = "UserService(x); UserServiceError; my_UserService; UserService.get()"
     rest, spans = rewrite(text, 0, {"UserService": "UserRepository"})
@@ -82,6 +94,15 @@ def rejected_from(out, first_token: int) -> int:
     return rejected
 
 
+def steps_from(out, first_token: int) -> int:
+    """Steps that began at or after output token `first_token`."""
+    done, steps = 0, 0
+    for step in out.steps:
+        steps += done >= first_token
+        done += step["committed"]
+    return steps
+
+
 @pytest.mark.parametrize("learn_edits", [True, False])
 def test_rename_at_n_sites_is_accepted_in_bulk_after_the_first(tokenizer, learn_edits):
     ids = tokenizer.encode(AFTER, add_special_tokens=False)
@@ -97,6 +118,37 @@ def test_rename_at_n_sites_is_accepted_in_bulk_after_the_first(tokenizer, learn_
         assert late_rejections == 0 and out.stats.rejected > 0  # only site 1 cost rejected drafts
     else:  # without learning every site diverges again: the assertions above have teeth
         assert not any(drafted) and late_rejections > 0
+
+
+N_LINES = 8
+WITH_BLOCK = (
+    "def handler(request):\n    with lock:\n"
+    + "".join(f"        value_{i} = compute(request, {i})\n" for i in range(N_LINES))
+    + "    return value_0\n"
+)
+UNWRAPPED = WITH_BLOCK.replace("    with lock:\n", "").replace("\n        ", "\n    ")
+
+
+@pytest.mark.parametrize("learn_edits", [True, False])
+@pytest.mark.parametrize("before, after", [(WITH_BLOCK, UNWRAPPED), (UNWRAPPED, WITH_BLOCK)], ids=["dedent", "indent"])
+def test_a_block_taken_out_of_or_put_in_a_with_is_drafted_at_its_new_indentation(tokenizer, learn_edits, before, after):
+    """Line 1 diverges where the `with` line went (or came), line 2 where its indentation
+    changed; from there the drafter has learned the shift, and lines 3..N are drafted as the
+    output writes them."""
+    ids = tokenizer.encode(after, add_special_tokens=False)
+    spec = SpeculationConfig("prediction", prediction_learn_edits=learn_edits)
+    out = replay_ids(tokenizer, before, ids, spec)
+    assert out.token_ids == ids
+    lines = site_tokens(tokenizer, after, r"(?<=\n) +value_\d")
+    assert len(lines) == N_LINES
+    later, rejected = steps_from(out, lines[2][0]), rejected_from(out, lines[2][0])
+    # Indenting, the shift is drafted on the `return` line after the block too, once: it is
+    # rejected there and dropped. That line's tokens bound what may be rejected from line 3 on.
+    last_line = len(tokenizer.encode("    return value_0\n", add_special_tokens=False))
+    if learn_edits:  # lines 3..N: drafted right, in a few long steps (K doubling from 8)
+        assert later <= 5 and rejected <= (last_line if before == UNWRAPPED else 0), (later, rejected)
+    else:  # every line diverges at its indentation again
+        assert later >= N_LINES - 2 and rejected > 0, (later, rejected)
 
 
 def test_a_substitution_the_output_does_not_follow_is_dropped(tokenizer):

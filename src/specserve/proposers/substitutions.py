@@ -6,6 +6,10 @@ at either end drops out) gives the changed words, widened to whole words and, wh
 shorter than MIN_CHARS non-space characters, to a little of the shared context on the same
 line. That is a substitution such as `UserService` -> `UserRepository` or `@app.` -> `@bp.`.
 
+A line whose indentation changed gives a shift instead (`"\n" + 8 spaces` -> `"\n" + 4 spaces`),
+which moves every later line indented at least as deep: a block taken out of (or put into) a
+`with`, `try` or `if` changes the indentation of all its lines, not just the first.
+
 A rename, a changed signature, argument or decorator tends to recur, so the prediction drafter
 rewrites the rest of its prediction with every substitution learned so far (`rewrite`): later
 occurrences are drafted as the output will write them. Verification still decides every token,
@@ -62,7 +66,7 @@ def learn(text: str, p0: int, p1: int, out: str, o0: int, o1: int) -> list[tuple
         b = p0 + pw[i2 - 1][1] if i2 > i1 else a
         c = o0 + (ow[j1][0] if j1 < len(ow) else o1 - o0)
         d = o0 + ow[j2 - 1][1] if j2 > j1 else c
-        sub = _widen(text, a, b, out, c, d)
+        sub = _indent_shift(text, a, b, out, c, d) or _widen(text, a, b, out, c, d)
         if sub is not None and sub not in subs:
             subs.append(sub)
     return subs
@@ -96,6 +100,25 @@ def _widen(text: str, a: int, b: int, out: str, c: int, d: int) -> tuple[str, st
     if old == new or _nonspace(old) < MIN_CHARS or "\n" in old or "\n" in new or max(len(old), len(new)) > MAX_CHARS:
         return None
     return old, new
+
+
+def _indent_shift(text: str, a: int, b: int, out: str, c: int, d: int) -> tuple[str, str] | None:
+    """A line's indentation changed (text[a:b] -> out[c:d] is whitespace that runs up to the
+    line's first character): ('\n' + old indentation, '\n' + new indentation), which shifts
+    every later line indented at least as deep, as a block wrapped in or taken out of a
+    `with`/`try`/`if` is. None for any other change, or when the old line was not indented (the
+    substitution would then touch every line)."""
+    if text[a:b].strip() or out[c:d].strip() or b >= len(text) or d >= len(out):
+        return None
+    if text[b].isspace() or out[d].isspace():
+        return None  # not up to the line's first character
+    i, j = text.rfind("\n", 0, b), out.rfind("\n", 0, d)
+    if i < 0 or j < 0 or i < a - 1 or j < c - 1:
+        return None  # the whitespace does not start a line in both
+    old, new = text[i + 1 : b], out[j + 1 : d]
+    if not old or old == new or old.strip(" \t") or new.strip(" \t"):
+        return None
+    return "\n" + old, "\n" + new
 
 
 def _pattern(olds) -> re.Pattern:
