@@ -352,6 +352,13 @@ def test_a_file_changed_while_the_model_answers_is_not_overwritten(server, src, 
     assert "changed on disk while the model was answering" in capsys.readouterr().err
 
 
+def test_a_file_removed_while_the_model_answers_is_not_written_back(server, src, capsys):
+    server.on_request = lambda body: src.unlink()
+    assert edit_cli(server, src, "--in-place") != 0
+    err = capsys.readouterr().err
+    assert "cannot be read back" in err and "Traceback" not in err and not src.exists()
+
+
 def test_an_unwritable_destination_fails_before_the_model_is_asked(server, src, tmp_path, capsys):
     assert edit_cli(server, src, "--output", str(tmp_path / "missing" / "out.py")) != 0
     assert "does not exist" in capsys.readouterr().err and server.requests == []

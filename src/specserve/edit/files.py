@@ -97,7 +97,11 @@ def check_writable(path: Path) -> None:
 def write_in_place(source: SourceFile, text: str, backup: Path | None = None) -> None:
     """Write `text` over the file `source` was read from, unless it changed since; first copy
     what it held to `backup`, when given."""
-    if source.path.read_bytes() != source.raw:
+    try:
+        now = source.path.read_bytes()
+    except OSError as e:
+        raise EditError(f"{source.path} cannot be read back ({e.strerror}); nothing written") from None
+    if now != source.raw:
         raise EditError(
             f"{source.path} changed on disk while the model was answering; nothing written "
             "(the file keeps your changes: run the edit again)"
