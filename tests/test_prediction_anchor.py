@@ -55,3 +55,20 @@ def test_no_draft_from_inside_a_prediction_token(smol_model_dir):
     assert out.token_ids == ids
     assert seen, "the pair no longer puts an anchor inside a token: the test checks nothing"
     assert all(draft is None or draft.source != "prediction" for _, draft in seen), seen
+
+
+def test_an_anchor_far_ahead_loses_to_a_nearer_one_behind():
+    """A tail that occurs twice: the drafter resumes at the occurrence nearest where the output
+    was, ahead of it unless that is over FAR_CHARS ahead and the one behind is nearer."""
+    from tiny import tiny_tokenizer
+
+    from specserve.proposers.prediction import FAR_CHARS, PredictionProposer
+
+    filler = "x = 0\n" * (FAR_CHARS // 2)  # 3 x FAR_CHARS
+    text = "import os\ndef shared_helper(a):\n" + filler + "def shared_helper(a):\n"
+    drafter = PredictionProposer(tiny_tokenizer(), text, prompt_len=1)
+    first, second = text.index("def shared_helper(a):") + 21, text.rindex("def shared_helper(a):") + 21
+    drafter.char_pos = first + FAR_CHARS // 2  # the second is 2.5 x FAR_CHARS ahead, the first nearer behind
+    assert drafter._find_anchor("\ndef shared_helper(a):") == (first, 22)
+    drafter.char_pos = second - 21 - FAR_CHARS // 2  # the one ahead is near: it wins
+    assert drafter._find_anchor("\ndef shared_helper(a):") == (second, 22)

@@ -46,6 +46,7 @@ from .substitutions import Span, learn, rewrite
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
 FALLBACK_K_MAX = 128  # K's ceiling when no prices are known (a verified token's cost is unknown)
 PRIOR = (1.0, 256.0)  # (divergences, followed tokens) assumed before the request has shown any
+FAR_CHARS = 2000  # an anchor's next occurrence this far ahead loses to a nearer one behind
 TRUST_CHARS = 16  # an anchor this long is trusted at once; a shorter one is probed with a k_init draft first
 
 
@@ -222,7 +223,8 @@ class PredictionProposer:
 
     def _find_anchor(self, tail: str) -> tuple[int, int] | None:
         """(char offset in the prediction right after the longest tail of `tail` found in it, the
-        tail's length), or None when no tail long enough occurs."""
+        tail's length), or None when no tail long enough occurs. Of its occurrences, the nearest
+        at or after where we were, unless that is over FAR_CHARS ahead and one behind is nearer."""
         lo, hi = 0, len(tail)  # invariant: tail[-lo:] occurs (lo == 0 trivially)
         while lo < hi:  # occurrence is monotone in suffix length: binary search the longest
             mid = (lo + hi + 1) // 2
@@ -236,6 +238,10 @@ class PredictionProposer:
         start = self.text.find(suffix, max(0, self.char_pos - lo))  # nearest at or after where we were
         if start < 0:
             start = self.text.rfind(suffix)
+        elif start - self.char_pos > FAR_CHARS:  # far ahead: a nearer occurrence behind is likelier
+            back = self.text.rfind(suffix, 0, max(0, self.char_pos - lo))
+            if back >= 0 and self.char_pos - back < start - self.char_pos:
+                start = back
         return start + lo, lo
 
     # -- learned edits --------------------------------------------------------------------------
