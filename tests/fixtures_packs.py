@@ -28,6 +28,18 @@ def smol_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smol_tokenizer(smol_model_dir: Path):
+    """The pack's tokenizer (SmolLM2's 49k-token BPE), as the engine loads it."""
+    from specserve.models import loader
+
+    return loader.load_tokenizer(
+        packs.ModelSource(
+            path=str(smol_model_dir), gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name, pack=packs.TEST_PACK
+        )
+    )
+
+
+@pytest.fixture(scope="session")
 def smol_gguf(smol_model_dir: Path) -> Path:
     """The pack's GGUF file, as llama.cpp runs it."""
     return smol_model_dir / packs.PACKS[packs.TEST_PACK].gguf_name

@@ -63,16 +63,10 @@ def test_no_blind_restart_after_a_reanchor_and_drafts_past_128():
     assert priced.stats.steps < unpriced.stats.steps
 
 
-def test_prices_pay_on_the_sample_renames(smol_model_dir):
+def test_prices_pay_on_the_sample_renames(smol_tokenizer):
     """py-rename and ts-rename (bench/samples, renamed as the scenario asks), SmolLM2's tokenizer:
     drafting with the prices beats the same drafter blind to them, both paid at the curve."""
-    from specserve.models import loader, packs
-
-    tok = loader.load_tokenizer(
-        packs.ModelSource(
-            path=str(smol_model_dir), pack=packs.TEST_PACK, gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name
-        )
-    )
+    tok = smol_tokenizer
     py = (SAMPLES / "users_controller.py").read_text(encoding="utf-8")
     ts = (SAMPLES / "orders_controller.ts").read_text(encoding="utf-8")
     pairs = [

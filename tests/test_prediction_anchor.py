@@ -16,20 +16,12 @@ BEFORE = (
 AFTER = BEFORE.replace("return cookies\n", "return cookie_list\n")
 
 
-def smol_tokenizer(folder):
-    from specserve.models import loader, packs
-
-    return loader.load_tokenizer(
-        packs.ModelSource(path=str(folder), pack=packs.TEST_PACK, gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name)
-    )
-
-
-def test_no_draft_from_inside_a_prediction_token(smol_model_dir):
+def test_no_draft_from_inside_a_prediction_token(smol_tokenizer):
     """The output writes ` cookie` where the prediction has the one token ` cookies`: the anchor
     ends inside that token, and the rest of it (`s`) would be the draft's first token. Had the
     output gone on with `cookies`, the model would have written that token whole, so such a draft
     is almost surely rejected at once (97-100% on the replay corpus); the drafter waits a token."""
-    tok = smol_tokenizer(smol_model_dir)
+    tok = smol_tokenizer
     ids = tok.encode(AFTER, add_special_tokens=False)
     seen = []  # (bridge, draft) at each step where the anchor ends inside a prediction token
     factory = base.REGISTRY["prediction"]

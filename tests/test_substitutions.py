@@ -35,12 +35,7 @@ def tokenizer(request):
     """The tiny test tokenizer (character-level BPE) and SmolLM2's real 49k-token BPE."""
     if request.param == "tiny":
         return tiny_tokenizer()
-    from specserve.models import loader, packs
-
-    folder = request.getfixturevalue("smol_model_dir")
-    return loader.load_tokenizer(
-        packs.ModelSource(path=str(folder), gguf_file=packs.PACKS[packs.TEST_PACK].gguf_name, pack=packs.TEST_PACK)
-    )
+    return request.getfixturevalue("smol_tokenizer")
 
 
 def test_learn_reduces_a_diverged_span_to_words():
