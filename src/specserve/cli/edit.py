@@ -29,15 +29,17 @@ from ..edit import (
     EditError,
     EditResult,
     Verdict,
+    check_writable,
     feedback_messages,
     feedback_prediction,
     judge_answer,
     language_for,
     make_client,
+    read_source,
     refactor_with_predicted_outputs,
     write_atomic,
+    write_in_place,
 )
-from ..edit.files import check_writable, read_source, write_in_place
 
 
 def add_parser(subparsers) -> None:
@@ -243,5 +245,5 @@ def run(args) -> int:
         write_in_place(source, result.code, backup_path(args.file))
     else:
         write_atomic(dest, source.encode(result.code))
-    print(f"wrote {dest}" + (f" (backup: {args.file.name}.bak)" if args.in_place else ""), file=sys.stderr)
+    print(f"wrote {dest}" + (f" (backup: {backup_path(args.file).name})" if args.in_place else ""), file=sys.stderr)
     return 0

@@ -25,7 +25,7 @@ from .client import (
     refactor_with_predicted_outputs,
     strip_fence,
 )
-from .files import LANGUAGES, language_for, write_atomic
+from .files import LANGUAGES, SourceFile, check_writable, language_for, read_source, write_atomic, write_in_place
 from .prompts import (
     DEFAULT_PROMPT,
     FEEDBACK,
@@ -48,19 +48,23 @@ __all__ = [
     "RETRY_PROMPT",
     "SHORT_FRACTION",
     "SYSTEM_PROMPT",
+    "SourceFile",
     "EditError",
     "EditPrompt",
     "EditResult",
     "Verdict",
     "build_messages",
     "check_answer",
+    "check_writable",
     "default_model",
     "feedback_messages",
     "feedback_prediction",
     "judge_answer",
     "language_for",
     "make_client",
+    "read_source",
     "refactor_with_predicted_outputs",
     "strip_fence",
     "write_atomic",
+    "write_in_place",
 ]

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import ast
 
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+from .names import _DEFS
+
 _IMPORTS = (ast.Import, ast.ImportFrom)
 
 
