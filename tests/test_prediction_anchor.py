@@ -49,9 +49,8 @@ def test_no_draft_from_inside_a_prediction_token(smol_tokenizer):
     assert all(draft is None or draft.source != "prediction" for _, draft in seen), seen
 
 
-def test_an_anchor_far_ahead_loses_to_a_nearer_one_behind():
-    """A tail that occurs twice: the drafter resumes at the occurrence nearest where the output
-    was, ahead of it unless that is over FAR_CHARS ahead and the one behind is nearer."""
+def _two_helpers():
+    """A prediction where `def shared_helper(a):` occurs twice, 3 x FAR_CHARS apart."""
     from tiny import tiny_tokenizer
 
     from specserve.proposers.prediction import FAR_CHARS, PredictionProposer
@@ -60,7 +59,35 @@ def test_an_anchor_far_ahead_loses_to_a_nearer_one_behind():
     text = "import os\ndef shared_helper(a):\n" + filler + "def shared_helper(a):\n"
     drafter = PredictionProposer(tiny_tokenizer(), text, prompt_len=1)
     first, second = text.index("def shared_helper(a):") + 21, text.rindex("def shared_helper(a):") + 21
-    drafter.char_pos = first + FAR_CHARS // 2  # the second is 2.5 x FAR_CHARS ahead, the first nearer behind
+    return drafter, first, second, FAR_CHARS
+
+
+def test_an_anchor_far_ahead_loses_to_a_nearer_one_behind():
+    """A tail that occurs twice: the drafter resumes at the occurrence nearest where the output
+    last followed the prediction, ahead of it unless that is over FAR_CHARS ahead and the one
+    behind is nearer."""
+    drafter, first, second, far = _two_helpers()
+    drafter.sync = (first + far // 2, 0)  # the second is 2.5 x FAR_CHARS ahead, the first nearer behind
     assert drafter._find_anchor("\ndef shared_helper(a):") == (first, 22)
-    drafter.char_pos = second - 21 - FAR_CHARS // 2  # the one ahead is near: it wins
+    drafter.sync = (second - 21 - far // 2, 0)  # the one ahead is near: it wins
     assert drafter._find_anchor("\ndef shared_helper(a):") == (second, 22)
+
+
+def test_an_anchor_the_output_has_not_followed_does_not_move_the_search():
+    """A wrong anchor moves the pointer (char_pos) before any output confirms it: the next search
+    still starts from the sync point, so the right occurrence, behind the wrong one, is found."""
+    drafter, first, second, far = _two_helpers()
+    drafter.sync = (first - 21, 0)  # the output last followed just before the first helper
+    drafter.char_pos = second + 5  # an unconfirmed anchor took the pointer past both
+    assert drafter._find_anchor("\ndef shared_helper(a):") == (first, 22)
+
+
+def test_a_short_anchor_far_from_the_sync_point_is_refused():
+    """A short tail (under TRUST_CHARS) whose only occurrences lie over FAR_CHARS away is most
+    often a chance match in new text: no anchor. A long one there is kept."""
+    drafter, first, second, far = _two_helpers()
+    drafter.sync = (first + far + 10, 0)  # both occurrences over FAR_CHARS away
+    assert drafter._find_anchor("(a):") is None
+    assert drafter._find_anchor("\ndef shared_helper(a):") is not None
+    drafter.sync = (first + 10, 0)  # near the first: the short tail is taken
+    assert drafter._find_anchor("(a):") == (first, 4)

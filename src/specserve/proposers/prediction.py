@@ -3,7 +3,8 @@
 While the output follows the prediction token for token, we simply walk a pointer along the
 prediction's tokens and propose long drafts (K doubles up to k_max). When the output diverges
 (an inserted, changed or deleted line), we *re-anchor*: find the longest tail of the output
-text that occurs in the prediction text, nearest to where we were, and resume right after it.
+text that occurs in the prediction text, nearest to where the output last followed it, and resume
+right after it.
 Anchoring works on text, not tokens, because the same text may tokenize differently in context
 than on its own; when the anchor falls inside a prediction token, the rest of that token's text
 is re-tokenized into a short *bridge* that the output must write before the prediction's own
@@ -46,7 +47,7 @@ from .substitutions import Span, learn, rewrite
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
 FALLBACK_K_MAX = 128  # K's ceiling when no prices are known (a verified token's cost is unknown)
 PRIOR = (1.0, 256.0)  # (divergences, followed tokens) assumed before the request has shown any
-FAR_CHARS = 2000  # an anchor's next occurrence this far ahead loses to a nearer one behind
+FAR_CHARS = 2000  # chars: a next occurrence this far ahead loses to one behind; a short anchor this far off is refused
 TRUST_CHARS = 16  # an anchor this long is trusted at once; a shorter one is probed with a k_init draft first
 
 
@@ -224,7 +225,10 @@ class PredictionProposer:
     def _find_anchor(self, tail: str) -> tuple[int, int] | None:
         """(char offset in the prediction right after the longest tail of `tail` found in it, the
         tail's length), or None when no tail long enough occurs. Of its occurrences, the nearest
-        at or after where we were, unless that is over FAR_CHARS ahead and one behind is nearer."""
+        at or after where the output last followed the prediction (the sync point: an anchor the
+        output has not followed yet does not move it), unless that is over FAR_CHARS ahead and one
+        behind is nearer. A short anchor (under TRUST_CHARS) more than FAR_CHARS from the sync
+        point is refused: on the replay corpus nine in ten such were chance matches in new text."""
         lo, hi = 0, len(tail)  # invariant: tail[-lo:] occurs (lo == 0 trivially)
         while lo < hi:  # occurrence is monotone in suffix length: binary search the longest
             mid = (lo + hi + 1) // 2
@@ -235,13 +239,16 @@ class PredictionProposer:
         suffix = tail[-lo:]
         if lo == 0 or (lo < self.need and lo < len(tail)) or len("".join(suffix.split())) < 3:
             return None  # too short, or only whitespace/indentation: it would match almost anywhere
-        start = self.text.find(suffix, max(0, self.char_pos - lo))  # nearest at or after where we were
+        here = self.sync[0]
+        start = self.text.find(suffix, max(0, here - lo))  # nearest at or after the sync point
         if start < 0:
             start = self.text.rfind(suffix)
-        elif start - self.char_pos > FAR_CHARS:  # far ahead: a nearer occurrence behind is likelier
-            back = self.text.rfind(suffix, 0, max(0, self.char_pos - lo))
-            if back >= 0 and self.char_pos - back < start - self.char_pos:
+        elif start - here > FAR_CHARS:  # far ahead: a nearer occurrence behind is likelier
+            back = self.text.rfind(suffix, 0, max(0, here - lo))
+            if back >= 0 and here - back < start - here:
                 start = back
+        if lo < TRUST_CHARS and abs(start + lo - here) > FAR_CHARS:
+            return None
         return start + lo, lo
 
     # -- learned edits --------------------------------------------------------------------------
