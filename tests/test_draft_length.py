@@ -14,7 +14,7 @@ from specserve.bench.curves import LLAMACPP_2CORE_CURVE
 from specserve.bench.replay import replay, replay_ids
 from specserve.config import SpeculationConfig
 from specserve.engine.governor import CostModel
-from specserve.proposers.prediction import priced_k
+from specserve.proposers.prediction import PROBE_COST, PredictionProposer, priced_k, probe_length
 
 CURVE = CostModel(LLAMACPP_2CORE_CURVE)
 SAMPLES = Path(__file__).resolve().parents[1] / "src" / "specserve" / "bench" / "samples"
@@ -35,6 +35,21 @@ def test_priced_k_follows_the_curve_and_the_odds():
     assert ks == sorted(ks, reverse=True) and ks[-1] < 32
     # where every verified token costs nearly a step, drafts stay short
     assert priced_k(CostModel.linear(0.9), 0.999, 1024) < priced_k(CostModel.linear(0.02), 0.999, 1024) // 4
+
+
+def test_an_unconfirmed_anchor_is_probed_with_what_a_few_steps_buy():
+    """The first draft from an anchor not yet confirmed is right about 40% of the time: on the
+    2-core CPU curve (8 tokens cost 6.6 steps) it is 2 tokens, where verifying is nearly free the
+    full k_init; a confirmed anchor still drafts the priced K."""
+    assert probe_length(CURVE, 8) == 2  # target(3) = 2.6 <= PROBE_COST, target(4) = 3.4 is not
+    assert CURVE.target(3) <= PROBE_COST < CURVE.target(4)
+    assert probe_length(CostModel.linear(0.02), 8) == 8
+    assert probe_length(CostModel.linear(5.0), 8) == 1  # never below one token
+    drafter = PredictionProposer(tiny_tokenizer(), BEFORE, prompt_len=1, prices=lambda: CURVE)
+    drafter.trusted = False
+    assert drafter.draft_length(1024) == 2
+    drafter.trusted = True
+    assert drafter.draft_length(1024) > 64
 
 
 def prediction_drafts(out) -> list[int]:
