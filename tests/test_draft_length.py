@@ -14,6 +14,7 @@ from specserve.bench.curves import LLAMACPP_2CORE_CURVE
 from specserve.bench.replay import replay, replay_ids
 from specserve.config import SpeculationConfig
 from specserve.engine.governor import CostModel
+from specserve.proposers import prediction
 from specserve.proposers.prediction import PROBE_COST, PredictionProposer, priced_k, probe_length
 
 CURVE = CostModel(LLAMACPP_2CORE_CURVE)
@@ -50,6 +51,42 @@ def test_an_unconfirmed_anchor_is_probed_with_what_a_few_steps_buy():
     assert drafter.draft_length(1024) == 2
     drafter.trusted = True
     assert drafter.draft_length(1024) > 64
+
+
+CLUSTERED = "".join(  # every third handler gets two edits, one line apart, with values no substitution can learn
+    f"def handler_{i}(request):\n"
+    f"    user = load_user(request.user_id{f', retries={i % 7 + 2}' if i % 3 == 0 else ''})\n"
+    f"    return render(user, page={i}{f', width={i * 13 % 90 + 10}' if i % 3 == 0 else ''})\n\n"
+    for i in range(60)
+)
+
+
+def test_the_first_draft_from_a_new_anchor_has_its_own_odds(monkeypatch):
+    """Edits cluster: the output that just came back to the prediction often leaves it again a
+    few tokens on. The first draft from a new anchor is priced with the odds counted over such
+    drafts (a prior of 1 divergence in 16 tokens), so it is shorter than a draft mid-run, grows
+    back where this request's first drafts keep being followed, and on clustered edits the
+    drafting pays more than with the odds of the whole request."""
+    drafter = PredictionProposer(tiny_tokenizer(), BEFORE, prompt_len=1, prices=lambda: CURVE)
+    drafter.trusted, drafter.followed = True, 2000
+    mid_run = drafter.draft_length(1024)
+    drafter.fresh = True
+    fresh = drafter.draft_length(1024)
+    assert fresh < mid_run // 4
+    drafter.fresh_followed = 4000  # this request's first drafts were followed a long way
+    assert drafter.draft_length(1024) > 4 * fresh
+
+    tok = tiny_tokenizer()
+    ids = tok.encode(CLUSTERED, add_special_tokens=False)
+    spec = SpeculationConfig("prediction")
+
+    def speedup(out):
+        assert out.token_ids == ids
+        return len(ids) / sum(CURVE.target(s["proposed"] + 1) for s in out.steps)
+
+    own_odds = speedup(replay_ids(tok, BEFORE, ids, spec, CURVE))
+    monkeypatch.setattr(prediction, "PRIOR_FRESH", prediction.PRIOR)  # first drafts with the prior of any draft
+    assert own_odds > 1.05 * speedup(replay_ids(tok, BEFORE, ids, spec, CURVE))
 
 
 def prediction_drafts(out) -> list[int]:

@@ -21,7 +21,9 @@ Two refinements use what the request has shown so far:
 - *K comes from prices* when the engine has measured them (governor.CostModel): the draft
   length that maximises expected committed tokens per unit of cost, with the chance of
   following the prediction one more token taken from the request's own divergences so far
-  (so K may pass 128 where the curve makes a longer pass cheaper per token). Only an anchor
+  (so K may pass 128 where the curve makes a longer pass cheaper per token). The first draft
+  from a new anchor has its own odds, counted over such drafts: edits cluster, so the output
+  that just came back to the prediction often leaves it again within a few tokens. An anchor
   not yet confirmed (shorter than TRUST_CHARS, or the very start) drafts a short probe first
   (`probe_length`: k_init tokens, fewer where such a pass costs over PROBE_COST plain steps):
   short anchors are often wrong, and a wrong long draft wastes a pass of its length.
@@ -48,6 +50,7 @@ from .substitutions import Span, learn, rewrite
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
 FALLBACK_K_MAX = 128  # K's ceiling when no prices are known (a verified token's cost is unknown)
 PRIOR = (1.0, 256.0)  # (divergences, followed tokens) assumed before the request has shown any
+PRIOR_FRESH = (1.0, 16.0)  # the same for a first draft from a new anchor (the output soon leaves again)
 FAR_CHARS = 2000  # chars: a next occurrence this far ahead loses to one behind; a short anchor this far off is refused
 PROBE_COST = 3.0  # one-token steps: the most an unconfirmed anchor's first draft may cost
 TRUST_CHARS = 16  # an anchor this long is trusted at once; a shorter one is probed first (probe_length)
@@ -128,6 +131,8 @@ class PredictionProposer:
         self.sync = self.base = (0, 0)
         self.followed = 0  # output tokens that followed the prediction
         self.divergences = 0  # times the output left a confirmed anchor
+        self.fresh = False  # the next draft is the first from a new anchor
+        self.fresh_followed = self.fresh_divergences = 0  # the same two counts, over such first drafts
         self.lookup = PredictionLookup(self.ids, prompt_len, self.prices) if lookup else None
 
     def set_text(self, text: str) -> None:
@@ -161,7 +166,10 @@ class PredictionProposer:
             return min(self.k.k, max_k)
         if max_k <= 0:
             return 0
-        follow = 1.0 - (self.divergences + PRIOR[0]) / (self.followed + PRIOR[1])
+        if self.fresh:  # the first draft since the output came back: edits cluster
+            follow = 1.0 - (self.fresh_divergences + PRIOR_FRESH[0]) / (self.fresh_followed + PRIOR_FRESH[1])
+        else:
+            follow = 1.0 - (self.divergences + PRIOR[0]) / (self.followed + PRIOR[1])
         k = priced_k(prices, follow, min(self.k_max, max_k))
         return k if self.trusted else min(k, probe_length(prices, self.k_init))
 
@@ -184,6 +192,11 @@ class PredictionProposer:
             same = next((i for i, (a, b) in enumerate(zip(new, expected)) if a != b), min(len(new), len(expected)))
             self._advance(same)  # up to where the output left the prediction (if it did)
             self.followed += same
+            if draft is not None and draft.source == self.name:
+                if self.fresh and self.trusted:
+                    self.fresh_followed += same
+                    self.fresh_divergences += same < len(new)
+                self.fresh = False
             if same == len(new):
                 self.trusted = True
                 return
@@ -232,6 +245,7 @@ class PredictionProposer:
         self.bridge = self.tok.encode(self.text[end:nxt], add_special_tokens=False) if nxt > end else []
         self.pos, self.char_pos, self.anchored = idx, end, True
         self.k.restart()
+        self.fresh = True
 
     def _find_anchor(self, tail: str) -> tuple[int, int] | None:
         """(char offset in the prediction right after the longest tail of `tail` found in it, the
