@@ -115,7 +115,7 @@ def _annotation_nodes(tree: ast.AST) -> set[int]:
     return {id(n) for root in roots for n in ast.walk(root) if isinstance(n, ast.Name)}
 
 
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+DEFINITION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)  # also what splice.py moves
 # A definition line in the languages the edit tool reads without a parser: `def f`, `class C`,
 # `function f`, `func f`, `fn f` (optionally exported, public, async, ...).
 _DEFINITION = re.compile(
@@ -129,10 +129,10 @@ def _python_definitions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
     """(name, node) of the top-level functions and classes, and of the methods of top-level
     classes as `Class.method`."""
     for node in tree.body:
-        if isinstance(node, _DEFS):
+        if isinstance(node, DEFINITION_NODES):
             yield node.name, node
         if isinstance(node, ast.ClassDef):
-            yield from ((f"{node.name}.{m.name}", m) for m in node.body if isinstance(m, _DEFS))
+            yield from ((f"{node.name}.{m.name}", m) for m in node.body if isinstance(m, DEFINITION_NODES))
 
 
 def definitions(code: str, language: str) -> set[str] | None:

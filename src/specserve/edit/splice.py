@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 
-from .names import _DEFS
+from .names import DEFINITION_NODES
 
 _IMPORTS = (ast.Import, ast.ImportFrom)
 
@@ -31,8 +31,8 @@ def splice_definitions(original: str, answer: str) -> tuple[str, list[str]] | No
     except (SyntaxError, ValueError):
         return None
     old_imports = {ast.unparse(n) for n in old_tree.body if isinstance(n, _IMPORTS)}
-    defs = [n for n in new_tree.body if isinstance(n, _DEFS)]
-    rest = [n for n in new_tree.body if not isinstance(n, _DEFS)]
+    defs = [n for n in new_tree.body if isinstance(n, DEFINITION_NODES)]
+    rest = [n for n in new_tree.body if not isinstance(n, DEFINITION_NODES)]
     if not defs or not all(isinstance(n, _IMPORTS) for n in rest):
         return None
     added = [ast.unparse(n) for n in rest if ast.unparse(n) not in old_imports]
@@ -40,7 +40,7 @@ def splice_definitions(original: str, answer: str) -> tuple[str, list[str]] | No
         return None
     old_defs: dict[str, list[ast.AST]] = {}
     for n in old_tree.body:
-        if isinstance(n, _DEFS):
+        if isinstance(n, DEFINITION_NODES):
             old_defs.setdefault(n.name, []).append(n)
     names = [n.name for n in defs]
     if len(set(names)) != len(names) or any(len(old_defs.get(name, [])) != 1 for name in names):
