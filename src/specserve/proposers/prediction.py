@@ -77,6 +77,12 @@ def probe_length(prices, k_init: int) -> int:
     return max([1] + [k for k in range(1, k_init + 1) if prices.target(k + 1) <= limit])
 
 
+def _follow_odds(divergences: int, followed: int, prior: tuple[float, float]) -> float:
+    """The chance that the output follows the prediction one more token, from the divergences
+    and followed tokens seen, each with its prior count added."""
+    return 1.0 - (divergences + prior[0]) / (followed + prior[1])
+
+
 def _grid(k_max: int) -> list[int]:
     ks, k = [], 1
     while k <= k_max:
@@ -167,9 +173,9 @@ class PredictionProposer:
         if max_k <= 0:
             return 0
         if self.fresh:  # the first draft since the output came back: edits cluster
-            follow = 1.0 - (self.fresh_divergences + PRIOR_FRESH[0]) / (self.fresh_followed + PRIOR_FRESH[1])
+            follow = _follow_odds(self.fresh_divergences, self.fresh_followed, PRIOR_FRESH)
         else:
-            follow = 1.0 - (self.divergences + PRIOR[0]) / (self.followed + PRIOR[1])
+            follow = _follow_odds(self.divergences, self.followed, PRIOR)
         k = priced_k(prices, follow, min(self.k_max, max_k))
         return k if self.trusted else min(k, probe_length(prices, self.k_init))
 
