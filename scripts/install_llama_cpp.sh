@@ -15,6 +15,14 @@ PY=${1:?usage: install_llama_cpp.sh PYTHON}
 VERSION=0.3.36
 ARGS="-DGGML_LLAMAFILE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
 -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF"
+# ggml's AMX kernels (compiled in by GGML_NATIVE on CPUs with AMX, such as Sapphire Rapids) crash
+# in ggml_backend_amx_mul_mat on K-quant weights as llama-cpp-python 0.3.36 ships them (upstream
+# llama.cpp#20824; every pass of 2+ tokens on the Qwen Q4_K_M pack segfaults), so they are compiled
+# out there; the backend also keeps any build that has them from repacking weights for them.
+if grep -q -m1 -w amx_int8 /proc/cpuinfo 2>/dev/null; then
+    NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    ARGS="$ARGS -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
+fi
 CPU=$( (grep -m1 -o -w -E 'flags.*' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-8)
 HERE=$(cd "$(dirname "$0")" && pwd)
 PATCH=$(md5sum <"$HERE/llama_cpp_switch.py" | cut -c1-8)

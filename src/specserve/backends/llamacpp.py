@@ -124,6 +124,22 @@ def exactness_problem(system_info: str, switches: dict[str, str | None]) -> str 
     return None
 
 
+def amx_repacks(system_info: str) -> bool:
+    """Whether this llama.cpp build has ggml's AMX kernels (`AMX_INT8 = 1`), which take every
+    weight they can into their own repacked buffer when a model allows extra buffer types. In
+    llama-cpp-python 0.3.36 those kernels segfault on K-quant weights (upstream llama.cpp#20824;
+    here every pass of 2+ tokens on the Qwen Q4_K_M pack, on a Xeon with AMX), so a model loaded
+    by a build that has them keeps its weights in plain CPU buffers. Our install script compiles
+    them out (scripts/install_llama_cpp.sh); a user's own `pip install` on such a CPU has them."""
+    return "AMX_INT8 = 1" in system_info
+
+
+def system_info() -> str:
+    """llama.cpp's build summary ("CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | LLAMAFILE = 1 | ...")."""
+    info = _lib().llama_print_system_info()
+    return info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+
+
 def _init_backend(batch_invariant: bool) -> None:
     """Initialise llama.cpp once per process and route its log into a short buffer; for an exact
     model, refuse (ModelLoadError) unless the build and environment give batch-invariant kernels."""
@@ -148,8 +164,7 @@ def _init_backend(batch_invariant: bool) -> None:
             ll.llama_backend_init()
             _initialised = True
         if batch_invariant:  # checked before any model runs a matmul (when ggml reads the switches)
-            info = _lib().llama_print_system_info()
-            info = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+            info = system_info()
             problem = exactness_problem(info, _switches)
             if problem and not first and exactness_problem(info, dict.fromkeys(KERNEL_SWITCHES, "0")) is None:
                 problem = (  # the build is fine: a fast model came first and left the switches on
@@ -241,7 +256,8 @@ class LlamaCppBackend:
         params = ll.llama_model_default_params()
         offload = ll.llama_supports_gpu_offload()
         params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
-        params.use_extra_bufts = not self.batch_invariant
+        # repacked weights: not batch-invariant, and on builds with AMX kernels a crash (amx_repacks)
+        params.use_extra_bufts = not self.batch_invariant and not amx_repacks(system_info())
         _log_tail.clear()
         model = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:

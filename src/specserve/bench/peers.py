@@ -27,6 +27,11 @@ def peer_skip_reason(llm, peer: str) -> str | None:
         return f"runs on the {'llama.cpp' if peer in LLAMACPP_PEERS else 'transformers'} backend only"
     if peer == "hf-assisted" and not llm.has_draft_model:
         return "no draft model loaded"
+    if peer in LLAMACPP_PEERS:
+        from ..backends.llamacpp import amx_repacks, system_info
+
+        if amx_repacks(system_info()):  # `Llama` has no switch for the extra buffers that crash
+            return "this llama-cpp-python build has ggml's AMX kernels, which crash on K-quants (llama.cpp#20824)"
     return None
 
 
