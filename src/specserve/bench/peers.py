@@ -91,14 +91,21 @@ def _run_llamacpp(llm, prompt_ids, max_tokens: int, lookup: bool, clock) -> list
 
 
 def _greedy(peer, prompt_ids: list[int], max_tokens: int, eos: set[int], clock) -> list[int]:
-    """Greedy decoding on a `Llama` until EOS or max_tokens, feeding `clock` as tokens come."""
-    out: list[int] = []
-    for tok in peer.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-        out.append(int(tok))
-        clock.emitted(1)
-        if tok in eos or len(out) >= max_tokens:
-            break
-    return out
+    """Greedy decoding on a `Llama` until EOS or max_tokens, feeding `clock` as tokens come. It
+    runs on the thread of our own llama.cpp passes: a second calling thread would give ggml a
+    second OpenMP team and slow both engines down (backends.llamacpp.on_compute_thread)."""
+    from ..backends.llamacpp import on_compute_thread
+
+    def run() -> list[int]:
+        out: list[int] = []
+        for tok in peer.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(tok))
+            clock.emitted(1)
+            if tok in eos or len(out) >= max_tokens:
+                break
+        return out
+
+    return on_compute_thread(run)
 
 
 # -- transformers -------------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""Every llama.cpp computation in a process runs on one thread, whichever thread asks for it.
+
+ggml-cpu's OpenMP build gives each calling thread its own team of workers, and once libgomp
+manages more threads than there are CPUs its barriers sleep instead of spinning: on 2 cores a
+decoding step on a second calling thread took 107 ms against 81 on the first (Qwen 1.5B Q4_K_M,
+2981 cached tokens). The server's engine worker is such a second thread whenever the model's
+prices were measured on the main thread at load, and a benchmark peer on the main thread is one
+for our engine. Timing lives in benchmarks; this checks the mechanism: which threads call
+`llama_decode`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import llama_cpp
+from tiny_gguf import save_tiny_gguf
+
+from specserve.backends import SeqInput
+from specserve.backends.llamacpp import LlamaCppBackend
+
+
+def _decoding_threads(monkeypatch) -> list[threading.Thread]:
+    seen: list[threading.Thread] = []
+    decode = llama_cpp.llama_decode
+
+    def spy(ctx, batch):
+        seen.append(threading.current_thread())
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", spy)  # what our backend calls
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_decode", spy)  # what `Llama` calls
+    return seen
+
+
+def test_passes_asked_for_on_any_thread_run_on_one(tmp_path, monkeypatch):
+    seen = _decoding_threads(monkeypatch)
+    backend = LlamaCppBackend(save_tiny_gguf(tmp_path), max_context=64)
+    seq = backend.new_sequence()
+    rows = []
+
+    def step(tokens: list[int]) -> None:
+        rows.append(backend.forward([SeqInput(seq, tokens, logits="last")])[0])
+
+    step([5, 6, 7])  # the caller's thread (the main thread here, as for prices measured at load)
+    for tokens in ([8], [9, 10]):  # then two other threads, as the server's worker would be
+        t = threading.Thread(target=step, args=(tokens,))
+        t.start()
+        t.join()
+    backend.close()
+    assert len(seen) == 3 and len(set(seen)) == 1, seen
+    assert seen[0] is not threading.current_thread()
+    assert [r.shape[0] for r in rows] == [1, 1, 1]  # the logits came back to each caller
+
+
+def test_errors_reach_the_caller(tmp_path):
+    backend = LlamaCppBackend(save_tiny_gguf(tmp_path), max_context=8)
+    seq = backend.new_sequence()
+    try:
+        backend.forward([SeqInput(seq, list(range(5, 13)), logits="none")])  # fills the context
+        raised = None
+        try:
+            backend.forward([SeqInput(seq, [5], logits="last")])
+        except ValueError as e:
+            raised = e
+        assert raised is not None and "context length" in str(raised)
+    finally:
+        backend.close()
+
+
+def test_the_benchmark_peer_decodes_on_the_same_thread(tmp_path, monkeypatch):
+    from specserve.bench.peers import _greedy
+
+    seen = _decoding_threads(monkeypatch)
+    ours = LlamaCppBackend(save_tiny_gguf(tmp_path), max_context=64)
+    seq = ours.new_sequence()
+    worker = threading.Thread(target=ours.forward, args=([SeqInput(seq, [5, 6], logits="last")],))
+    worker.start()  # our engine steps on its worker thread, the peer runs on the caller's
+    worker.join()
+    peer = llama_cpp.Llama(model_path=str(ours.path), n_ctx=64, verbose=False)
+
+    class Clock:
+        def emitted(self, n: int) -> None:
+            pass
+
+    out = _greedy(peer, [5, 6, 7], 4, set(), Clock())
+    peer.close()
+    ours.close()
+    assert len(out) == 4
+    assert len(seen) >= 2 and len(set(seen)) == 1, seen
