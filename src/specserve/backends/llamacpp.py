@@ -32,16 +32,15 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import torch
 
 from ..errors import ModelLoadError
 from .base import SeqInput
+from .compute import on_compute_thread
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -49,8 +48,6 @@ _initialised = False
 # atoi reads 0): the tiled K-quant matmul (upstream) and llamafile's sgemm (our install script's patch)
 KERNEL_SWITCHES = ("GGML_CPU_TILED_MM", "GGML_CPU_LLAMAFILE")
 _switches: dict[str, str | None] = {}  # what the first model in this process left them at
-COMPUTE_THREAD = "llama.cpp-compute"  # the thread every llama.cpp computation runs on (on_compute_thread)
-T = TypeVar("T")
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
 # The default mode runs attention without flash attention (f16 KV cache), as llama-cpp-python's `Llama`
@@ -178,28 +175,6 @@ def _init_backend(batch_invariant: bool) -> None:
                 )
             if problem:
                 raise ModelLoadError(problem)
-
-
-_compute_pool: ThreadPoolExecutor | None = None
-
-
-def on_compute_thread(fn: Callable[[], T]) -> T:
-    """Run `fn` on the one thread that makes every llama.cpp computation in this process.
-
-    ggml-cpu's OpenMP build gives each calling thread its own team of worker threads, and its
-    barriers (hundreds per forward) spin only while libgomp manages no more threads than there
-    are CPUs. A second calling thread (the server's engine worker, after the model's prices were
-    measured on the main thread; a benchmark peer) makes a second team, libgomp then sleeps at
-    each barrier instead of spinning, and every pass slows down: on 2 cores, Qwen 1.5B Q4_K_M
-    decoding at 2981 cached tokens took 107 ms a step on a second thread against 81 ms on the
-    first. So every call is handed to one long-lived thread (about 50 us a call)."""
-    global _compute_pool
-    if threading.current_thread().name.startswith(COMPUTE_THREAD):
-        return fn()
-    with _init_lock:
-        if _compute_pool is None:
-            _compute_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=COMPUTE_THREAD)
-    return _compute_pool.submit(fn).result()
 
 
 def default_threads() -> int:

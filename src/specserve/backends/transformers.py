@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .base import SeqInput
+from .compute import on_compute_thread
 
 
 class TransformersBackend:
@@ -48,8 +49,11 @@ class TransformersBackend:
     def length(self, seq: int) -> int:
         return self._lengths[seq]
 
-    @torch.inference_mode()
     def forward(self, inputs: Sequence[SeqInput]) -> list[torch.Tensor | None]:
+        return on_compute_thread(lambda: self._forward_all(inputs))  # see backends/compute.py
+
+    @torch.inference_mode()  # thread-local: set on the thread that computes
+    def _forward_all(self, inputs: Sequence[SeqInput]) -> list[torch.Tensor | None]:
         return [self._forward_one(x) for x in inputs]
 
     def _forward_one(self, x: SeqInput) -> torch.Tensor | None:

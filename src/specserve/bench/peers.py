@@ -93,8 +93,8 @@ def _run_llamacpp(llm, prompt_ids, max_tokens: int, lookup: bool, clock) -> list
 def _greedy(peer, prompt_ids: list[int], max_tokens: int, eos: set[int], clock) -> list[int]:
     """Greedy decoding on a `Llama` until EOS or max_tokens, feeding `clock` as tokens come. It
     runs on the thread of our own llama.cpp passes: a second calling thread would give ggml a
-    second OpenMP team and slow both engines down (backends.llamacpp.on_compute_thread)."""
-    from ..backends.llamacpp import on_compute_thread
+    second OpenMP team and slow both engines down (backends/compute.py)."""
+    from ..backends.compute import on_compute_thread
 
     def run() -> list[int]:
         out: list[int] = []

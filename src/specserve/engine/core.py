@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from ..backends import Backend, SeqInput, SequenceRunner
+from ..backends.compute import on_compute_thread
 from ..config import SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain, largest_draft
@@ -199,7 +200,12 @@ class EngineCore:
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self) -> None:
-        """Advance every running request by one step (see the module docstring)."""
+        """Advance every running request by one step (see the module docstring), on the thread
+        that runs every model computation (backends/compute.py: the torch ops of sampling and
+        verification share its OpenMP team with the forwards)."""
+        on_compute_thread(self._step)
+
+    def _step(self) -> None:
         with self.lock:
             self._retire()
             self._admit()

@@ -1,12 +1,13 @@
-"""Every llama.cpp computation in a process runs on one thread, whichever thread asks for it.
+"""Every model computation in a process runs on one thread, whichever thread asks for it
+(backends/compute.py).
 
-ggml-cpu's OpenMP build gives each calling thread its own team of workers, and once libgomp
-manages more threads than there are CPUs its barriers sleep instead of spinning: on 2 cores a
-decoding step on a second calling thread took 107 ms against 81 on the first (Qwen 1.5B Q4_K_M,
-2981 cached tokens). The server's engine worker is such a second thread whenever the model's
-prices were measured on the main thread at load, and a benchmark peer on the main thread is one
-for our engine. Timing lives in benchmarks; this checks the mechanism: which threads call
-`llama_decode`.
+OpenMP (ggml-cpu's build, and torch, which ships the same libgomp) gives each calling thread its
+own team of workers, and once libgomp manages more threads than there are CPUs its barriers sleep
+instead of spinning: on 2 cores a decoding step on a second calling thread took 107 ms against 81
+on the first (Qwen 1.5B Q4_K_M, 2981 cached tokens). The server's engine worker is such a second
+thread whenever the model's prices were measured on the main thread at load, and a benchmark peer
+on the main thread is one for our engine. Timing lives in benchmarks; this checks the mechanism:
+which threads call `llama_decode`, the transformers model and the engine's step.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from __future__ import annotations
 import threading
 
 import llama_cpp
+import torch
+from tiny import tiny_model
 from tiny_gguf import save_tiny_gguf
 
 from specserve.backends import SeqInput
 from specserve.backends.llamacpp import LlamaCppBackend
+from specserve.backends.transformers import TransformersBackend
 
 
 def _decoding_threads(monkeypatch) -> list[threading.Thread]:
@@ -88,3 +92,48 @@ def test_the_benchmark_peer_decodes_on_the_same_thread(tmp_path, monkeypatch):
     ours.close()
     assert len(out) == 4
     assert len(seen) >= 2 and len(set(seen)) == 1, seen
+
+
+def _on_threads(fn, *calls) -> None:
+    """fn(*args) on the caller's thread for the first call, then each other on a thread of its own."""
+    fn(*calls[0])
+    for args in calls[1:]:
+        t = threading.Thread(target=fn, args=args)
+        t.start()
+        t.join()
+
+
+def test_transformers_forwards_run_on_one_thread_without_autograd():
+    model = tiny_model("qwen2", 0)
+    seen = []
+    model.register_forward_pre_hook(lambda *_: seen.append((threading.current_thread(), torch.is_grad_enabled())))
+    backend = TransformersBackend(model)
+    seq = backend.new_sequence()
+    rows = []
+    _on_threads(
+        lambda ids: rows.append(backend.forward([SeqInput(seq, ids, logits="last")])[0]), ([5, 6],), ([7],), ([8],)
+    )
+    assert len(seen) == 3 and len({t for t, _ in seen}) == 1, seen
+    assert not any(grad for _, grad in seen)  # inference mode holds on the thread that computes
+    assert [r.shape[0] for r in rows] == [1, 1, 1]
+
+
+def test_engine_steps_run_on_the_compute_thread(tmp_path):
+    """The engine's own torch ops (sampling, verification) share the forwards' thread, whether
+    `LLM.generate` steps it on the caller's thread or the server's worker does."""
+    from specserve import LLM, SamplingParams
+
+    llm = LLM(model=save_tiny_gguf(tmp_path), draft_model="none")
+    seen = []
+    core = llm.engine.core
+    step = core._step
+
+    def spy():
+        seen.append(threading.current_thread())
+        return step()
+
+    core._step = spy
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    _on_threads(lambda: llm.generate([5, 6, 7], params, speculation="none"), (), ())
+    assert len(seen) >= 6 and len(set(seen)) == 1, seen
+    assert seen[0] is not threading.current_thread()
