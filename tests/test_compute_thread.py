@@ -13,6 +13,7 @@ which threads call `llama_decode`, the transformers model and the engine's step.
 from __future__ import annotations
 
 import threading
+import time
 
 import llama_cpp
 import torch
@@ -137,3 +138,30 @@ def test_engine_steps_run_on_the_compute_thread(tmp_path):
     _on_threads(lambda: llm.generate([5, 6, 7], params, speculation="none"), (), ())
     assert len(seen) >= 6 and len(set(seen)) == 1, seen
     assert seen[0] is not threading.current_thread()
+
+
+def test_a_forked_child_gets_its_own_compute_thread():
+    """A child forked after the parent started its compute thread has no such thread: handing it
+    work would wait forever unless the child starts its own."""
+    import os
+
+    from specserve.backends.compute import on_compute_thread
+
+    assert on_compute_thread(lambda: 1) == 1  # the parent's thread exists now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the work ran
+        code = 1
+        try:
+            code = 0 if on_compute_thread(lambda: 2) == 2 else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child's work never ran")

@@ -13,6 +13,7 @@ made on that thread run at once.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,15 @@ COMPUTE_THREAD = "specserve-compute"
 T = TypeVar("T")
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child has none of its parent's threads: it starts its own compute thread."""
+    global _pool, _lock
+    _pool, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def on_compute_thread(fn: Callable[[], T]) -> T:
