@@ -4,10 +4,11 @@ decoding sits out (with periodic probes); one that pays keeps drafting; outputs 
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny import tiny_model, tiny_tokenizer
 
 from specserve import SamplingParams
-from specserve.engine.governor import CostModel, Governor
+from specserve.engine.governor import CostModel, Governor, measure_agreement
 from specserve.llm import LLM
 
 # A CPU where each extra verified token costs 0.3 of a plain step and a draft pass 0.4.
@@ -250,3 +251,81 @@ def test_a_sampled_requests_draft_backlog_ignores_what_the_prefix_cache_shared()
         p = DraftModelProposer(None, params, Noise(7))
         p.adopt_prefix(tokens[:280])  # what DraftPrefixes.share does
         assert p.backlog(tokens) == expected
+
+
+class ArgmaxRunner:
+    """A runner whose logits put each position's greedy next token where `choose(i, ids)` says."""
+
+    max_context, vocab_size = 4096, 50
+
+    def __init__(self, choose):
+        self.choose, self.calls = choose, 0
+
+    def forward(self, ids, last_only=False):
+        self.calls += 1
+        logits = torch.zeros(len(ids), self.vocab_size)  # [T, V]
+        for i in range(len(ids)):
+            logits[i, self.choose(i, ids)] = 1.0
+        return logits[-1:] if last_only else logits
+
+    def truncate(self, n):
+        pass
+
+    def reset(self):
+        pass
+
+
+def test_agreement_is_the_share_of_positions_where_the_greedy_tokens_match():
+    ids = list(range(1, 42))  # 40 positions that have a next token
+    target = ArgmaxRunner(lambda i, ids: ids[i] + 1)
+    draft = ArgmaxRunner(lambda i, ids: ids[i] + 1 if i % 4 else 0)  # wrong at positions 0, 4, ..., 36
+    assert measure_agreement(target, draft, ids) == pytest.approx(30 / 40)
+    assert measure_agreement(target, ArgmaxRunner(lambda i, ids: ids[i] + 1), ids) == 1.0
+    assert measure_agreement(target, draft, ids[:1]) is None  # no position to compare: not measured
+
+
+def test_the_measured_agreement_decides_whether_a_draft_model_may_read():
+    """Xeon prices (a draft pass 0.47 of a target step; it breaks even near 0.77 acceptance): a
+    46-token chat answer used to let the draft model read a 65-token prompt, priced as if every
+    draft were accepted, and then lost 0.6 of its 3.6 s. At the measured agreement the read is
+    repaid only by a long answer where the draft model saves more per token than reading a token
+    costs it, and a draft model that cannot pay at its agreement never reads."""
+    curve = ((1, 1.0), (2, 1.34), (4, 1.49), (8, 2.7), (16, 3.42), (32, 6.05), (64, 12.5), (128, 22.3))
+    unmeasured, code, mixed, prose = (
+        Governor(CostModel(curve, 0.47, True, a), prompt_len=65) for a in (None, 0.9, 0.83, 0.68)
+    )
+    assert unmeasured.worth_reading("draft", 65 + 46, produced=46, room=210)
+    for gov in (code, mixed, prose):
+        assert not gov.worth_reading("draft", 65 + 46, produced=46, room=210)
+    assert code.worth_reading("draft", 65 + 400, produced=400, room=2000)  # saves 0.15 a token, reads at 0.07
+    assert not mixed.worth_reading("draft", 65 + 400, produced=400, room=2000)  # saves 0.06 a token: never repaid
+    assert not prose.worth_reading("draft", 65 + 400, produced=400, room=2000)  # no K pays at 0.68
+    assert mixed.k_cap("draft", 8, tokens=65 + 46, backlog=65 + 46, room=210) == 0
+    assert mixed.k_cap("ngram", 8, tokens=65 + 46, backlog=65 + 46, room=210) > 0  # n-gram reads nothing
+
+
+def test_calibration_measures_the_draft_models_agreement_on_the_reference_text():
+    same = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model())
+    other = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
+    assert same.engine.prices().agreement == 1.0  # the draft model is the target
+    assert 0.0 <= other.engine.prices().agreement < 1.0
+    assert LLM.from_models(tiny_model(), tiny_tokenizer()).engine.prices().agreement is None  # no draft model
+    core = other.engine.core  # the spare sequences it measured on are free again
+    assert core.target._lengths == {} and core.draft._lengths == {}
+
+
+def test_a_draft_model_whose_agreement_cannot_repay_the_prompt_is_never_fed():
+    """End to end on the tiny models: the same 120-token answer that lets the draft model read
+    the prompt when no agreement was measured keeps it unfed at an agreement of 0.3."""
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
+    fed = []
+    forward = llm.draft_backend.forward
+    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    prompt = "Le café coûte 3 €. Über " * 40
+    base = llm.generate(prompt, SamplingParams(max_tokens=120), speculation="none")
+    for agreement, feeds in ((None, True), (0.3, False)):
+        fed.clear()
+        llm.engine.core._prices = CostModel(CostModel.linear(0.1, 0.3).curve, 0.3, True, agreement)
+        out = llm.generate(prompt, SamplingParams(max_tokens=120), speculation="auto")
+        assert out.token_ids == base.token_ids
+        assert bool(fed) == feeds and (out.stats.by_source["draft"].steps > 0) == feeds

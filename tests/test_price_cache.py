@@ -128,3 +128,14 @@ def test_the_engine_reads_its_prices_from_the_cache(home, monkeypatch):
         "specserve.engine.core.SequenceRunner", lambda backend: type("R", (), {"close": lambda s: None})()
     )
     assert core.prices() == cached
+
+
+def test_the_draft_models_agreement_is_kept_and_the_reference_text_is_in_the_key(home, monkeypatch):
+    measured = CostModel(((1, 1.0), (8, 6.6)), 0.4, True, 0.83)
+    assert prices.measured(FakeGGUFBackend(home), FakeGGUFBackend(home), True, lambda: measured) == measured
+    again = prices.measured(FakeGGUFBackend(home), FakeGGUFBackend(home), True, lambda: pytest.fail("measured"))
+    assert again.agreement == 0.83
+    key = prices.cache_key(FakeGGUFBackend(home), FakeGGUFBackend(home))
+    monkeypatch.setattr(prices, "AGREEMENT_TEXT", "another passage")
+    assert prices.cache_key(FakeGGUFBackend(home), FakeGGUFBackend(home)) != key
+    assert prices.cache_key(FakeGGUFBackend(home)) == prices.cache_key(FakeGGUFBackend(home))  # no draft: no text

@@ -113,6 +113,37 @@ class SpeculationConfig:
 CALIBRATION_CONTEXT = 32  # tokens cached before timing, so attention is not free
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per timed pass
 SPARE_CELLS = CALIBRATION_CONTEXT + max(CALIBRATION_SIZES)  # what measuring prices holds for a moment
+# The passage on which a draft model's agreement with the target is measured with the prices (at most
+# SPARE_CELLS tokens of it): an answer of the kind `auto` lets a draft model write, prose and then code.
+# Changing it changes the price cache's key (prices.py).
+AGREEMENT_TEXT = """Python's dictionaries keep insertion order, so a least-recently-used cache can be built on an
+OrderedDict: move a key to the end on every hit and pop the first item when the cache is full. For
+thread safety, guard both operations with a lock, because a lookup also changes the order.
+
+```python
+def lru_cache(maxsize):
+    def decorator(fn):
+        cache = OrderedDict()
+        lock = threading.Lock()
+
+        @functools.wraps(fn)
+        def wrapper(*args):
+            with lock:
+                if args in cache:
+                    cache.move_to_end(args)
+                    return cache[args]
+            value = fn(*args)
+            with lock:
+                cache[args] = value
+                if len(cache) > maxsize:
+                    cache.popitem(last=False)
+            return value
+
+        return wrapper
+
+    return decorator
+```
+"""
 
 
 @dataclass(frozen=True)

@@ -450,6 +450,8 @@ def environment(llm, opts: BenchOptions) -> dict:
         "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
         # the pass prices the speculative runs drafted with (None: no run needed them)
         "cost_curve": format_curve(prices) if (prices := llm.engine.measured_prices) is not None else None,
+        "draft_price": prices.draft if prices is not None and llm.has_draft_model else None,  # of a 1-token target pass
+        "draft_agreement": prices.agreement if prices is not None else None,  # governor.measure_agreement
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
@@ -494,6 +496,12 @@ def markdown_table(runs: list[Run], env: dict) -> str:
         f"transformers {env['transformers']}"
         + (f", llama-cpp-python {env['llama_cpp_python']}" if env.get("llama_cpp_python") else "")
         + f"; {env['date']}\n\n"
+        + (
+            f"Prices: a draft-model pass costs {env['draft_price']:.2f} of a plain target step; the draft "
+            f"model's greedy token is the target's on {env['draft_agreement']:.0%} of a reference passage.\n\n"
+            if env.get("draft_price") is not None and env.get("draft_agreement") is not None
+            else ""
+        )
         + (
             f"Plain decoding (ours and the peers') ran for its first {env['plain_max_tokens']} tokens only; "
             "its rate there is the reference for every ratio.\n\n"

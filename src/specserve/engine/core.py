@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from ..backends import Backend, SeqInput, SequenceRunner
 from ..backends.compute import on_compute_thread
-from ..config import SPARE_CELLS, EngineLimits
+from ..config import AGREEMENT_TEXT, SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
@@ -179,14 +179,29 @@ class EngineCore:
                 target, draft = SequenceRunner(self.target), SequenceRunner(self.draft) if self.draft else None
                 try:
                     batched = self.target.batches_sequences
+                    reference = self._agreement_ids() if draft is not None else []
                     self._prices = measured(
-                        self.target, self.draft, batched, lambda: CostModel.calibrate(target, draft, batched)
+                        self.target,
+                        self.draft,
+                        batched,
+                        lambda: CostModel.calibrate(target, draft, batched, reference),
                     )
                 finally:
                     target.close()
                     if draft is not None:
                         draft.close()
             return self._prices
+
+    def _agreement_ids(self) -> list[int]:
+        """The reference passage the draft model's agreement is measured on, as token ids (at most
+        the cells kept spare for measuring; none where the tokenizer cannot encode it into ids
+        both models know, as with the synthetic models of the statistical tests)."""
+        try:
+            ids = list(self.tokenizer.encode(AGREEMENT_TEXT, add_special_tokens=False))[:SPARE_CELLS]
+        except Exception:  # noqa: BLE001 - a minimal tokenizer: measure no agreement, price as before
+            return []
+        vocab = min(self.target.vocab_size, self.draft.vocab_size)
+        return ids if all(0 <= i < vocab for i in ids) else []
 
     @property
     def measured_prices(self) -> CostModel | None:

@@ -7,7 +7,8 @@ everything a price depends on:
 
     the model file (path, size, modification time), the backend and how it runs it (threads,
     exact kernels, context and cache cells; dtype and device on transformers), the draft model
-    likewise, and the CPU (model name, SIMD flags, usable cores).
+    likewise (and the reference passage its agreement is measured on), and the CPU (model
+    name, SIMD flags, usable cores).
 
 Not the number of sequence ids on llama.cpp: its one cache is unified (all sequences share its
 cells), and a pass over one sequence attends over the cells in use, so the ids a prefix cache
@@ -27,9 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import hardware
+from ..config import AGREEMENT_TEXT
 from .governor import CALIBRATION_SIZES, CostModel
 
-CACHE_VERSION = 2  # 2: the sequence count left the llama.cpp key
+CACHE_VERSION = 3  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement
 
 
 def _file_key(path: Path) -> dict | None:
@@ -93,6 +95,7 @@ def cache_key(target, draft=None, batched: bool = True) -> str | None:
         "draft": d,
         "batched": batched,
         "cpu": cpu_key(),
+        "agreement_text": hashlib.sha256(AGREEMENT_TEXT.encode()).hexdigest()[:16] if draft is not None else None,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -104,7 +107,9 @@ def cache_dir() -> Path:
 def load(key: str) -> CostModel | None:
     try:
         d = json.loads((cache_dir() / f"{key}.json").read_text(encoding="utf-8"))
-        return CostModel(tuple((int(n), float(c)) for n, c in d["curve"]), float(d["draft"]), bool(d["batched"]))
+        agreement = None if d["agreement"] is None else float(d["agreement"])
+        curve = tuple((int(n), float(c)) for n, c in d["curve"])
+        return CostModel(curve, float(d["draft"]), bool(d["batched"]), agreement)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: measure again
 
@@ -115,7 +120,10 @@ def save(key: str, prices: CostModel) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"{key}.json.tmp{os.getpid()}"
         tmp.write_text(
-            json.dumps({"curve": prices.curve, "draft": prices.draft, "batched": prices.batched}), encoding="utf-8"
+            json.dumps(
+                {"curve": prices.curve, "draft": prices.draft, "batched": prices.batched, "agreement": prices.agreement}
+            ),
+            encoding="utf-8",
         )
         tmp.replace(folder / f"{key}.json")  # atomic: a concurrent reader sees the old file or the new
     except OSError:
