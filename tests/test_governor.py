@@ -27,6 +27,15 @@ def drive(gov: Governor, rate: float, steps: int, source: str = "draft", k_max: 
     return ks
 
 
+def llm_with_a_spied_draft_model() -> tuple[LLM, list[int]]:
+    """Tiny target and draft models; the list collects how many tokens each draft pass is fed."""
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
+    fed: list[int] = []
+    forward = llm.draft_backend.forward
+    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    return llm, fed
+
+
 def test_prices():
     assert PRICES.step(1, 0) == 1.0
     assert PRICES.step(5, 4) == pytest.approx(1 + 4 * 0.3 + 4 * 0.4)
@@ -68,10 +77,7 @@ def test_a_draft_model_that_cannot_pay_is_never_fed_not_even_the_prompt():
     """`auto` on hardware where the draft model cannot pay: it is dropped from the request when
     it is admitted, so the prompt is not prefilled into it (the first token comes as fast as
     plain decoding's). Where it can pay, it is fed as before."""
-    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
-    fed = []
-    forward = llm.draft_backend.forward
-    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    llm, fed = llm_with_a_spied_draft_model()
     prompt = "Le café coûte 3 €. Über " * 4
     base = llm.generate(prompt, SamplingParams(max_tokens=24), speculation="none")
     llm.engine.core._prices = CostModel.linear(0.7, 0.4)  # llama.cpp on 2 cores: the draft model never pays
@@ -85,10 +91,7 @@ def test_a_draft_model_that_cannot_pay_is_never_fed_not_even_the_prompt():
 def test_a_draft_model_that_auto_never_calls_is_never_fed():
     """The draft model reads the prompt on its first proposal, not during prefill: where the
     prediction drafts every step, a draft model that could pay is still never fed at all."""
-    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
-    fed = []
-    forward = llm.draft_backend.forward
-    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    llm, fed = llm_with_a_spied_draft_model()
     prompt = "def add(a, b):"
     base = llm.generate(prompt, SamplingParams(max_tokens=24), speculation="none")
     llm.engine.core._prices = CostModel.linear(0.02, 0.05)  # a GPU-like curve: the draft model could pay
@@ -117,10 +120,7 @@ def test_a_short_answer_never_feeds_the_draft_model_a_long_prompt():
     """End to end: on prices where the draft model could pay (so it is kept at admission), a
     24-token answer is not worth its prompt's read, and the draft model is never fed; a long
     answer is, and then it drafts. Outputs are plain decoding's either way."""
-    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
-    fed = []
-    forward = llm.draft_backend.forward
-    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    llm, fed = llm_with_a_spied_draft_model()
     prompt = "Le café coûte 3 €. Über " * 40  # 280 tokens
     llm.engine.core._prices = CostModel.linear(0.1, 0.3)
     for max_tokens in (24, 120):
@@ -317,10 +317,7 @@ def test_calibration_measures_the_draft_models_agreement_on_the_reference_text()
 def test_a_draft_model_whose_agreement_cannot_repay_the_prompt_is_never_fed():
     """End to end on the tiny models: the same 120-token answer that lets the draft model read
     the prompt when no agreement was measured keeps it unfed at an agreement of 0.3."""
-    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1))
-    fed = []
-    forward = llm.draft_backend.forward
-    llm.draft_backend.forward = lambda inputs: fed.append(sum(len(x.token_ids) for x in inputs)) or forward(inputs)
+    llm, fed = llm_with_a_spied_draft_model()
     prompt = "Le café coûte 3 €. Über " * 40
     base = llm.generate(prompt, SamplingParams(max_tokens=120), speculation="none")
     for agreement, feeds in ((None, True), (0.3, False)):
