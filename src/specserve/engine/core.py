@@ -179,13 +179,12 @@ class EngineCore:
                 target, draft = SequenceRunner(self.target), SequenceRunner(self.draft) if self.draft else None
                 try:
                     batched = self.target.batches_sequences
-                    reference = self._agreement_ids() if draft is not None else []
-                    self._prices = measured(
-                        self.target,
-                        self.draft,
-                        batched,
-                        lambda: CostModel.calibrate(target, draft, batched, reference),
-                    )
+
+                    def calibrate() -> CostModel:  # only when the price cache has no entry for this setup
+                        reference = self._agreement_ids() if draft is not None else []
+                        return CostModel.calibrate(target, draft, batched, reference)
+
+                    self._prices = measured(self.target, self.draft, batched, calibrate)
                 finally:
                     target.close()
                     if draft is not None:
