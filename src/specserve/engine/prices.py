@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from .. import hardware
@@ -119,12 +120,7 @@ def save(key: str, prices: CostModel) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f"{key}.json.tmp{os.getpid()}"
-        tmp.write_text(
-            json.dumps(
-                {"curve": prices.curve, "draft": prices.draft, "batched": prices.batched, "agreement": prices.agreement}
-            ),
-            encoding="utf-8",
-        )
+        tmp.write_text(json.dumps(asdict(prices)), encoding="utf-8")  # every field: none can be left out
         tmp.replace(folder / f"{key}.json")  # atomic: a concurrent reader sees the old file or the new
     except OSError:
         pass  # a read-only home only costs the next process a calibration
