@@ -28,7 +28,7 @@ the draft model's typical acceptance it saves `1 - 1/value` units per token, ove
 remaining output taken as long as the output so far (the Lindy estimate: a request that has
 written n tokens is likely to write about n more), capped by its `max_tokens` room. The typical
 acceptance is measured with the prices: how often the draft model's greedy token is the
-target's over a reference passage of prose and code (0.83 for Qwen2.5-Coder 0.5B drafting for
+target's over a reference passage of prose and code (0.81 for Qwen2.5-Coder 0.5B drafting for
 1.5B; 0.68 on its prose, 0.90 on its code). Priced at 0.99 instead, a probe of the draft model on
 a 46-token chat answer cost 0.6 of its 3.6 s on a Xeon, where the draft model breaks even at
 about 0.77. So a short answer never pays for a draft model's prefill, and a long one starts
