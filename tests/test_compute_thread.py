@@ -12,6 +12,7 @@ which threads call `llama_decode`, the transformers model and the engine's step.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -165,3 +166,104 @@ def test_a_forked_child_gets_its_own_compute_thread():
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     raise AssertionError("the forked child's work never ran")
+
+
+# -- no torch op of size V off the compute thread ---------------------------------------------
+# One parallel torch op on another thread is enough: its OpenMP team stays for the thread's life,
+# and every later decoding step of the process pays (2-core EPYC, Qwen 1.5B at 2k cached tokens:
+# 19.5 tokens/s before one `argmax` over [160, 151936] on the main thread, 14.4 after).
+QWEN_VOCAB = 151936
+
+
+def _threads_left_by(fn) -> int:
+    """OS threads that fn(), run on a fresh thread with torch allowed 2 threads, leaves running
+    while that thread lives (an OpenMP team's workers)."""
+    left = []
+
+    def run() -> None:
+        before = set(os.listdir("/proc/self/task"))
+        fn()
+        left.append(len(set(os.listdir("/proc/self/task")) - before))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # conftest allows 1, with which torch never starts a team
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    finally:
+        torch.set_num_threads(threads)
+    return left[0]
+
+
+def test_the_probe_sees_a_torch_team():
+    """The probe itself can fail: a torch fill of [V] on a new thread leaves a team behind."""
+    assert _threads_left_by(lambda: torch.zeros(QWEN_VOCAB, dtype=torch.bool)) >= 1
+
+
+def test_a_grammar_ban_list_starts_no_team():
+    """Constraint bans are built on a grammar-compiling thread (constrain.py)."""
+    from types import SimpleNamespace
+
+    from specserve.engine.constrain import ConstraintFactory
+
+    factory = SimpleNamespace(
+        vocab_size=QWEN_VOCAB, decoded=[b"a", b"\n"] * (QWEN_VOCAB // 2), _bans={}, _bans_lock=threading.Lock()
+    )
+    bans = []
+    assert _threads_left_by(lambda: bans.append(ConstraintFactory.banned(factory, "\n"))) == 0
+    assert bans[0].shape == (QWEN_VOCAB,) and int(bans[0].sum()) == QWEN_VOCAB // 2 and bool(bans[0][1])
+
+
+def test_prices_are_measured_on_the_compute_thread(tmp_path, monkeypatch):
+    """Calibration (timed passes, then the draft model's agreement: an argmax over [T, V] rows)
+    runs where the forwards do, whichever thread asks for the prices (the main thread at load)."""
+    from specserve import LLM
+    from specserve.engine import core as core_module
+
+    seen = []
+
+    def measured(target, draft, batched, calibrate):
+        seen.append(threading.current_thread())
+        return calibrate()  # no price cache: measure
+
+    monkeypatch.setattr(core_module, "measured", measured)
+    gguf = save_tiny_gguf(tmp_path)
+    llm = LLM(model=gguf, draft_model=gguf)
+    assert len(seen) == 1 and seen[0].name.startswith("specserve-compute"), seen
+    assert llm.engine.core.measured_prices.agreement == 1.0  # the draft model is the target
+
+
+def test_models_are_loaded_on_the_compute_thread(tmp_path, monkeypatch):
+    from specserve.models import loader
+
+    seen = []
+    load = loader._load_llamacpp
+
+    def spy(*args):
+        seen.append(threading.current_thread())
+        return load(*args)
+
+    monkeypatch.setattr(loader, "_load_llamacpp", spy)
+    loaded = loader.load(save_tiny_gguf(tmp_path), "target")
+    loaded.backend.close()
+    assert len(seen) == 1 and seen[0].name.startswith("specserve-compute"), seen
+
+
+def test_the_benchmark_peer_is_built_on_the_compute_thread(tmp_path, monkeypatch):
+    """Building a `Llama` loads (and may repack) weights: it runs where the peer decodes."""
+    from types import SimpleNamespace
+
+    from specserve.bench import peers
+
+    seen = []
+
+    class Spy:
+        def __init__(self, **kwargs):
+            seen.append(threading.current_thread())
+
+    monkeypatch.setattr(llama_cpp, "Llama", Spy)
+    monkeypatch.setattr(peers, "_LLAMAS", {})
+    backend = SimpleNamespace(path=tmp_path / "model.gguf", max_context=4096, threads=1)
+    peers._llama(SimpleNamespace(target_backend=backend), False, 100)
+    assert len(seen) == 1 and seen[0].name.startswith("specserve-compute"), seen

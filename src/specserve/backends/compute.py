@@ -7,8 +7,10 @@ come by: the server measures prices at load on the main thread and then steps th
 worker thread, and the benchmark runs peers on the main thread. On a 2-core Xeon a decoding step
 on such a second thread was 27-34% slower: Qwen 1.5B Q4_K_M on llama.cpp at 2981 cached tokens
 107 ms against 81; Qwen 0.5B float32 on transformers 8.9 tokens/s against 11.6. So engine
-steps and backend forwards are handed to one long-lived thread (about 50 us a call), and calls
-made on that thread run at once.
+steps, backend forwards, model loading and any parallel torch op (an argmax over a [rows, V]
+logits tensor is enough to form a team) are handed to one long-lived thread (about 50 us a
+call), and calls made on that thread run at once. Code on other threads (the grammar thread,
+the server's event loop) keeps to numpy and Python.
 """
 
 from __future__ import annotations

@@ -70,16 +70,20 @@ def _llama(llm, lookup: bool, n_ctx: int):
     if key in _LLAMAS and _LLAMAS[key].n_ctx() < n_ctx:
         _LLAMAS.pop(key).close()
     if key not in _LLAMAS:
+        from ..backends.compute import on_compute_thread
+
         draft = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS) if lookup else None
-        _LLAMAS[key] = Llama(
-            model_path=str(backend.path),
-            n_ctx=n_ctx,
-            n_batch=512,
-            logits_all=lookup,
-            n_threads=backend.threads,
-            n_threads_batch=backend.threads,
-            draft_model=draft,
-            verbose=False,
+        _LLAMAS[key] = on_compute_thread(  # like its decoding: no second OpenMP team (backends/compute.py)
+            lambda: Llama(
+                model_path=str(backend.path),
+                n_ctx=n_ctx,
+                n_batch=512,
+                logits_all=lookup,
+                n_threads=backend.threads,
+                n_threads_batch=backend.threads,
+                draft_model=draft,
+                verbose=False,
+            )
         )
     return _LLAMAS[key]
 

@@ -225,7 +225,9 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
         return None
     with llm.engine.scratch() as target:
         logits = target.forward(prompt_ids + plain[:n], last_only=True)[-1]  # [V]
-    top = logits.topk(2)
+    from ..backends.compute import on_compute_thread  # the backends package imports torch
+
+    top = on_compute_thread(lambda: logits.topk(2))  # no torch op off that thread (backends/compute.py)
     gap = float(top.values[0] - top.values[1])
     tok = lambda i: llm.tokenizer.decode([i]) if i is not None else None  # noqa: E731
     a = plain[n] if n < len(plain) else None

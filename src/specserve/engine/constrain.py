@@ -55,6 +55,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .tokenizer import shared
@@ -361,10 +362,12 @@ class ConstraintFactory:
         with self._bans_lock:
             if chars not in self._bans:
                 bad = set(chars.encode())
-                ban = torch.zeros(self.vocab_size, dtype=torch.bool)  # [V]
-                for i, piece in enumerate(self.decoded[: self.vocab_size]):
-                    ban[i] = any(b in bad for b in piece)
-                self._bans[chars] = ban
+                # numpy, not torch: this runs on a grammar thread, where a torch fill of [V] would
+                # start an OpenMP team and slow every later step of the process (backends/compute.py)
+                ban = np.zeros(self.vocab_size, dtype=bool)  # [V]
+                hits = [i for i, piece in enumerate(self.decoded[: self.vocab_size]) if any(b in bad for b in piece)]
+                ban[hits] = True
+                self._bans[chars] = torch.from_numpy(ban)
             return self._bans[chars]
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:

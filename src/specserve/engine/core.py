@@ -173,7 +173,12 @@ class EngineCore:
     # -- prices -----------------------------------------------------------------------------------
     def prices(self) -> CostModel:
         """What a pass costs on this machine, measured once on a spare sequence (governor.py), or
-        read from the price cache (prices.py)."""
+        read from the price cache (prices.py). Measured on the compute thread, torch ops included
+        (the agreement's argmax over [T, V] rows): one such op on the caller's thread would give
+        OpenMP a second team and slow every later step of the process (backends/compute.py)."""
+        return on_compute_thread(self._measure_prices)
+
+    def _measure_prices(self) -> CostModel:
         with self.lock:
             if self._prices is None:
                 target, draft = SequenceRunner(self.target), SequenceRunner(self.draft) if self.draft else None

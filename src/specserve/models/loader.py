@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoTokenizer  # modeling (4 s to import) only when a model runs on torch
 
+from ..backends.compute import on_compute_thread
 from ..config import SPARE_CELLS, EngineLimits, LoadOptions
 from ..errors import ModelLoadError
 
@@ -76,10 +77,13 @@ def load(
     source = resolve_model(spec, role=role)
     backend_name = choose_backend(source, options)
     t0 = time.perf_counter()
+    # Built on the compute thread, which runs every model computation (backends/compute.py):
+    # loading may run parallel native code (torch casts and copies), and the first parallel
+    # region on another thread would leave OpenMP a second team that slows every later step.
     if backend_name == "llama.cpp":
-        loaded = _load_llamacpp(source, options, limits or EngineLimits())
+        loaded = on_compute_thread(lambda: _load_llamacpp(source, options, limits or EngineLimits()))
     else:
-        loaded = _load_transformers(source, options)
+        loaded = on_compute_thread(lambda: _load_transformers(source, options))
     what = (
         ("GGUF as is" + (", exact" if options.exact else ""))
         if backend_name == "llama.cpp"
