@@ -53,40 +53,57 @@ def test_an_unconfirmed_anchor_is_probed_with_what_a_few_steps_buy():
     assert drafter.draft_length(1024) > 64
 
 
-CLUSTERED = "".join(  # every third handler gets two edits, one line apart, with values no substitution can learn
-    f"def handler_{i}(request):\n"
-    f"    user = load_user(request.user_id{f', retries={i % 7 + 2}' if i % 3 == 0 else ''})\n"
-    f"    return render(user, page={i}{f', width={i * 13 % 90 + 10}' if i % 3 == 0 else ''})\n\n"
-    for i in range(60)
-)
-
-
-def test_the_first_draft_from_a_new_anchor_has_its_own_odds(monkeypatch):
+def test_a_young_run_has_its_own_odds():
     """Edits cluster: the output that just came back to the prediction often leaves it again a
-    few tokens on. The first draft from a new anchor is priced with the odds counted over such
-    drafts (a prior of 1 divergence in 16 tokens), so it is shorter than a draft mid-run, grows
-    back where this request's first drafts keep being followed, and on clustered edits the
-    drafting pays more than with the odds of the whole request."""
+    few tokens on. A run younger than YOUNG_RUN tokens since its anchor is priced with the odds
+    counted over young runs (a prior of 1 divergence in 16 tokens), so its draft is shorter than
+    one from an older run, and grows back where this request's young runs keep being followed."""
     drafter = PredictionProposer(tiny_tokenizer(), BEFORE, prompt_len=1, prices=lambda: CURVE)
-    drafter.trusted, drafter.followed = True, 2000
-    mid_run = drafter.draft_length(1024)
-    drafter.fresh = True
-    fresh = drafter.draft_length(1024)
-    assert fresh < mid_run // 4
-    drafter.fresh_followed = 4000  # this request's first drafts were followed a long way
-    assert drafter.draft_length(1024) > 4 * fresh
+    drafter.trusted, drafter.old = True, [0, 2000]
+    drafter.age = prediction.YOUNG_RUN
+    old = drafter.draft_length(1024)
+    drafter.age = 0
+    young = drafter.draft_length(1024)
+    assert young < old // 4
+    drafter.young = [0, 4000]  # this request's young runs were followed a long way
+    assert drafter.draft_length(1024) > 4 * young
+    drafter.age = prediction.YOUNG_RUN - 1
+    drafter.old = [40, 2000]  # older runs have left often: the young odds still decide
+    assert drafter.draft_length(1024) > 4 * young
 
+
+def speedup(out, ids: list[int]) -> float:
+    """Plain decoding's cost over the drafted steps', both paid at CURVE."""
+    assert out.token_ids == ids
+    return len(ids) / sum(CURVE.target(s["proposed"] + 1) for s in out.steps)
+
+
+INSERTED = "".join(  # three new functions written like the handlers: every line re-anchors, then leaves
+    f"def restore_{i}(request):\n"
+    f"    user = load_user(request.user_id)\n"
+    f"    user.deleted_at = None\n"
+    f"    user = load_user(request.user_id, fresh=True)\n"
+    f"    return render(user, page={i}, restored=True)\n\n"
+    for i in (3, 4, 5)
+)
+HOPPING = BEFORE.replace("def handler_3(", INSERTED + "def handler_3(")
+
+
+def test_hops_inside_new_code_do_not_shorten_the_drafts_after_it(monkeypatch):
+    """New code written like the old (a route modelled on its neighbour) re-anchors inside the
+    old code at every line and leaves again: a dozen divergences in a few hundred tokens. Counted
+    at the young age they happen, they leave the odds of older runs alone, so the unchanged rest
+    of the file is drafted long again; pooled into one count (YOUNG_RUN = 0) they would price
+    every later draft short."""
     tok = tiny_tokenizer()
-    ids = tok.encode(CLUSTERED, add_special_tokens=False)
+    ids = tok.encode(HOPPING, add_special_tokens=False)
     spec = SpeculationConfig("prediction")
-
-    def speedup(out):
-        assert out.token_ids == ids
-        return len(ids) / sum(CURVE.target(s["proposed"] + 1) for s in out.steps)
-
-    own_odds = speedup(replay_ids(tok, BEFORE, ids, spec, CURVE))
-    monkeypatch.setattr(prediction, "PRIOR_FRESH", prediction.PRIOR)  # first drafts with the prior of any draft
-    assert own_odds > 1.05 * speedup(replay_ids(tok, BEFORE, ids, spec, CURVE))
+    aged = replay_ids(tok, BEFORE, ids, spec, CURVE)
+    assert max(prediction_drafts(aged)[-10:]) > 128  # the unchanged tail
+    monkeypatch.setattr(prediction, "YOUNG_RUN", 0)
+    pooled = replay_ids(tok, BEFORE, ids, spec, CURVE)
+    assert max(prediction_drafts(pooled)[-10:]) < 128
+    assert speedup(aged, ids) > 1.1 * speedup(pooled, ids)
 
 
 def prediction_drafts(out) -> list[int]:
@@ -101,18 +118,19 @@ def test_no_blind_restart_after_a_reanchor_and_drafts_past_128():
     unpriced = replay_ids(tok, BEFORE, ids, spec)
     assert priced.token_ids == unpriced.token_ids == ids
 
-    # after a divergence, a confirmed anchor goes straight to a priced K (one step from <= 8 to > 64);
-    # without prices K climbs back 8 -> 16 -> 32 -> ... after every re-anchor
+    # after a divergence, once the run from a confirmed anchor is YOUNG_RUN tokens old, K goes
+    # straight to a priced length (one step from <= 16 to > 64); without prices K climbs back
+    # 8 -> 16 -> 32 -> ... after every re-anchor
     def jumps(out):
         first = next(i for i, s in enumerate(out.steps) if s["accepted"] < s["proposed"])
         after = [s["proposed"] for s in out.steps[first + 1 :] if s["proposed"]]
-        return any(a <= 8 and b > 64 for a, b in zip(after, after[1:]))
+        return any(a <= 16 and b > 64 for a, b in zip(after, after[1:]))
 
     assert jumps(priced) and not jumps(unpriced)
     assert max(prediction_drafts(priced)) > 128
     drafts = prediction_drafts(unpriced)
     assert max(drafts) == 128 and drafts[0] == 8
-    assert priced.stats.steps < unpriced.stats.steps
+    assert speedup(priced, ids) > speedup(unpriced, ids)  # paid at the curve: what the prices optimise
 
 
 def test_prices_pay_on_the_sample_renames(smol_tokenizer):

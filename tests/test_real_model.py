@@ -58,10 +58,23 @@ def test_predicted_outputs_on_real_model_are_exact_and_accepted(llm):
         out = chat(llm, instruction, prediction=CODE, speculation=method)
         assert out.token_ids == base.token_ids, method
         assert out.text == base.text
-    out = chat(llm, instruction, prediction=CODE, speculation="prediction")  # on the fixture's fixed prices
-    pred = out.stats.by_source["prediction"]
-    assert pred.accepted >= 0.4 * len(out.token_ids), out.stats.to_dict()
-    assert out.stats.tokens_per_step > 2.0
+    # where verifying is nearly free (a GPU), the drafter drafts long and most tokens come from it
+    llm.engine.use_prices(CostModel.linear(0.02))
+    try:
+        cheap = chat(llm, instruction, prediction=CODE, speculation="prediction")
+    finally:
+        llm.engine.use_prices(CostModel(LLAMACPP_2CORE_CURVE))
+    pred = cheap.stats.by_source["prediction"]
+    assert pred.accepted >= 0.4 * len(cheap.token_ids), cheap.stats.to_dict()
+    assert cheap.stats.tokens_per_step > 2.0
+    # on the fixture's CPU curve it drafts what pays there: cheaper at that curve than the long drafts
+    priced = chat(llm, instruction, prediction=CODE, speculation="prediction")
+    assert priced.token_ids == base.token_ids
+
+    def cost(out) -> float:
+        return sum(CostModel(LLAMACPP_2CORE_CURVE).target(s["proposed"] + 1) for s in out.steps)
+
+    assert cost(priced) < cost(cheap), (priced.steps, cheap.steps)
 
 
 def test_non_ascii_stream_is_exact(llm):

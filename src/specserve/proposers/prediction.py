@@ -21,9 +21,12 @@ Two refinements use what the request has shown so far:
 - *K comes from prices* when the engine has measured them (governor.CostModel): the draft
   length that maximises expected committed tokens per unit of cost, with the chance of
   following the prediction one more token taken from the request's own divergences so far
-  (so K may pass 128 where the curve makes a longer pass cheaper per token). The first draft
-  from a new anchor has its own odds, counted over such drafts: edits cluster, so the output
-  that just came back to the prediction often leaves it again within a few tokens. An anchor
+  (so K may pass 128 where the curve makes a longer pass cheaper per token). Edits cluster,
+  so the odds depend on the run's age (tokens followed since its anchor): a run younger than
+  YOUNG_RUN often leaves again within a few tokens (new code written like old code re-anchors
+  again and again), while one that has come clear of the edit tends to go on. Each age has its
+  own counts, so a dozen hops inside one inserted function do not shorten the drafts over the
+  unchanged file after it. An anchor
   not yet confirmed (shorter than TRUST_CHARS, or the very start) drafts a short probe first
   (`probe_length`: k_init tokens, fewer where such a pass costs over PROBE_COST plain steps):
   short anchors are often wrong, and a wrong long draft wastes a pass of its length.
@@ -50,7 +53,8 @@ from .substitutions import Span, learn, rewrite
 TAIL_TOKENS = 48  # how much recent output (in tokens) is decoded to look for an anchor
 FALLBACK_K_MAX = 128  # K's ceiling when no prices are known (a verified token's cost is unknown)
 PRIOR = (1.0, 256.0)  # (divergences, followed tokens) assumed before the request has shown any
-PRIOR_FRESH = (1.0, 16.0)  # the same for a first draft from a new anchor (the output soon leaves again)
+PRIOR_YOUNG = (1.0, 16.0)  # the same for a young run (the output that just came back soon leaves again)
+YOUNG_RUN = 32  # tokens followed since the anchor before a run is priced with the odds of older runs
 FAR_CHARS = 2000  # chars: a next occurrence this far ahead loses to one behind; a short anchor this far off is refused
 PROBE_COST = 3.0  # one-token steps: the most an unconfirmed anchor's first draft may cost
 TRUST_CHARS = 16  # an anchor this long is trusted at once; a shorter one is probed first (probe_length)
@@ -135,10 +139,10 @@ class PredictionProposer:
         # (working char, output char) where the output last followed the prediction (an anchor
         # counts once the output has followed on from it: a wrong anchor must not move it)
         self.sync = self.base = (0, 0)
-        self.followed = 0  # output tokens that followed the prediction
-        self.divergences = 0  # times the output left a confirmed anchor
-        self.fresh = False  # the next draft is the first from a new anchor
-        self.fresh_followed = self.fresh_divergences = 0  # the same two counts, over such first drafts
+        self.age = YOUNG_RUN  # tokens followed since the current anchor (the start is no edit's neighbour)
+        # [divergences, followed tokens] of confirmed anchors' drafts, counted apart for runs
+        # younger than YOUNG_RUN and older ones (a divergence counts at the age it happened)
+        self.young, self.old = [0, 0], [0, 0]
         self.lookup = PredictionLookup(self.ids, prompt_len, self.prices) if lookup else None
 
     def set_text(self, text: str) -> None:
@@ -172,10 +176,10 @@ class PredictionProposer:
             return min(self.k.k, max_k)
         if max_k <= 0:
             return 0
-        if self.fresh:  # the first draft since the output came back: edits cluster
-            follow = _follow_odds(self.fresh_divergences, self.fresh_followed, PRIOR_FRESH)
+        if self.age < YOUNG_RUN:  # the output came back lately: edits cluster
+            follow = _follow_odds(*self.young, PRIOR_YOUNG)
         else:
-            follow = _follow_odds(self.divergences, self.followed, PRIOR)
+            follow = _follow_odds(*self.old, PRIOR)
         k = priced_k(prices, follow, min(self.k_max, max_k))
         return k if self.trusted else min(k, probe_length(prices, self.k_init))
 
@@ -197,17 +201,22 @@ class PredictionProposer:
             expected = self.expected(len(new))
             same = next((i for i, (a, b) in enumerate(zip(new, expected)) if a != b), min(len(new), len(expected)))
             self._advance(same)  # up to where the output left the prediction (if it did)
-            self.followed += same
-            if draft is not None and draft.source == self.name:
-                if self.fresh and self.trusted:
-                    self.fresh_followed += same
-                    self.fresh_divergences += same < len(new)
-                self.fresh = False
+            if draft is not None and draft.source == self.name and self.trusted:
+                self._count(same, left=same < len(new))  # a wrong anchor is not the output leaving
+            self.age += same
             if same == len(new):
                 self.trusted = True
                 return
-            self.divergences += self.trusted  # a wrong anchor is not the output leaving the prediction
         self._reanchor(tokens)
+
+    def _count(self, followed: int, left: bool) -> None:
+        """Add a verified draft to the odds: its followed tokens to the ages they were written
+        at, and its divergence (left) to the age the run had when it left."""
+        young = min(followed, max(0, YOUNG_RUN - self.age))
+        self.young[1] += young
+        self.old[1] += followed - young
+        if left:
+            (self.young if self.age + followed < YOUNG_RUN else self.old)[0] += 1
 
     def _hear(self, tokens: list[int]) -> None:
         """Append the newly committed tokens' text to out_text."""
@@ -251,7 +260,7 @@ class PredictionProposer:
         self.bridge = self.tok.encode(self.text[end:nxt], add_special_tokens=False) if nxt > end else []
         self.pos, self.char_pos, self.anchored = idx, end, True
         self.k.restart()
-        self.fresh = True
+        self.age = 0
 
     def _find_anchor(self, tail: str) -> tuple[int, int] | None:
         """(char offset in the prediction right after the longest tail of `tail` found in it, the
