@@ -11,7 +11,7 @@ from pathlib import Path
 from tiny import tiny_tokenizer
 
 from specserve.bench.curves import LLAMACPP_2CORE_CURVE
-from specserve.bench.replay import replay, replay_ids
+from specserve.bench.replay import projected_speedup, replay, replay_ids
 from specserve.config import SpeculationConfig
 from specserve.engine.governor import CostModel
 from specserve.proposers import prediction
@@ -75,7 +75,7 @@ def test_a_young_run_has_its_own_odds():
 def speedup(out, ids: list[int]) -> float:
     """Plain decoding's cost over the drafted steps', both paid at CURVE."""
     assert out.token_ids == ids
-    return len(ids) / sum(CURVE.target(s["proposed"] + 1) for s in out.steps)
+    return projected_speedup(len(ids), [s["proposed"] + 1 for s in out.steps], 1.0, CURVE)
 
 
 INSERTED = "".join(  # three new functions written like the handlers: every line re-anchors, then leaves
@@ -148,5 +148,4 @@ def test_prices_pay_on_the_sample_renames(smol_tokenizer):
         priced = replay(tok, before, after, spec=spec, prices=CURVE)
         ids = tok.encode(after, add_special_tokens=False)
         blind = replay_ids(tok, before, ids, spec)  # no prices: K doubles 8 -> 128, as before
-        blind_speedup = len(ids) / sum(CURVE.target(s["proposed"] + 1) for s in blind.steps)
-        assert priced.exact and priced.projected_speedup > blind_speedup
+        assert priced.exact and priced.projected_speedup > speedup(blind, ids)

@@ -14,6 +14,8 @@ from specserve.bench.curves import LLAMACPP_2CORE_CURVE
 from specserve.engine.governor import CostModel
 from specserve.llm import LLM
 
+CURVE = CostModel(LLAMACPP_2CORE_CURVE)  # the fixed prices every model here drafts with
+
 CODE = """def total_price(items):
     total = 0
     for item in items:
@@ -36,7 +38,7 @@ def llm(request, smol_hf_dir, smol_gguf):
         assert llm.backend_name == "llama.cpp"
     else:
         llm = LLM(model=str(smol_hf_dir), dtype="float32", speculation="none")
-    llm.engine.use_prices(CostModel(LLAMACPP_2CORE_CURVE))
+    llm.engine.use_prices(CURVE)
     return llm
 
 
@@ -63,7 +65,7 @@ def test_predicted_outputs_on_real_model_are_exact_and_accepted(llm):
     try:
         cheap = chat(llm, instruction, prediction=CODE, speculation="prediction")
     finally:
-        llm.engine.use_prices(CostModel(LLAMACPP_2CORE_CURVE))
+        llm.engine.use_prices(CURVE)
     pred = cheap.stats.by_source["prediction"]
     assert pred.accepted >= 0.4 * len(cheap.token_ids), cheap.stats.to_dict()
     assert cheap.stats.tokens_per_step > 2.0
@@ -72,7 +74,7 @@ def test_predicted_outputs_on_real_model_are_exact_and_accepted(llm):
     assert priced.token_ids == base.token_ids
 
     def cost(out) -> float:
-        return sum(CostModel(LLAMACPP_2CORE_CURVE).target(s["proposed"] + 1) for s in out.steps)
+        return sum(CURVE.target(s["proposed"] + 1) for s in out.steps)
 
     assert cost(priced) < cost(cheap), (priced.steps, cheap.steps)
 
