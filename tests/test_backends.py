@@ -15,6 +15,7 @@ from tiny_gguf import HIDDEN, write_tiny_gguf
 
 from specserve.backends import SeqInput, SequenceRunner
 from specserve.backends.llamacpp import LlamaCppBackend
+from specserve.backends.row_buffers import MIN_ROWS
 from specserve.backends.transformers import TransformersBackend
 
 TEXT = "def add(a, b):\n    return a + b\nclass UserController:\n    def get_user(self, user_id):"
@@ -65,6 +66,24 @@ def test_shapes_and_rows_asked_for(backend, ids):
         assert [backend.length(s) for s in (a, b, c)] == [len(ids)] * 3
     finally:
         free(backend, (a, b, c))
+
+
+def test_rows_a_caller_holds_are_not_overwritten_by_later_passes(backend, ids):
+    """The llama.cpp backend writes rows into memory reused from earlier passes
+    (backends/row_buffers.py): only memory nobody holds may be reused."""
+    assert len(ids) >= MIN_ROWS  # long enough to take the reused path
+    (s,) = fresh(backend)
+    try:
+        held = backend.forward([SeqInput(s, ids)])[0]  # [T, V]
+        kept = held.clone()
+        for _ in range(3):  # passes of the same size, which would take the same block if it were free
+            backend.truncate(s, 0)
+            other = backend.forward([SeqInput(s, ids[::-1])])[0]
+            assert not torch.equal(other, kept)
+            del other
+        assert torch.equal(held, kept)
+    finally:
+        free(backend, (s,))
 
 
 def test_truncate_then_refeed_is_bit_identical(backend, ids):

@@ -41,6 +41,7 @@ import torch
 from ..errors import ModelLoadError
 from .base import SeqInput
 from .compute import on_compute_thread
+from .row_buffers import RowBuffers
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -240,6 +241,7 @@ class LlamaCppBackend:
         vocab = ll.llama_model_get_vocab(self._model)
         self.vocab_size: int = ll.llama_vocab_n_tokens(vocab)
         self._vocab = vocab
+        self._rows = RowBuffers(self.vocab_size)  # logits rows land in reused memory (row_buffers.py)
         train_ctx = ll.llama_model_n_ctx_train(self._model) or 2048
         self.max_context: int = min(max_context or min(train_ctx, DEFAULT_MAX_CONTEXT), train_ctx)
         self.cache_tokens = cache_tokens or self._default_cells(max_sequences)
@@ -407,7 +409,7 @@ class LlamaCppBackend:
         if x.logits == "none":
             return None
         n = len(x.token_ids) if x.logits == "all" else min(1, len(x.token_ids))
-        return np.empty((n, self.vocab_size), dtype=np.float32)
+        return self._rows.take(n)
 
     def _decode(self, chunk: list[tuple[int, int, int, bool]], out: list[np.ndarray | None], filled: list[int]) -> None:
         """One llama_decode over `chunk` = [(input index, seq, token, wants logits)]; the wanted

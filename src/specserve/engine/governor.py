@@ -150,9 +150,12 @@ def _time_passes(runner, sizes: tuple[int, ...], context: int) -> list[float]:
     """Seconds of one pass of each size after `context` cached tokens: the median of
     SMALL_REPEATS for small sizes and for any pass quicker than CHEAP_PASS_S (a one-off stall
     of a millisecond would otherwise price a small model's whole curve); the runner is reset
-    afterwards."""
+    afterwards. The longest pass runs once untimed first, as it will have in a serving engine:
+    its first run faults in the memory its logits rows land in (backends/row_buffers.py)."""
     runner.reset()
     runner.forward([1] * context, last_only=True)
+    runner.forward([1] * max(sizes))  # untimed: the first pass this long pays to fault in its output memory
+    runner.truncate(context)
     out = []
     for n in sizes:
         runs: list[float] = []

@@ -32,7 +32,8 @@ from .. import hardware
 from ..config import AGREEMENT_TEXT
 from .governor import CALIBRATION_SIZES, CostModel
 
-CACHE_VERSION = 3  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement
+CACHE_VERSION = 4  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
+# 4: logits rows in reused memory made passes of 64+ tokens cheaper (backends/row_buffers.py)
 
 
 def _file_key(path: Path) -> dict | None:
