@@ -174,6 +174,33 @@ def test_next_turn_equals_a_cold_run(pair):
     assert out3.cached_tokens == common_prefix(branch, turn1, len(branch) - 1) >= BLOCK
 
 
+def test_a_second_answer_to_the_same_file_releases_the_first(pair):
+    """A request sharing most of an entry's prompt (a second edit of the same file) is its sibling:
+    once it has the prefix, the entry goes, so on llama.cpp's unified cache the first answer's
+    cells are not attended over by every pass of the second. An entry that shares only a little
+    (a common opening) stays."""
+    warm, cold = pair
+    core = warm.engine.core
+    core.prefix.clear()
+    first = warm.encode(FILE + "Question one?")
+    warm.generate(first, GREEDY)
+    (old,) = [o.seq for o in core.prefix.owners.values()]
+    opening = warm.encode(FILE[:120] + " an unrelated question")  # shares a block or two: not a sibling
+    assert 0 < (hit := core.prefix.match(opening)).length < prefix_cache.SIBLING_SHARE * len(first)
+    assert not hit.sibling
+    same(warm.generate(opening, GREEDY), cold.generate(opening, GREEDY))
+    assert old in core.prefix.owners  # kept beside the new entry
+    second = warm.encode(FILE + "Question two?")
+    assert core.prefix.match(second).sibling
+    out = warm.generate(second, GREEDY)
+    same(out, cold.generate(second, GREEDY))
+    assert out.cached_tokens >= len(warm.encode(FILE)) - BLOCK  # the file came from the cache
+    assert old not in core.prefix.owners
+    target = core.target
+    if isinstance(target, LlamaCppBackend):  # none of its cells is held under its id any more
+        assert target._ll.llama_memory_seq_pos_max(target._mem, old) == -1
+
+
 def test_n_copies_prefill_once(pair):
     warm, cold = pair
     warm.engine.core.prefix.clear()

@@ -334,11 +334,12 @@ class EngineCore:
 
     def _reused(self, req: Request, hit: Hit | None) -> None:
         """Book an admitted request's reuse; an entry it copied entirely (a conversation's next
-        turn), or one whose cells are needed, goes: the request holds those cells now."""
+        turn) or as its sibling (prefix_cache.py), or one whose cells are needed, goes: the
+        request holds the shared cells now, and the entry's other cells would only tax it."""
         p, s = self.prefix, self.scheduler
         p.record(req.cached)
         p.track(req.seq, req.tokens, req.cached, parent=hit.seq if hit else None)
-        if hit is not None and hit.entry and (hit.whole or s.reserved + p.cells > s.cache_tokens):
+        if hit is not None and hit.entry and (hit.whole or hit.sibling or s.reserved + p.cells > s.cache_tokens):
             p.release(hit.seq)
 
     def _free_entry(self, seq: int) -> None:
@@ -352,7 +353,7 @@ class EngineCore:
         if self.prefix is not None and r.error is None:
             n = self._valid(r)
             self.target.truncate(r.seq, n)
-            if self.prefix.keep(r.seq, r.tokens, n):
+            if self.prefix.keep(r.seq, r.tokens, n, prompt=len(r.prompt_ids)):
                 if self.draft_prefixes is not None:
                     self.draft_prefixes.keep(r.seq, r, n)
                 return

@@ -11,6 +11,11 @@ target cache sequence already holds, and prefills only the rest.
              (a hash collision can never make a wrong prefix)
     evict    entries, least recently used first, when admission needs their cells or their
              sequence ids; running requests are never evicted (their cells are theirs)
+    sibling  a request that shares most of an entry's prompt (a second edit of the same file,
+             a regenerated answer) supersedes that entry: the engine releases it once the prefix
+             is copied, because on llama.cpp's unified cache the entry's unshared cells would
+             make every pass of the new request attend over them (docs/design.md, "What an
+             entry costs the others")
 
 The engine core asks `match`, copies the prefix into the new request's sequence with the
 backend's `copy_prefix` (llama.cpp: the cells are shared, nothing is computed; transformers: the
@@ -25,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 BLOCK = 16  # tokens per hashed block; a prefix shorter than one block is not worth a lookup
+SIBLING_SHARE = 0.5  # a hit covering this share of an entry's prompt makes the new request its sibling
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
@@ -50,6 +56,7 @@ class Owner:
     live: bool  # a running request's sequence (never evicted here) or a cache entry
     hashes: list[int] = field(default_factory=list)  # chained hash of each indexed full block
     used: int = 0  # LRU clock: the last lookup that chose it (or when it was kept)
+    prompt: int = 0  # prompt tokens of the request that left this entry (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -58,10 +65,17 @@ class Hit:
     length: int  # prompt tokens it holds (what the new request need not prefill)
     entry: bool  # a finished request's entry (not a running request)
     held: int  # tokens the owner holds; length == held: a copy makes an entry redundant
+    prompt: int = 0  # the entry's own prompt tokens (0: unknown, or a running request)
 
     @property
     def whole(self) -> bool:
         return self.length == self.held
+
+    @property
+    def sibling(self) -> bool:
+        """The new request shares most of the entry's prompt and parts from it there: a second
+        answer to (nearly) the same question, after which the first one's tail is dead weight."""
+        return self.entry and self.prompt > 0 and self.length >= SIBLING_SHARE * self.prompt
 
 
 class PrefixCache:
@@ -127,16 +141,18 @@ class PrefixCache:
             owner.hashes.append(h)
             self._index.setdefault(h, {})[seq] = None
 
-    def keep(self, seq: int, tokens: list[int], length: int) -> bool:
-        """A request ended and its sequence holds tokens[:length]: keep it as an entry (evicting
-        the least recently used entry when all entry slots are taken). False: not kept (nothing
-        worth keeping, or no slots); the caller frees the sequence."""
+    def keep(self, seq: int, tokens: list[int], length: int, prompt: int = 0) -> bool:
+        """A request ended and its sequence holds tokens[:length], the first `prompt` of them its
+        prompt: keep it as an entry (evicting the least recently used entry when all entry slots
+        are taken). False: not kept (nothing worth keeping, or no slots); the caller frees the
+        sequence."""
         if self.max_entries <= 0 or length < self.block:
             self.drop(seq)
             return False
         self.track(seq, tokens, length)
         owner = self.owners[seq]
         owner.tokens, owner.live, owner.used = list(tokens[:length]), False, next(self._clock)
+        owner.prompt = prompt
         while self.entries > self.max_entries:
             self.evict(keep=seq)
         return True
@@ -190,7 +206,7 @@ class PrefixCache:
         if best is None:
             return None
         best.used = next(self._clock)
-        return Hit(best.seq, best_n, entry=not best.live, held=best.length)
+        return Hit(best.seq, best_n, entry=not best.live, held=best.length, prompt=0 if best.live else best.prompt)
 
     def release(self, seq: int) -> None:
         """Forget an entry and free its sequence (its cells stay with whoever shares them)."""
