@@ -73,6 +73,21 @@ def test_index_finds_the_longest_prefix_and_evicts_lru():
     assert sorted(freed) == [1, 2, 4] and set(cache.owners) == {3} and cache.cells == 0
 
 
+def test_an_unused_entry_pays_rent_until_it_goes():
+    freed = []
+    cache = PrefixCache(freed.append, max_entries=4, rent_limit=100)
+    a, b = list(range(64)), list(range(100, 164))
+    assert cache.keep(1, a, 64) and cache.keep(2, b, 64)
+    assert cache.charge(60) == 0 and not freed
+    assert cache.match(a + [7]).seq == 1  # chosen: its rent starts again
+    assert cache.charge(50) == 1 and freed == [2]  # 110 tokens fed since b was kept
+    assert cache.charge(49) == 0 and cache.charge(1) == 1 and freed == [2, 1]
+    assert cache.entries == 0
+    free_cache = PrefixCache(freed.append, max_entries=4)  # no rent_limit: entries cost nothing
+    free_cache.keep(3, a, 64)
+    assert free_cache.charge(10**6) == 0 and free_cache.entries == 1
+
+
 def test_a_hash_collision_is_not_a_match(monkeypatch):
     monkeypatch.setattr(prefix_cache, "hash", lambda t: 0, raising=False)  # every block collides
     cache = PrefixCache(lambda seq: None, max_entries=1)
@@ -199,6 +214,25 @@ def test_a_second_answer_to_the_same_file_releases_the_first(pair):
     target = core.target
     if isinstance(target, LlamaCppBackend):  # none of its cells is held under its id any more
         assert target._ll.llama_memory_seq_pos_max(target._mem, old) == -1
+
+
+def test_entries_pay_rent_on_llamacpp_alone(pair):
+    """Only llama.cpp's unified cache makes held cells slow the other requests; there an entry
+    that no request uses while the engine feeds rent_limit tokens is released."""
+    warm, cold = pair
+    core = warm.engine.core
+    core.prefix.clear()
+    llamacpp = isinstance(core.target, LlamaCppBackend)
+    assert core.prefix.rent_limit == (prefix_cache.ENTRY_RENT_TOKENS if llamacpp else None)
+    saved, core.prefix.rent_limit = core.prefix.rent_limit, (60 if llamacpp else None)
+    try:
+        warm.generate(warm.encode(FILE + "Question one?"), GREEDY)
+        (old,) = [o.seq for o in core.prefix.owners.values()]
+        other = warm.encode("Something else entirely: " + FILE[::-1][:150])  # ~70 tokens fed, nothing shared
+        same(warm.generate(other, GREEDY), cold.generate(other, GREEDY))
+        assert (old in core.prefix.owners) is not llamacpp
+    finally:
+        core.prefix.rent_limit = saved
 
 
 def test_n_copies_prefill_once(pair):

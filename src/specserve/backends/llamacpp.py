@@ -217,6 +217,9 @@ class LlamaCppBackend:
 
     name = "llama.cpp"
     batches_sequences = True
+    # one unified cache: a pass attends over every used cell up to the highest, whoever holds it,
+    # so cells kept for the prefix cache slow every other request (engine/prefix_cache.py, rent)
+    attends_every_cell = True
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
 from .governor import CostModel, Governor
-from .prefix_cache import Hit, PrefixCache, common_prefix
+from .prefix_cache import ENTRY_RENT_TOKENS, Hit, PrefixCache, common_prefix
 from .prices import measured
 from .request import DECODE, FINISHED, PREFILL, Request
 from .scheduler import Scheduler, StepPlan
@@ -89,8 +89,10 @@ class EngineCore:
         # Prefix caching: sequence ids beyond the running requests' and the spare one hold
         # finished requests' prefixes (entries); running requests are shared in any case.
         entries = max(0, target.max_sequences - 1 - self.limits.max_num_seqs)
+        # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent
+        rent = ENTRY_RENT_TOKENS if getattr(target, "attends_every_cell", False) else None
         self.prefix = (
-            PrefixCache(self._free_entry, entries)
+            PrefixCache(self._free_entry, entries, rent_limit=rent)
             if self.limits.prefix_caching and hasattr(target, "copy_prefix")
             else None
         )
@@ -240,6 +242,8 @@ class EngineCore:
             if logits is not None:
                 self._commit(plan, logits, seconds)
             self._retire()
+            if self.prefix is not None:
+                self.prefix.charge(plan.tokens)
             if self.on_step is not None:
                 self.on_step(replace(info, seconds=seconds))
 

@@ -16,6 +16,10 @@ target cache sequence already holds, and prefills only the rest.
              is copied, because on llama.cpp's unified cache the entry's unshared cells would
              make every pass of the new request attend over them (docs/design.md, "What an
              entry costs the others")
+    rent     on such a backend an entry no request has used while the engine fed `rent_limit`
+             tokens is released: its cells have by then slowed the other requests about as
+             much as prefilling it again would cost (rent or buy: never worse than twice the
+             better choice in hindsight)
 
 The engine core asks `match`, copies the prefix into the new request's sequence with the
 backend's `copy_prefix` (llama.cpp: the cells are shared, nothing is computed; transformers: the
@@ -31,6 +35,11 @@ from dataclasses import dataclass, field
 
 BLOCK = 16  # tokens per hashed block; a prefix shorter than one block is not worth a lookup
 SIBLING_SHARE = 0.5  # a hit covering this share of an entry's prompt makes the new request its sibling
+# Tokens the engine may feed while an unused entry stays (llama.cpp's unified cache). On 2 AVX-512
+# EPYC cores (Qwen 1.5B Q4_K_M) a held cell adds ~2 us to each token of a long pass and ~5 us to a
+# one-token step, and prefilling a token costs 8-13 ms: an entry has cost about its own prefill
+# after 2,600-6,500 fed tokens. The ratio, not the CPU's speed, sets this, so one figure serves.
+ENTRY_RENT_TOKENS = 4096
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
@@ -57,6 +66,7 @@ class Owner:
     hashes: list[int] = field(default_factory=list)  # chained hash of each indexed full block
     used: int = 0  # LRU clock: the last lookup that chose it (or when it was kept)
     prompt: int = 0  # prompt tokens of the request that left this entry (0: unknown)
+    rent: int = 0  # tokens the engine has fed since the entry was kept or last chosen
 
 
 @dataclass(frozen=True)
@@ -83,10 +93,13 @@ class PrefixCache:
 
     free: releases an evicted entry's sequence in the backend. max_entries: finished requests'
     sequences kept at most (the backend's spare sequence ids; 0 keeps none, and then only running
-    requests are shared)."""
+    requests are shared). rent_limit: see `charge` (None: entries cost the others nothing, as
+    with per-sequence caches)."""
 
-    def __init__(self, free: Callable[[int], None], max_entries: int, block: int = BLOCK):
-        self.free, self.max_entries, self.block = free, max_entries, block
+    def __init__(
+        self, free: Callable[[int], None], max_entries: int, block: int = BLOCK, rent_limit: int | None = None
+    ):
+        self.free, self.max_entries, self.block, self.rent_limit = free, max_entries, block, rent_limit
         self.owners: dict[int, Owner] = {}
         self._index: dict[int, dict[int, None]] = {}  # block hash -> owner seqs (insertion ordered)
         self._clock = itertools.count(1)
@@ -152,7 +165,7 @@ class PrefixCache:
         self.track(seq, tokens, length)
         owner = self.owners[seq]
         owner.tokens, owner.live, owner.used = list(tokens[:length]), False, next(self._clock)
-        owner.prompt = prompt
+        owner.prompt, owner.rent = prompt, 0
         while self.entries > self.max_entries:
             self.evict(keep=seq)
         return True
@@ -205,8 +218,23 @@ class PrefixCache:
                 best, best_n = o, n
         if best is None:
             return None
-        best.used = next(self._clock)
+        best.used, best.rent = next(self._clock), 0
         return Hit(best.seq, best_n, entry=not best.live, held=best.length, prompt=0 if best.live else best.prompt)
+
+    def charge(self, tokens: int) -> int:
+        """The engine fed `tokens` tokens in a step: each entry's rent grows by them, and an
+        entry whose rent reaches rent_limit is released. Returns how many were released."""
+        if self.rent_limit is None or not tokens:
+            return 0
+        due = []
+        for o in self._owners_now():
+            if not o.live:
+                o.rent += tokens
+                if o.rent >= self.rent_limit:
+                    due.append(o.seq)
+        for seq in due:
+            self.release(seq)
+        return len(due)
 
     def release(self, seq: int) -> None:
         """Forget an entry and free its sequence (its cells stay with whoever shares them)."""
