@@ -98,6 +98,24 @@ def test_chat_stream_equals_nonstream(client):
     assert spec(full)["output_tokens"] == u.completion_tokens
 
 
+def test_continue_final_message_goes_on_with_the_answer_begun(client):
+    """vLLM's continue_final_message: the model writes on from the last, assistant, message (not
+    closed, no new turn), exactly as a completion of that rendered text would, and the response
+    holds only what follows it. The tiny template renders `<|im_start|>role\ncontent<|im_end|>\n`."""
+    begun = "    return"
+    messages = [*MSGS, {"role": "assistant", "content": begun}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    went_on = chat(client, messages=messages, extra_body=extra)
+    rendered = f"<|im_start|>user\n{MSGS[0]['content']}<|im_end|>\n<|im_start|>assistant\n{begun}"
+    completed = client.completions.create(model=MODEL, prompt=rendered, **GREEDY)
+    assert went_on.choices[0].message.content == completed.choices[0].text
+    assert went_on.usage.prompt_tokens == completed.usage.prompt_tokens
+    plain = chat(client, max_tokens=1)  # the answer opened empty: the begun text is the difference
+    assert went_on.usage.prompt_tokens > plain.usage.prompt_tokens
+    with_only_flag = chat(client, messages=messages, extra_body={"continue_final_message": True})
+    assert with_only_flag.choices[0].message.content == went_on.choices[0].message.content
+
+
 def test_completions_stream_equals_nonstream(client):
     kw = {"model": MODEL, "prompt": "import os\nimport", "temperature": 0, "max_tokens": 40}
     full = client.completions.create(**kw)
@@ -224,6 +242,19 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {"messages": MSGS}, 400, "model"),
     ("chat/completions", {"model": MODEL}, 400, "messages"),
     ("chat/completions", {**OK_CHAT, "model": "gpt-9"}, 404, "model"),
+    ("chat/completions", {**OK_CHAT, "continue_final_message": True}, 400, "continue_final_message"),
+    (
+        "chat/completions",
+        {
+            **OK_CHAT,
+            "messages": [*MSGS, {"role": "assistant", "content": "x"}],
+            "continue_final_message": True,
+            "add_generation_prompt": True,
+        },
+        400,
+        "add_generation_prompt",
+    ),
+    ("chat/completions", {**OK_CHAT, "add_generation_prompt": False}, 400, "add_generation_prompt"),
     ("chat/completions", {**OK_CHAT, "messages": []}, 400, "messages"),
     ("chat/completions", {**OK_CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
     ("chat/completions", {**OK_CHAT, "temperature": "hot"}, 400, "temperature"),

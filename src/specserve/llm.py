@@ -155,23 +155,36 @@ class LLM:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, continue_final_message: bool = False
+    ) -> list[int]:
         """The target's chat template with the assistant turn opened, as token ids.
 
         tools: OpenAI tool definitions; given to the template's `tools` argument, or described in
-        a system message when the template has no tools support (see chat.py)."""
+        a system message when the template has no tools support (see chat.py).
+        continue_final_message: the last message is an assistant turn the model goes on writing
+        (an answer begun for it, as vLLM's parameter of that name): its text is not closed, and
+        no new turn is opened."""
         if not messages:
             raise InvalidRequestError("messages must not be empty")
+        if continue_final_message and messages[-1].get("role") != "assistant":
+            raise InvalidRequestError("continue_final_message needs an assistant message last")
         template = getattr(self.tokenizer, "chat_template", None)
         if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             messages = template_messages(messages, tools, template)
         if template:
             native = tools if tools and template_supports_tools(template) else None
             text = self.tokenizer.apply_chat_template(
-                messages, tools=native, add_generation_prompt=True, tokenize=False
+                messages,
+                tools=native,
+                add_generation_prompt=not continue_final_message,
+                continue_final_message=continue_final_message,
+                tokenize=False,
             )
         else:  # base models: plain role-prefixed transcript
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+            if continue_final_message:
+                text = text[: -len("\nassistant: ")]
         return self.encode(text)
 
     @property
@@ -274,6 +287,9 @@ class LLM:
         speculation: str | SpeculationConfig | None = None,
         guide: GrammarSpec | CompiledGuide | None = None,
         tools: list[dict] | None = None,
+        continue_final_message: bool = False,
     ) -> RequestOutput:
-        """Apply the target's chat template (with `tools` when given), then generate."""
-        return self.generate(self.apply_chat_template(messages, tools), params, prediction, speculation, guide)
+        """Apply the target's chat template (with `tools` when given), then generate.
+        continue_final_message: go on writing the last (assistant) message rather than answer it."""
+        prompt = self.apply_chat_template(messages, tools, continue_final_message)
+        return self.generate(prompt, params, prediction, speculation, guide)

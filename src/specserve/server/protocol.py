@@ -207,8 +207,9 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     messages = [_chat_message(m, i) for i, m in enumerate(req.messages)]
     tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
     spec = tool_guide(tools) or response_format_guide(req.response_format) or extension_guide(_extension_fields(req))
+    go_on = _continues(req, messages)
     try:
-        prompt_ids = llm.apply_chat_template(messages, tools.tools)
+        prompt_ids = llm.apply_chat_template(messages, tools.tools, go_on)
     except (InvalidRequestError, ContextLengthError):
         raise
     except Exception as e:  # noqa: BLE001  a chat template that refuses these messages (jinja2 raise_exception)
@@ -227,6 +228,23 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
         tools if tools.parse_calls else None,
         check_n(req.n),
     )
+
+
+def _continues(req: ChatCompletionRequest, messages: list[dict]) -> bool:
+    """Whether the model goes on writing the last message (vLLM's `continue_final_message`);
+    `add_generation_prompt` is accepted only where it agrees (no new turn when continuing)."""
+    go_on = bool(req.continue_final_message)
+    if go_on and messages[-1]["role"] != "assistant":
+        raise bad_request(
+            "continue_final_message needs the last message to be the assistant's", "continue_final_message"
+        )
+    if req.add_generation_prompt is not None and req.add_generation_prompt == go_on:
+        raise unsupported(
+            "add_generation_prompt",
+            f"add_generation_prompt={str(req.add_generation_prompt).lower()} with "
+            f"continue_final_message={str(go_on).lower()} (exactly one of the two opens the answer)",
+        )
+    return go_on
 
 
 def _completion_prompt_ids(prompt, llm) -> list[int]:

@@ -122,6 +122,10 @@ class ChatCompletionRequest(_Common):
     modalities: list[str] | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
+    # extensions (extra_body), as in vLLM: go on writing the last, assistant, message (an answer
+    # begun for the model) instead of answering it; the response holds only what follows it
+    continue_final_message: bool | None = False
+    add_generation_prompt: bool | None = None
 
 
 class CompletionRequest(_Common):
