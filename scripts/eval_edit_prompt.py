@@ -583,8 +583,10 @@ def answer_limit(llm, code: str) -> int:
     return int(len(llm.encode(code)) * 1.5) + 64
 
 
-def record(pair: Pair, prompt: str, code: str, out, seconds: float) -> dict:
-    """One (pair, prompt) result as the cache keeps it: the figures, the verdict and the whole answer."""
+def record(pair: Pair, prompt: str, code: str, out, seconds: float, opening: str = "") -> dict:
+    """One (pair, prompt) result as the cache keeps it: the figures, the verdict and the whole answer
+    (with the `opening` the prompt wrote for the model, as `specserve edit` puts them together)."""
+    answer = opening + out.text
     return {
         "pair": pair.name,
         "prompt": prompt,
@@ -594,9 +596,18 @@ def record(pair: Pair, prompt: str, code: str, out, seconds: float) -> dict:
         "completion_tokens": len(out.token_ids),
         "prompt_tokens": len(out.prompt_token_ids),
         "batch_seconds": seconds,
-        **judge(pair, code, out.text, out.finish_reason),
-        "answer": out.text,  # kept whole, so that a change of the rules can judge it again
+        **judge(pair, code, answer, out.finish_reason),
+        "answer": answer,  # kept whole, so that a change of the rules can judge it again
     }
+
+
+def edit_request(llm, code: str, instruction: str, prompt: str) -> tuple[list[int], str, str]:
+    """(prompt ids, prediction, opening) for one edit as `specserve edit` asks for it (`edit.ask_for`:
+    where the prompt opens the answer, the model goes on with the opening)."""
+    from specserve.edit import ask_for
+
+    ask = ask_for(code, instruction, "python", prompt)
+    return llm.apply_chat_template(ask.messages, continue_final_message=bool(ask.opening)), ask.prediction, ask.opening
 
 
 def keep(done: dict[tuple[str, str], dict], cache: Path, r: dict) -> None:
@@ -684,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from specserve import LLM, SamplingParams
-    from specserve.edit import DEFAULT_PROMPT, RETRY_PROMPT, build_messages
+    from specserve.edit import DEFAULT_PROMPT, RETRY_PROMPT
 
     done: dict[tuple[str, str], dict] = {}
     by_name = {p.name: p for p in PAIRS}
@@ -727,15 +738,16 @@ def main(argv: list[str] | None = None) -> int:
         # One batch per pair: the candidates decode together (continuous batching), which on a CPU
         # gets more done per second than one after the other; greedy answers do not depend on it.
         t = time.perf_counter()
+        asks = [edit_request(llm, code, pair.instruction, name) for name in todo]
         outs = llm.generate(
-            [llm.apply_chat_template(build_messages(code, pair.instruction, "python", name)) for name in todo],
+            [prompt for prompt, _, _ in asks],
             SamplingParams(max_tokens=answer_limit(llm, code), temperature=0),
-            prediction=code,
+            prediction=[prediction for _, prediction, _ in asks],
         )
         seconds = round(time.perf_counter() - t, 1)
-        for name, out in zip(todo, outs):
+        for name, out, (_, _, opening) in zip(todo, outs, asks):
             n += 1
-            r = record(pair, name, code, out, seconds)
+            r = record(pair, name, code, out, seconds, opening)
             keep(done, args.cache, r)
             mark = "ok " if r["well_formed"] else "SPL" if r["usable"] else "BAD"
             print(

@@ -18,6 +18,7 @@ from specserve.edit import (
     PROMPTS,
     RETRY_PROMPT,
     EditError,
+    ask_for,
     build_messages,
     check_answer,
     make_client,
@@ -37,6 +38,7 @@ class FakeServer:
         self.queue: list[str] = []  # answers for the next requests, in order; then `answer`
         self.requests: list[dict] = []
         self.on_request = None  # called with each request body before the answer is sent
+        self.refuse_continuing = False  # answer continue_final_message with a 400, as OpenAI does
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -56,6 +58,10 @@ class FakeServer:
                 fake.requests.append(body)
                 if fake.on_request:
                     fake.on_request(body)
+                if fake.refuse_continuing and "continue_final_message" in body:  # as OpenAI's own API does
+                    message = "Unrecognized request argument supplied: continue_final_message"
+                    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+                    return self._json({"error": error}, 400)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -63,9 +69,9 @@ class FakeServer:
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
 
-            def _json(self, obj):
+            def _json(self, obj, status=200):
                 data = json.dumps(obj).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -78,6 +84,9 @@ class FakeServer:
     def chunks(self, body):
         base = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
         answer = self.queue.pop(0) if self.queue else self.answer
+        opening = body["messages"][-1]["content"] if body.get("continue_final_message") else ""
+        if opening and answer.startswith(opening):  # the model goes on from the answer begun for it
+            answer = answer[len(opening) :]
         pieces = [answer[i : i + 7] for i in range(0, len(answer), 7)]
         for p in pieces:
             yield {**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
@@ -486,10 +495,14 @@ def _prompt_of(body: dict) -> str:
         "That is not the updated file yet"
     ):
         return "feedback"
+    opened = bool(body.get("continue_final_message"))
+    names = [DEFAULT_PROMPT, *PROMPTS]  # the default first: without its opening it reads as "file-first"
     return next(
         name
-        for name, p in PROMPTS.items()
-        if messages[0]["content"] == p.system and len(messages) == 2 + 2 * len(p.examples)
+        for name in names
+        if messages[0]["content"] == PROMPTS[name].system
+        and len(messages) == 2 + 2 * len(PROMPTS[name].examples) + opened
+        and PROMPTS[name].opens >= opened
     )
 
 
@@ -565,7 +578,10 @@ def test_an_answer_cut_short_is_asked_for_again_and_never_written(server, tmp_pa
     server.requests.clear()
     definitions_only = "from typing import Any\n\n\n" + cut.split("\n\n\n", 1)[1]
     server.queue, server.answer = [], f"```python\n{definitions_only}```"
-    rc = main(["edit", str(path), "-i", "Add type hints to f0.", "--base-url", server.base_url, "--in-place"])
+    # The instruction names the file's first line, so the answer is not begun at that line for the
+    # model (`EditPrompt.opening`), and the model may answer with the changed definitions only.
+    instruction = "Add type hints to f0; leave BASE as it is."
+    rc = main(["edit", str(path), "-i", instruction, "--base-url", server.base_url, "--in-place"])
     assert rc == 0 and len(server.requests) == 1
     assert path.read_text() == "from typing import Any\n\n\n" + hinted  # the file had no imports: at the top
 
@@ -595,3 +611,55 @@ def test_a_good_or_truncated_answer_is_not_asked_again(server, src):
     server.answer, server.finish = "```python\ndef greet(name: str) -> str:\n", "length"
     src.write_text(ORIGINAL)
     assert edit_cli(server, src, "--in-place") == 2 and len(server.requests) == 2
+
+
+WITH_IMPORT = "import os\n\n\n" + ORIGINAL  # a first line the edit does not touch
+MAIN_RENAMED = WITH_IMPORT.replace("def main", "def run")
+
+
+OPENED = "file-first-opened"  # a candidate prompt that begins a rename's answer (not the default)
+
+
+def test_a_rename_can_begin_the_answer_at_the_files_first_line(server):
+    """`file-first-opened` writes the fence and the file's first line for the model and predicts
+    the rest; the answer is that opening and what the model wrote after it."""
+    server.answer = f"```python\n{MAIN_RENAMED}```"
+    r = refactor_with_predicted_outputs(
+        WITH_IMPORT, "Rename main to run.", make_client(server.base_url), language="python", prompt=OPENED
+    )
+    assert r.code == MAIN_RENAMED and r.raw == server.answer
+    (body,) = server.requests
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["messages"][-1] == {"role": "assistant", "content": "```python\nimport os\n"}
+    assert body["prediction"]["content"] == WITH_IMPORT[len("import os\n") :]
+    assert _prompt_of(body) == OPENED
+
+
+def test_a_server_without_continue_final_message_gets_the_request_unopened(server):
+    server.refuse_continuing = True
+    server.answer = f"```python\n{MAIN_RENAMED}```"
+    r = refactor_with_predicted_outputs(
+        WITH_IMPORT, "Rename main to run.", make_client(server.base_url), language="python", prompt=OPENED
+    )
+    assert r.code == MAIN_RENAMED
+    opened, unopened = server.requests
+    assert opened["continue_final_message"] and "continue_final_message" not in unopened
+    assert unopened["messages"] == opened["messages"][:-1] and unopened["prediction"]["content"] == WITH_IMPORT
+
+
+@pytest.mark.parametrize(
+    "instruction, opened",
+    [
+        ("Rename main to run.", True),
+        ("Rename the function greet to hello everywhere", True),
+        ("Add type hints to greet", False),  # a local edit: left to the model
+        ("Rename the os import to system", False),  # the first line is named
+        ("Rename greet to hello and add a module docstring", False),  # the docstring goes above it
+    ],
+)
+def test_when_the_answer_is_begun_for_the_model(instruction, opened):
+    ask = ask_for(WITH_IMPORT, instruction, "python", OPENED)
+    assert bool(ask.opening) == opened and (ask.opening == "```python\nimport os\n" or not opened)
+    written = ask.opening.split("\n", 1)[1] if opened else ""
+    assert written + ask.prediction == WITH_IMPORT  # nothing lost, nothing twice
+    assert ask_for(WITH_IMPORT, instruction, "python").opening == ""  # the default prompt never opens

@@ -175,7 +175,7 @@ def _dropped_problem(original: str, answer: str, instruction: str, language: str
     removal or a rewrite; the name a rename replaces does not count."""
     if _REWRITE.search(instruction) or _asks_for_removal(instruction, original):
         return None
-    rename = _RENAME.search(instruction)
+    rename = RENAME.search(instruction)
     dropped = dropped_definitions(original, answer, language, rename and rename.group("old"))
     if not dropped:
         return None
@@ -183,7 +183,7 @@ def _dropped_problem(original: str, answer: str, instruction: str, language: str
 
 
 # "Rename [the function] old to new [in dedent | everywhere | in every function]".
-_RENAME = re.compile(
+RENAME = re.compile(
     r"\brename\s+(?:(?:the|every|all|each)\s+)?(?:(?:function|method|class|variable|parameter|argument|"
     r"attribute|field|constant|list|dict|type|property|helper|module|global|local|name)s?\s+)?"
     r"`?(?P<old>[A-Za-z_]\w*)`?\s+(?:to|as|into)\s+`?(?P<new>[A-Za-z_]\w*)`?(?P<rest>[^.;\n]*)",
@@ -202,7 +202,7 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
     name appears nowhere, or the old name is still there: anywhere when the rename is not
     narrowed to part of the file, and in Python inside the function or class it is narrowed to
     ("... in dedent"). A half-done rename is the commonest wrong answer of a small model to this."""
-    m = _RENAME.search(instruction)
+    m = RENAME.search(instruction)
     if m is None:
         return None
     old, new = m.group("old"), m.group("new")

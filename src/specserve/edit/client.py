@@ -4,6 +4,9 @@ The original file is sent as the `prediction`: an unchanged line costs the serve
 nothing to write, so a small edit of a long file comes back several times faster. Greedy
 (temperature 0) so the same request gives the same edit. The official `openai` SDK does the
 talking, so this works against specserve, OpenAI, or anything else that speaks the protocol.
+A prompt that begins the answer for the model (`EditPrompt.opening`) sends it as a last assistant
+turn with vLLM's `continue_final_message`; a server that refuses that field is asked again
+without it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import SpecServeError
-from .prompts import DEFAULT_PROMPT, EditPrompt, build_messages
+from .prompts import DEFAULT_PROMPT, EditAsk, EditPrompt, ask_for
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -106,25 +109,56 @@ def refactor_with_predicted_outputs(
 
     client = client or make_client()
     model = model or default_model(client)
-    kwargs = {"max_tokens": max_tokens} if max_tokens else {}
+    ask = EditAsk(messages, "", original_code if prediction is None else prediction)
+    if messages is None:
+        ask = ask_for(original_code, instruction, language, prompt)
+    try:
+        result = _stream(client, model, ask, max_tokens, on_delta)
+    except openai.BadRequestError as e:
+        if not ask.opening or not _refuses_opening(e):
+            raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
+        # A server without vLLM's continue_final_message (OpenAI's own): the model begins the answer.
+        ask = EditAsk(ask.messages[:-1], "", original_code)
+        result = _stream(client, model, ask, max_tokens, on_delta)
+    result.code = strip_fence(result.raw, original_code)
+    return result
+
+
+def _stream(client, model: str, ask: EditAsk, max_tokens: int | None, on_delta) -> EditResult:
+    """Send one edit request and read its stream; the answer is the opening and what follows it."""
+    import openai
+
+    kwargs: dict = {"max_tokens": max_tokens} if max_tokens else {}
+    if ask.opening:
+        kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
     t0 = time.perf_counter()
     try:
         stream = client.chat.completions.create(
             model=model,
-            messages=messages or build_messages(original_code, instruction, language, prompt),
+            messages=ask.messages,
             temperature=0,
-            prediction={"type": "content", "content": original_code if prediction is None else prediction},
+            prediction={"type": "content", "content": ask.prediction},
             stream=True,
             stream_options={"include_usage": True},
             **kwargs,
         )
+        if ask.opening and on_delta:
+            on_delta(ask.opening)
         result = _collect(stream, model, t0, on_delta)
     except openai.APIConnectionError as e:
         raise EditError(f"cannot reach the server at {client.base_url}: {e}") from e
     except openai.APIStatusError as e:
+        if isinstance(e, openai.BadRequestError) and ask.opening:
+            raise  # the caller may ask again without the opening
         raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
-    result.code = strip_fence(result.raw, original_code)
+    result.raw = ask.opening + result.raw
     return result
+
+
+def _refuses_opening(e) -> bool:
+    """Whether a 400 is about the parameters that continue the opened answer."""
+    message = _api_message(e)
+    return "continue_final_message" in message or "add_generation_prompt" in message
 
 
 def _collect(stream, model: str, t0: float, on_delta) -> EditResult:

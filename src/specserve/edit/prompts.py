@@ -7,9 +7,10 @@ The candidates live here so that `specserve edit`, the benchmarks and scripts/ev
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from .checks import SHORT_FRACTION
+from .checks import RENAME, SHORT_FRACTION
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class EditPrompt:
     system: str
     user: str
     examples: tuple[tuple[str, str, str], ...] = ()  # (instruction, file, updated file)
+    opens: bool = False  # whether the answer is begun for the model (`opening`)
 
     def messages(self, original_code: str, instruction: str, language: str = "") -> list[dict]:
         shots = []
@@ -45,6 +47,38 @@ class EditPrompt:
                 "content": self.user.format(instruction=instruction, language=language, code=original_code),
             },
         ]
+
+    def opening(self, original_code: str, instruction: str, language: str = "") -> str:
+        """The start of the answer, written for the model when `opens`: the code fence and the
+        file's first line, for a rename only. A rename touches the whole file, so the answer must
+        be the whole file, and a model that has begun the file at its top writes it out; left to
+        itself, the default pack often answers with the renamed definition alone, which no splice
+        can complete. Other edits are better left to the model: begun at the top, it copied the
+        file past the function to change more often than it did the edit (docs/server.md, "Which
+        edit prompt"). "" (the model begins) also when the instruction names something on the
+        first line, or the file's head (a module docstring, the imports), which the edit may change."""
+        first = original_code.split("\n", 1)[0]
+        if not self.opens or not first.strip() or "\n" not in original_code or not RENAME.search(instruction):
+            return ""
+        if _names(instruction) & _names(first) or _AT_THE_TOP.search(instruction):
+            return ""
+        return f"```{language}\n{first}\n"
+
+
+# An instruction about the file's head: a module docstring, a licence header, the imports.
+_AT_THE_TOP = re.compile(r"\b(module|header|licen[cs]e|shebang|top|imports?|encoding|package)\b", re.I)
+
+
+def rest_of_file(original_code: str, opening: str) -> str:
+    """What is left of the file to predict once `opening` (a fence, then maybe the file's first
+    line) has been written for the model."""
+    written = opening.split("\n", 1)[1] if "\n" in opening else ""
+    return original_code[len(written) :] if original_code.startswith(written) else original_code
+
+
+def _names(text: str) -> set[str]:
+    """The identifier-like words of `text` (a name the instruction mentions, a name on a line)."""
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
 
 
 # A worked example for the "example" prompt: a rename that touches a definition and its uses, in a
@@ -105,6 +139,15 @@ PROMPTS: dict[str, EditPrompt] = {
             "such as '...' or '# rest of the code', and do not explain.",
             "```{language}\n{code}\n```\n\n{instruction}\nWrite the full updated file.",
         ),
+        # `file-first`, with a rename's answer begun for the model at the file's first line
+        # (`opening`). Measured on the 33 pairs: no better than `file-first` (docs/server.md).
+        EditPrompt(
+            "file-first-opened",
+            "You are a coding assistant that edits source files.",
+            "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
+            "after this change, in one ```{language} code block, and nothing else.",
+            opens=True,
+        ),
         # A worked example before the request: whole file back, the change made at every use.
         EditPrompt(
             "example",
@@ -140,6 +183,30 @@ def build_messages(
     """The edit prompt (`PROMPTS[prompt]`, by default the measured best) for this file and instruction."""
     p = prompt if isinstance(prompt, EditPrompt) else PROMPTS[prompt]
     return p.messages(original_code, instruction, language)
+
+
+@dataclass(frozen=True)
+class EditAsk:
+    """One edit request as sent: the messages (ending with the `opening` as an assistant turn the
+    model goes on writing, when the prompt opens the answer) and the prediction (the file, or
+    what is left of it after the opening)."""
+
+    messages: list[dict]
+    opening: str
+    prediction: str
+
+
+def ask_for(
+    original_code: str, instruction: str, language: str = "", prompt: str | EditPrompt = DEFAULT_PROMPT
+) -> EditAsk:
+    """The request `specserve edit` (and the prompt evaluation) sends for this file and instruction."""
+    p = prompt if isinstance(prompt, EditPrompt) else PROMPTS[prompt]
+    messages = p.messages(original_code, instruction, language)
+    opening = p.opening(original_code, instruction, language)
+    if not opening:
+        return EditAsk(messages, "", original_code)
+    turn = {"role": "assistant", "content": opening}
+    return EditAsk([*messages, turn], opening, rest_of_file(original_code, opening))
 
 
 def feedback_messages(
