@@ -66,6 +66,9 @@ def main() -> None:
     ap.add_argument("--modes", default="none,auto", help="speculation modes, one server each")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=Path("aider-out"))
+    ap.add_argument(
+        "--exact", action="store_true", help="serve with --exact: every mode writes plain decoding's answer bit for bit"
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -77,6 +80,7 @@ def main() -> None:
         shutil.copy(args.file, target)
         serve = ["--model", args.model, "--speculation", mode]
         serve += ["--threads", str(args.threads)] if args.threads else []
+        serve += ["--exact"] if args.exact else []
         with ServerProcess(serve, log_path=work / "server.log", startup_timeout=600) as srv:
             seconds = run_aider(args.aider, srv.base_url, args.model, target, args.message, work / "aider.log")
             metrics = srv.metrics()
@@ -102,7 +106,14 @@ def main() -> None:
     base = rows[0]["seconds"]
     for r in rows:
         r["speedup_vs_first"] = round(base / r["seconds"], 2)
-    summary = {"file": str(args.file), "message": args.message, "model": args.model, "same_file": same, "runs": rows}
+    summary = {
+        "file": str(args.file),
+        "message": args.message,
+        "model": args.model,
+        "exact": args.exact,
+        "same_file": same,
+        "runs": rows,
+    }
     (args.out / "aider.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
 
