@@ -342,13 +342,15 @@ def test_crlf_line_ends_and_a_bom_are_kept(server, tmp_path):
     """The model sees '\\n' text; the file is written back with its CRLF line ends and BOM, so
     the diff a user's git shows is the edit, not every line."""
     path = tmp_path / "greet.py"
-    path.write_bytes(("\ufeff" + ORIGINAL).replace("\n", "\r\n").encode("utf-8"))
+    original = ("\ufeff" + ORIGINAL).replace("\n", "\r\n").encode("utf-8")
+    path.write_bytes(original)
     assert edit_cli(server, path, "--in-place") == 0
     assert "\r" not in server.requests[0]["prediction"]["content"]
     assert not server.requests[0]["prediction"]["content"].startswith("\ufeff")
     assert path.read_bytes() == ("\ufeff" + EDITED).replace("\n", "\r\n").encode("utf-8")
-    out = tmp_path / "out.py"
-    assert edit_cli(server, path, "--output", str(out)) == 0
+    again, out = tmp_path / "again.py", tmp_path / "out.py"
+    again.write_bytes(original)
+    assert edit_cli(server, again, "--output", str(out)) == 0
     assert out.read_bytes() == path.read_bytes()
 
 
@@ -590,6 +592,17 @@ def test_an_unchanged_answer_is_asked_for_again(server, src):
     server.queue = ["```python\n" + ORIGINAL + "```"]
     assert edit_cli(server, src, "--in-place") == 0
     assert src.read_text() == EDITED and len(server.requests) == 2
+
+
+def test_an_edit_never_made_is_not_reported_as_written(server, src, capsys):
+    """Every answer is the file unchanged: the user is told the edit was not made, the exit code
+    says so, and the file is not touched (no write, no backup)."""
+    server.answer = "```python\n" + ORIGINAL + "```"
+    before = src.stat().st_mtime_ns
+    assert edit_cli(server, src, "--in-place") == 2 and len(server.requests) == 3
+    assert src.read_text() == ORIGINAL and src.stat().st_mtime_ns == before
+    assert not src.with_name(src.name + ".bak").exists()
+    assert "the edit was not made" in capsys.readouterr().err
 
 
 def test_later_broken_answers_keep_the_refusal(server, src, capsys):

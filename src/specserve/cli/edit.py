@@ -11,7 +11,8 @@ prompt (`edit.RETRY_PROMPT`), and if that answer is refused too, the first answe
 model with what is wrong with it (`edit.feedback_messages`), unless --no-retry; the first answer
 the tool would write is kept, else the first. Writing keeps what the user had (edit/files.py): a
 symlink is followed, the file's mode, byte-order mark and CRLF line ends stay, and a file changed
-on disk while the model answered is not overwritten.
+on disk while the model answered is not overwritten. An answer that is still the file unchanged
+after the retries is reported as an edit not made (non-zero exit, nothing written).
 """
 
 from __future__ import annotations
@@ -228,6 +229,11 @@ def run(args) -> int:
         )
         raise EditError(
             f"the answer cannot be the updated file: {'; '.join(problems)}; nothing written (--force writes it anyway)"
+        )
+    if verdict and verdict.unchanged and not args.force:
+        raise EditError(
+            "the model answered with the file unchanged: the edit was not made, and nothing was written"
+            " (rephrase the instruction, or try a larger model)"
         )
     diff = unified_diff(original, result.code, args.file.name)
     print(colorize(diff) if sys.stdout.isatty() else diff, end="")
