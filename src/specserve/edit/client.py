@@ -113,44 +113,40 @@ def refactor_with_predicted_outputs(
     if messages is None:
         ask = ask_for(original_code, instruction, language, prompt)
     try:
-        result = _stream(client, model, ask, max_tokens, on_delta)
-    except openai.BadRequestError as e:
-        if not ask.opening or not _refuses_opening(e):
-            raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
-        # A server without vLLM's continue_final_message (OpenAI's own): the model begins the answer.
-        ask = EditAsk(ask.messages[:-1], "", original_code)
-        result = _stream(client, model, ask, max_tokens, on_delta)
+        try:
+            result = _stream(client, model, ask, max_tokens, on_delta)
+        except openai.BadRequestError as e:
+            if not (ask.opening and _refuses_opening(e)):
+                raise
+            # A server without vLLM's continue_final_message (OpenAI's own): the model begins the answer.
+            ask = EditAsk(ask.messages[:-1], "", original_code)
+            result = _stream(client, model, ask, max_tokens, on_delta)
+    except openai.APIConnectionError as e:
+        raise EditError(f"cannot reach the server at {client.base_url}: {e}") from e
+    except openai.APIStatusError as e:
+        raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
     result.code = strip_fence(result.raw, original_code)
     return result
 
 
 def _stream(client, model: str, ask: EditAsk, max_tokens: int | None, on_delta) -> EditResult:
     """Send one edit request and read its stream; the answer is the opening and what follows it."""
-    import openai
-
     kwargs: dict = {"max_tokens": max_tokens} if max_tokens else {}
     if ask.opening:
         kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
     t0 = time.perf_counter()
-    try:
-        stream = client.chat.completions.create(
-            model=model,
-            messages=ask.messages,
-            temperature=0,
-            prediction={"type": "content", "content": ask.prediction},
-            stream=True,
-            stream_options={"include_usage": True},
-            **kwargs,
-        )
-        if ask.opening and on_delta:
-            on_delta(ask.opening)
-        result = _collect(stream, model, t0, on_delta)
-    except openai.APIConnectionError as e:
-        raise EditError(f"cannot reach the server at {client.base_url}: {e}") from e
-    except openai.APIStatusError as e:
-        if isinstance(e, openai.BadRequestError) and ask.opening:
-            raise  # the caller may ask again without the opening
-        raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
+    stream = client.chat.completions.create(
+        model=model,
+        messages=ask.messages,
+        temperature=0,
+        prediction={"type": "content", "content": ask.prediction},
+        stream=True,
+        stream_options={"include_usage": True},
+        **kwargs,
+    )
+    if ask.opening and on_delta:
+        on_delta(ask.opening)
+    result = _collect(stream, model, t0, on_delta)
     result.raw = ask.opening + result.raw
     return result
 
