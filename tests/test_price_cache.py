@@ -139,3 +139,16 @@ def test_the_draft_models_agreement_is_kept_and_the_reference_text_is_in_the_key
     monkeypatch.setattr(prices, "AGREEMENT_TEXT", "another passage")
     assert prices.cache_key(FakeGGUFBackend(home), FakeGGUFBackend(home)) != key
     assert prices.cache_key(FakeGGUFBackend(home)) == prices.cache_key(FakeGGUFBackend(home))  # no draft: no text
+
+
+def test_the_folder_keeps_the_most_recently_used_setups(home, monkeypatch):
+    """A key nobody reads again (an upgraded model file, a test's temporary model) does not stay
+    for ever: past KEEP_FILES files the least recently used go, and reading a file counts as use."""
+    monkeypatch.setattr(prices, "KEEP_FILES", 3)
+    model = CostModel(((1, 1.0), (8, 6.6)), 0.0, True)
+    for i, key in enumerate("abcd"):
+        prices.save(key, model)
+        os.utime(prices.cache_dir() / f"{key}.json", ns=(i * 10**9, i * 10**9))  # saved a second apart
+        if key == "b":
+            assert prices.load("a") == model  # "a" read after "b" was saved: used more lately than "b"
+    assert sorted(p.stem for p in prices.cache_dir().glob("*.json")) == ["a", "c", "d"]

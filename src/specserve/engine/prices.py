@@ -17,6 +17,8 @@ prefix cache and one without (`specserve bench --session` loads both) share thei
 
 Change any of them and the key changes, so stale prices are never read; a backend we cannot
 identify (a model built in memory, a test runner) is measured every time and never cached.
+The folder keeps the KEEP_FILES most recently used setups: every upgrade of a model file or of
+specserve leaves a key nobody reads again, and a test run leaves one per temporary model.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .governor import CALIBRATION_SIZES, CostModel
 
 CACHE_VERSION = 4  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
 # 4: logits rows in reused memory made passes of 64+ tokens cheaper (backends/row_buffers.py)
+KEEP_FILES = 64  # setups whose prices stay on disk, the most recently used
 
 
 def _file_key(path: Path) -> dict | None:
@@ -107,8 +110,10 @@ def cache_dir() -> Path:
 
 
 def load(key: str) -> CostModel | None:
+    path = cache_dir() / f"{key}.json"
     try:
-        d = json.loads((cache_dir() / f"{key}.json").read_text(encoding="utf-8"))
+        d = json.loads(path.read_text(encoding="utf-8"))
+        os.utime(path)  # used now: the pruning keeps it
         agreement = None if d["agreement"] is None else float(d["agreement"])
         curve = tuple((int(n), float(c)) for n, c in d["curve"])
         return CostModel(curve, float(d["draft"]), bool(d["batched"]), agreement)
@@ -123,8 +128,21 @@ def save(key: str, prices: CostModel) -> None:
         tmp = folder / f"{key}.json.tmp{os.getpid()}"
         tmp.write_text(json.dumps(asdict(prices)), encoding="utf-8")  # every field: none can be left out
         tmp.replace(folder / f"{key}.json")  # atomic: a concurrent reader sees the old file or the new
+        _prune(folder)
     except OSError:
         pass  # a read-only home only costs the next process a calibration
+
+
+def _prune(folder: Path) -> None:
+    """Delete all but the KEEP_FILES most recently used price files."""
+    files = []
+    for path in folder.glob("*.json"):
+        try:
+            files.append((path.stat().st_mtime_ns, path))
+        except OSError:
+            pass  # removed by another process meanwhile
+    for _, path in sorted(files, reverse=True)[KEEP_FILES:]:
+        path.unlink(missing_ok=True)
 
 
 def measured(target, draft, batched: bool, calibrate: Callable[[], CostModel]) -> CostModel:
