@@ -14,4 +14,9 @@ class ContextLengthError(SpecServeError, ValueError):
 
 
 class InvalidRequestError(SpecServeError, ValueError):
-    """Request fields that are individually valid but cannot be served together."""
+    """Request fields that are individually valid but cannot be served together. param: the
+    request field to blame, when one is (the server names it in its 400)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -168,7 +168,9 @@ class LLM:
         if not messages:
             raise InvalidRequestError("messages must not be empty")
         if continue_final_message and messages[-1].get("role") != "assistant":
-            raise InvalidRequestError("continue_final_message needs an assistant message last")
+            raise InvalidRequestError(
+                "continue_final_message needs the last message to be the assistant's", "continue_final_message"
+            )
         template = getattr(self.tokenizer, "chat_template", None)
         if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             messages = template_messages(messages, tools, template)

@@ -38,7 +38,6 @@ from .prompts import (
     build_messages,
     feedback_messages,
     feedback_prediction,
-    rest_of_file,
 )
 
 __all__ = [
@@ -64,7 +63,6 @@ __all__ = [
     "default_model",
     "feedback_messages",
     "feedback_prediction",
-    "rest_of_file",
     "judge_answer",
     "language_for",
     "make_client",

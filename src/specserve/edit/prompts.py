@@ -69,13 +69,6 @@ class EditPrompt:
 _AT_THE_TOP = re.compile(r"\b(module|header|licen[cs]e|shebang|top|imports?|encoding|package)\b", re.I)
 
 
-def rest_of_file(original_code: str, opening: str) -> str:
-    """What is left of the file to predict once `opening` (a fence, then maybe the file's first
-    line) has been written for the model."""
-    written = opening.split("\n", 1)[1] if "\n" in opening else ""
-    return original_code[len(written) :] if original_code.startswith(written) else original_code
-
-
 def _names(text: str) -> set[str]:
     """The identifier-like words of `text` (a name the instruction mentions, a name on a line)."""
     return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
@@ -205,8 +198,8 @@ def ask_for(
     opening = p.opening(original_code, instruction, language)
     if not opening:
         return EditAsk(messages, "", original_code)
-    turn = {"role": "assistant", "content": opening}
-    return EditAsk([*messages, turn], opening, rest_of_file(original_code, opening))
+    turn = {"role": "assistant", "content": opening}  # the fence and the file's first line
+    return EditAsk([*messages, turn], opening, original_code.split("\n", 1)[1])
 
 
 def feedback_messages(

@@ -52,7 +52,7 @@ def engine_error(exc: Exception) -> APIError:
     if isinstance(exc, ContextLengthError):
         return bad_request(str(exc), None, "context_length_exceeded")
     if isinstance(exc, (InvalidRequestError, ValueError)):
-        return bad_request(str(exc))
+        return bad_request(str(exc), getattr(exc, "param", None))
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error", code="internal_error")
 
 

@@ -207,7 +207,7 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     messages = [_chat_message(m, i) for i, m in enumerate(req.messages)]
     tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
     spec = tool_guide(tools) or response_format_guide(req.response_format) or extension_guide(_extension_fields(req))
-    go_on = _continues(req, messages)
+    go_on = _continues(req)
     try:
         prompt_ids = llm.apply_chat_template(messages, tools.tools, go_on)
     except (InvalidRequestError, ContextLengthError):
@@ -230,14 +230,11 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     )
 
 
-def _continues(req: ChatCompletionRequest, messages: list[dict]) -> bool:
-    """Whether the model goes on writing the last message (vLLM's `continue_final_message`);
-    `add_generation_prompt` is accepted only where it agrees (no new turn when continuing)."""
+def _continues(req: ChatCompletionRequest) -> bool:
+    """Whether the model goes on writing the last message (vLLM's `continue_final_message`; the
+    template step refuses it after a message that is not the assistant's); `add_generation_prompt`
+    is accepted only where it agrees (no new turn when continuing)."""
     go_on = bool(req.continue_final_message)
-    if go_on and messages[-1]["role"] != "assistant":
-        raise bad_request(
-            "continue_final_message needs the last message to be the assistant's", "continue_final_message"
-        )
     if req.add_generation_prompt is not None and req.add_generation_prompt == go_on:
         raise unsupported(
             "add_generation_prompt",
