@@ -605,6 +605,20 @@ def test_an_edit_never_made_is_not_reported_as_written(server, src, capsys):
     assert "the edit was not made" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("content", [ORIGINAL, ""])
+def test_a_rename_of_a_name_the_file_never_mentions_is_not_sent(server, src, capsys, content):
+    """A typo in the name (or the wrong file, or an empty one): asked anyway, the model makes
+    up an answer (on an empty file, a whole new one, which --in-place wrote). The tool says why
+    at once and asks nothing; --force asks anyway."""
+    src.write_text(content)
+    args = ["edit", str(src), "-i", "Rename greeet to welcome", "--base-url", server.base_url, "--in-place"]
+    assert main(args) == 2 and server.requests == []
+    assert src.read_text() == content and not src.with_name(src.name + ".bak").exists()
+    assert "never mentions `greeet`" in capsys.readouterr().err
+    main([*args, "--force"])
+    assert len(server.requests) == 1
+
+
 def test_later_broken_answers_keep_the_refusal(server, src, capsys):
     server.answer = PLACEHOLDER
     assert edit_cli(server, src, "--in-place") == 2
@@ -676,3 +690,27 @@ def test_when_the_answer_is_begun_for_the_model(instruction, opened):
     written = ask.opening.split("\n", 1)[1] if opened else ""
     assert written + ask.prediction == WITH_IMPORT  # nothing lost, nothing twice
     assert ask_for(WITH_IMPORT, instruction, "python").opening == ""  # the default prompt never opens
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("x = 1", "y = 1"),  # neither ends with a newline
+        ("x = 1\n", "y = 1"),  # the answer dropped the last newline
+        ("x = 1", "x = 1\ny = 2\n"),  # the answer added one
+        ("a\nb\nc\n", "a\nB\nc\n"),  # both end with one: no marker
+    ],
+)
+def test_the_diff_is_one_git_applies(tmp_path, old, new):
+    """A last line without a newline is marked as diff -u marks it, not run together with the
+    next line of the diff (`-x = 1+y = 1`): git applies the printed diff to the file and gets
+    the answer, byte for byte."""
+    import subprocess
+
+    from specserve.cli.edit import unified_diff
+
+    (tmp_path / "f.py").write_text(old)
+    patch = tmp_path / "edit.diff"
+    patch.write_text(unified_diff(old, new, "f.py"))
+    subprocess.run(["git", "apply", "--unsafe-paths", str(patch)], cwd=tmp_path, check=True, capture_output=True)
+    assert (tmp_path / "f.py").read_text() == new

@@ -36,6 +36,7 @@ from ..edit import (
     judge_answer,
     language_for,
     make_client,
+    missing_rename_target,
     read_source,
     refactor_with_predicted_outputs,
     write_atomic,
@@ -70,7 +71,8 @@ def add_parser(subparsers) -> None:
         "--force",
         action="store_true",
         help="write the answer even when it does not look like the updated file (far shorter than "
-        "the original, no code, a placeholder); a truncated answer is never written",
+        "the original, no code, a placeholder), and ask for a rename of a name the file never mentions; "
+        "a truncated answer is never written",
     )
     p.add_argument(
         "--no-retry",
@@ -83,8 +85,15 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+NO_NEWLINE = "\\ No newline at end of file\n"
+
+
 def unified_diff(old: str, new: str, name: str) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{name}", f"b/{name}"))
+    """A unified diff as `diff -u` and `git diff` write it, which `patch` applies: a line without
+    a newline (a file's last) is followed by the "\\ No newline at end of file" marker, so it is
+    not run together with the next line of the diff."""
+    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{name}", f"b/{name}")
+    return "".join(line if line.endswith("\n") else line + "\n" + NO_NEWLINE for line in lines)
 
 
 def colorize(diff: str) -> str:
@@ -194,6 +203,9 @@ def retries(args, original: str, first: EditResult, verdict: Verdict):
 def run(args) -> int:
     source = read_source(args.file)
     original = source.text
+    missing = missing_rename_target(original, args.instruction)
+    if missing and not args.force:
+        raise EditError(f"{missing}; nothing sent (--force asks anyway)")
     dest = target_path(args)
     if dest is not None:  # before the model is asked: an answer that cannot be written is minutes lost
         check_writable(dest)

@@ -14,7 +14,7 @@ One concern per module, in the order an edit goes through them:
 - files.py: the file's language and writing the result without losing anything.
 """
 
-from .checks import SHORT_FRACTION, Verdict, check_answer, judge_answer
+from .checks import SHORT_FRACTION, Verdict, check_answer, judge_answer, missing_rename_target
 from .client import (
     DEFAULT_BASE_URL,
     DEFAULT_MODEL,
@@ -59,6 +59,7 @@ __all__ = [
     "ask_for",
     "build_messages",
     "check_answer",
+    "missing_rename_target",
     "check_writable",
     "default_model",
     "feedback_messages",

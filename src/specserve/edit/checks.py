@@ -197,6 +197,16 @@ _SCOPE = re.compile(
 )
 
 
+def missing_rename_target(original: str, instruction: str) -> str | None:
+    """Why a rename cannot be asked for: the instruction renames a name that the file never
+    mentions (a typo, or the wrong file). Asked anyway, a model makes something up; with an
+    empty file it writes a new one. None when the instruction is no rename or the name is there."""
+    m = RENAME.search(instruction)
+    if m is None or word_count(original, m.group("old")):
+        return None
+    return f"the file never mentions `{m.group('old')}`: nothing to rename (check the name and the file)"
+
+
 def _rename_problem(original: str, answer: str, instruction: str, language: str = "") -> str | None:
     """Why `answer` does not do the rename the instruction asks for, if it asks for one: the new
     name appears nowhere, or the old name is still there: anywhere when the rename is not
