@@ -178,6 +178,17 @@ def test_scenarios_bundled():
         load_scenarios(("nope",))
 
 
+def test_an_unknown_scenario_fails_before_a_model_loads(monkeypatch, capsys, tmp_path):
+    from specserve.llm import LLM
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the scenarios were checked")
+
+    monkeypatch.setattr(LLM, "from_options", load)
+    assert main(["bench", "--scenarios", "py-rename,nope", "--out", str(tmp_path)]) == 2
+    assert "unknown scenario(s) nope" in capsys.readouterr().err
+
+
 def test_prompt_trimmed_to_fit_context(tiny_pair):
     from specserve.llm import LLM
 

@@ -79,3 +79,23 @@ def test_bad_input_gets_one_line_error(model_dir, args, message):
     assert message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("specserve: error:")
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):
+    """A taken port, a port out of range or a host that does not resolve: one line, exit 2, at
+    once (uvicorn would find out only after the model loaded and, on the 1.5B pack, calibrated;
+    a port over 65535 was a traceback)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, message in [
+            (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
+            (["--port", "99999"], "must be 0-65535"),
+            (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
+        ]:
+            r = cli("serve", "--model", model_dir, "--dtype", "float32", *args)
+            assert r.returncode == 2 and message in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr and "loaded" not in r.stderr

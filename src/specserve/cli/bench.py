@@ -22,6 +22,7 @@ from ..bench.runner import (
     divergence_row,
     environment,
     headlines,
+    load_scenarios,
     run_bench,
     write_results,
 )
@@ -166,6 +167,7 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
     if max_tokens < 1:
         raise ValueError("--max-tokens must be at least 1")
     scenarios = _csv(args.scenarios) or ((QUICK_SCENARIO,) if quick else None)
+    load_scenarios(scenarios)  # an unknown name: one line now, not after the model loads
     opts = BenchOptions(
         max_tokens=max_tokens,
         scenarios=scenarios,

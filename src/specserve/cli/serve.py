@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
@@ -26,7 +27,7 @@ def add_parser(subparsers) -> None:
     )
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
     p.add_argument(
         "--api-key",
         default=None,
@@ -67,6 +68,28 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be 0-65535")
+    return value
+
+
+def check_address(host: str, port: int) -> None:
+    """Fail now, in one line, when host:port cannot be listened on (taken, or no such address),
+    not after the minutes a model takes to load and calibrate. Bound the way uvicorn binds
+    (SO_REUSEADDR), so what passes here is what uvicorn can take."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+            0
+        ]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except OSError as e:  # socket.gaierror included
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -86,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     check_model_paths(args)
     if args.ray:
         return serve_ray.run(args)
+    check_address(args.host, args.port)
     from ..config import SpeculationConfig
     from ..llm import LLM
     from ..server.app import ServerOptions, serve
