@@ -605,6 +605,13 @@ def test_an_edit_never_made_is_not_reported_as_written(server, src, capsys):
     assert "the edit was not made" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("instruction", ["", "  \n"])
+def test_an_empty_instruction_is_not_sent(server, src, capsys, instruction):
+    assert main(["edit", str(src), "-i", instruction, "--base-url", server.base_url, "--in-place"]) == 2
+    assert server.requests == [] and src.read_text() == ORIGINAL
+    assert "the instruction is empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("content", [ORIGINAL, ""])
 def test_a_rename_of_a_name_the_file_never_mentions_is_not_sent(server, src, capsys, content):
     """A typo in the name (or the wrong file, or an empty one): asked anyway, the model makes

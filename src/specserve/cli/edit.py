@@ -203,6 +203,8 @@ def retries(args, original: str, first: EditResult, verdict: Verdict):
 def run(args) -> int:
     source = read_source(args.file)
     original = source.text
+    if not args.instruction.strip():
+        raise EditError("the instruction is empty: say what to change (-i '...')")
     missing = missing_rename_target(original, args.instruction)
     if missing and not args.force:
         raise EditError(f"{missing}; nothing sent (--force asks anyway)")
