@@ -354,13 +354,21 @@ def test_crlf_line_ends_and_a_bom_are_kept(server, tmp_path):
     assert out.read_bytes() == path.read_bytes()
 
 
-def test_a_file_changed_while_the_model_answers_is_not_overwritten(server, src, capsys):
-    """Minutes pass while a CPU model answers: what the user saved meanwhile must survive."""
+@pytest.mark.parametrize("how", ["--in-place", "--output FILE", "--output ./FILE"])
+def test_a_file_changed_while_the_model_answers_is_not_overwritten(server, src, capsys, how):
+    """Minutes pass while a CPU model answers: what the user saved meanwhile must survive, also
+    when --output names the file itself."""
     mine = ORIGINAL + "\n\ndef bye():\n    return 'bye'\n"
     server.on_request = lambda body: src.write_text(mine)
-    assert edit_cli(server, src, "--in-place") != 0
+    flags = how.replace("./FILE", str(src.parent / "." / src.name)).replace("FILE", str(src)).split()
+    assert edit_cli(server, src, *flags) != 0
     assert src.read_text() == mine and not (src.parent / "greet.py.bak").exists()
     assert "changed on disk while the model was answering" in capsys.readouterr().err
+
+
+def test_output_naming_the_file_itself_writes_the_edit(server, src):
+    assert edit_cli(server, src, "--output", str(src)) == 0
+    assert src.read_text() == EDITED and not (src.parent / "greet.py.bak").exists()
 
 
 def test_a_file_removed_while_the_model_answers_is_not_written_back(server, src, capsys):

@@ -144,6 +144,13 @@ def backup_path(path: Path) -> Path:
     return path.with_name(path.name + ".bak")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
 def target_path(args) -> Path | None:
     if args.dry_run:
         return None
@@ -263,6 +270,8 @@ def run(args) -> int:
         return 0
     if args.in_place:
         write_in_place(source, result.code, backup_path(args.file))
+    elif _same_file(dest, args.file):  # --output FILE itself: what the user saved meanwhile still wins
+        write_in_place(source, result.code)
     else:
         write_atomic(dest, source.encode(result.code))
     print(f"wrote {dest}" + (f" (backup: {backup_path(args.file).name})" if args.in_place else ""), file=sys.stderr)
