@@ -93,6 +93,10 @@ def test_a_bench_report_replays_with_the_drafter_that_ran(quick_run, tiny_pair, 
     assert c.replay_steps == c.bench_steps == pred["stats"]["steps"]
     assert c.replay_acceptance == pytest.approx(pred["stats"]["acceptance_rate"], abs=1e-4)
     assert c.measured == pred["speedup"] and c.projected > 0
+    # the bench timed what a long cache adds (a prediction mode ran), and the replay priced with it
+    cc = report["environment"]["context_cost"]
+    assert set(cc) == {"per_pair", "per_cached", "cached"} and cc["cached"] > 32
+    assert cc["per_pair"] >= 0 and cc["per_cached"] >= 0 and c.projected_curve is not None
     assert main(["replay", "--bench", str(out / "bench.json"), "--model", tiny_pair[0]]) == 0
     table = capsys.readouterr().out
     assert f"| py-rename | {c.output_tokens} | {c.bench_steps} / {c.replay_steps} |" in table

@@ -246,6 +246,65 @@ def test_a_bench_report_is_replayed_with_the_curve_it_drafted_with(tokenizer):
         check_report({"environment": {"cost_curve": None}, "runs": []}, tokenizer)
 
 
+def test_a_report_with_a_context_cost_prices_each_pass_at_the_context_it_read(tokenizer):
+    """Every pass is priced at the cache it read (the bench's prompt plus what was committed
+    before it), plain decoding at the middle of its own timed tokens, and the curve alone is
+    still shown: checked against the sums done here by hand."""
+    from specserve.bench.curves import format_curve
+    from specserve.bench.replay_check import check_report, prediction_of
+    from specserve.bench.runner import load_scenarios
+    from specserve.engine.governor import ContextCost
+
+    scenario = next(s for s in load_scenarios()[1] if s.name == "py-rename")
+    prediction = prediction_of(scenario.code, 200)
+    ids = tokenizer.encode(prediction.replace("UserService", "UserRepository"), add_special_tokens=False)
+    prices = CostModel(LLAMACPP_2CORE_CURVE)
+    cc = ContextCost(per_pair=3e-5, per_cached=6e-5, cached=2048)
+    run = {
+        "scenario": "py-rename",
+        "mode": "prediction",
+        "skipped": None,
+        "trimmed_lines": 200,
+        "prompt_tokens": 3000,
+        "output_ids": ids,
+        "speedup": 2.0,
+        "acceptance_rate": None,
+        "stats": {"steps": 0},
+    }
+    plain = {"scenario": "py-rename", "mode": "plain", "output_tokens": 128}
+    env = {"cost_curve": format_curve(prices), "context_cost": cc.to_dict()}
+    [c] = check_report({"environment": env, "runs": [plain, run]}, tokenizer)
+    steps = replay_ids(tokenizer, prediction, ids, prices=prices).steps
+    cost, cached = 0.0, 3000
+    for st in steps:
+        n = st["proposed"] + 1
+        cost += prices.target(n) + (6e-5 * (cached - 32) if n == 1 else 3e-5 * n * (cached - 32))
+        cached += st["committed"]
+    assert c.projected == pytest.approx(len(ids) * (1 + 6e-5 * (3000 + 64 - 32)) / cost)
+    assert c.projected_curve == pytest.approx(projected_speedup_of(tokenizer, prediction, ids, prices))
+    assert c.projected < c.projected_curve  # these passes read 3k+ tokens; plain's one-token steps pay less for it
+    [bare] = check_report({"environment": {"cost_curve": env["cost_curve"]}, "runs": [plain, run]}, tokenizer)
+    assert bare.projected == pytest.approx(c.projected_curve) and bare.projected_curve is None
+
+
+def test_the_context_cost_is_what_a_long_cache_adds_per_cached_token(monkeypatch):
+    """measure_context_cost's arithmetic on timed passes given here (no clock in a unit test):
+    a one-token step 31 ms after 32 cached tokens and 41 ms after 2048; a 64-token pass 580 and
+    720 ms. A long cache that times faster (noise) costs nothing, never less."""
+    from specserve.engine import governor
+
+    times = {32: [0.031, 0.580], 2048: [0.041, 0.720]}
+    monkeypatch.setattr(governor, "_time_passes", lambda runner, sizes, context: times[context])
+    cc = governor.measure_context_cost(object(), 2048)
+    assert cc.per_cached == pytest.approx(0.010 / 0.031 / 2016)
+    assert cc.per_pair == pytest.approx(0.140 / 0.031 / (64 * 2016))
+    assert cc.extra(1, 1032) == pytest.approx(cc.per_cached * 1000)
+    assert cc.extra(10, 1032) == pytest.approx(cc.per_pair * 10 * 1000) and cc.extra(10, 20) == 0
+    times[2048] = [0.030, 0.500]
+    assert governor.measure_context_cost(object(), 2048) == governor.ContextCost(0.0, 0.0, 2048)
+    assert governor.measure_context_cost(object(), 32) == governor.ContextCost(0.0, 0.0, 32)
+
+
 def projected_speedup_of(tokenizer, prediction: str, ids: list[int], prices: CostModel) -> float:
     """Plain passes over priced speculative passes, straight from a replay's step trace."""
     out = replay_ids(tokenizer, prediction, ids, prices=prices)

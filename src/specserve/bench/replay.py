@@ -118,6 +118,19 @@ def projected_speedup(
     return output_tokens / cost if cost else 0.0
 
 
+def projected_at_context(
+    output_tokens: int, steps: list[tuple[int, int]], prices: CostModel, context_cost, reference_context: int
+) -> float:
+    """The projected speedup with every pass priced at the context it reads (`steps`: tokens
+    verified, tokens cached before the pass), against plain decoding's one-token steps at
+    `reference_context` (where the bench timed them): the curve alone is timed after 32 cached
+    tokens, and attention over a 3-8k cache adds a third or more to a long edit's passes.
+    context_cost: a governor.ContextCost."""
+    plain = output_tokens * (1.0 + context_cost.extra(1, reference_context))
+    spec = sum(prices.target(n) + context_cost.extra(n, c) for n, c in steps)
+    return plain / spec if spec else 0.0
+
+
 def replay_ids(
     tokenizer,
     prediction: str | None,

@@ -58,6 +58,7 @@ METHOD = {
     "auto-no-prediction": "auto",
 }
 REFERENCE_MODES = ("plain", "hf", "llama.cpp")  # plain decoding: ours and the peers'
+CONTEXT_COST_AT = 2048  # cached tokens the context cost is timed at (engine.context_cost)
 NEAR_TIE = 0.5  # logits: a bf16 logit of magnitude ~20 is rounded in steps of 0.125
 
 
@@ -406,6 +407,9 @@ def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
         opts.peers = peers_for(llm.backend_name)
     html_sink: dict = {}
     warm_up(llm, opts)
+    if set(opts.modes) - set(REFERENCE_MODES):  # for `specserve replay --bench`: passes read 3-8k cached tokens
+        print(f"timing passes after {CONTEXT_COST_AT} cached tokens (for the replay's projection)", file=sys.stderr)
+        llm.engine.context_cost(CONTEXT_COST_AT)
     per = len(set(opts.modes) | {"plain"}) + len(opts.peers)
     with tqdm(total=per * len(scenarios), desc="bench", unit="run", file=sys.stderr, disable=None) as outer:
         runs = [r for s in scenarios for r in run_scenario(llm, s, opts, outer, html_sink)]
@@ -454,6 +458,7 @@ def environment(llm, opts: BenchOptions) -> dict:
         "cost_curve": format_curve(prices) if (prices := llm.engine.measured_prices) is not None else None,
         "draft_price": prices.draft if prices is not None and llm.has_draft_model else None,  # of a 1-token target pass
         "draft_agreement": prices.agreement if prices is not None else None,  # governor.measure_agreement
+        "context_cost": cc.to_dict() if (cc := llm.engine.measured_context_cost) is not None else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 

@@ -52,6 +52,15 @@ class Engine:
         """The prices if they are known already (never measures them)."""
         return self.core.measured_prices
 
+    def context_cost(self, cached: int = 2048):
+        """Time what attention over a long cache adds to a pass (benchmark reports only)."""
+        return self.core.context_cost(cached)
+
+    @property
+    def measured_context_cost(self):
+        """The context cost if it was timed (never times it)."""
+        return self.core.measured_context_cost
+
     def clear_prefix_cache(self) -> None:
         """Free every cached prefix of finished requests (benchmark runs start cold)."""
         with self.core.lock:

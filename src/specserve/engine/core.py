@@ -26,7 +26,7 @@ from ..config import AGREEMENT_TEXT, SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
-from .governor import CostModel, Governor
+from .governor import ContextCost, CostModel, Governor, measure_context_cost
 from .prefix_cache import ENTRY_RENT_TOKENS, Hit, PrefixCache, common_prefix
 from .prices import measured
 from .request import DECODE, FINISHED, PREFILL, Request
@@ -99,6 +99,7 @@ class EngineCore:
         shares_draft = self.prefix is not None and draft is not None and hasattr(draft, "copy_prefix")
         self.draft_prefixes = DraftPrefixes(draft) if shares_draft else None
         self._prices: CostModel | None = None
+        self._context_cost: ContextCost | None = None  # bench reports only (context_cost)
         self._incoming: deque[Request] = deque()
         self.lock = threading.RLock()
         self.on_step = None  # optional callback(StepInfo), e.g. the server's metrics
@@ -213,6 +214,25 @@ class EngineCore:
     def measured_prices(self) -> CostModel | None:
         """The prices if they are known already (never measures them)."""
         return self._prices
+
+    def context_cost(self, cached: int = 2048) -> ContextCost:
+        """Time what attention over `cached` tokens (at most half the context) adds to a pass
+        (`governor.ContextCost`), and keep it for `measured_context_cost`. For benchmark reports,
+        whose replays price long-context passes with it; serving never calls it."""
+        return on_compute_thread(lambda: self._measure_context_cost(cached))
+
+    def _measure_context_cost(self, cached: int) -> ContextCost:
+        with self.lock:
+            runner = SequenceRunner(self.target)
+            try:
+                self._context_cost = measure_context_cost(runner, min(cached, self.target.max_context // 2))
+            finally:
+                runner.close()
+            return self._context_cost
+
+    @property
+    def measured_context_cost(self) -> ContextCost | None:
+        return self._context_cost
 
     def _needs_prices(self, req: Request) -> bool:
         """`auto` requests need them for their governor, a second running request for scheduling.

@@ -127,6 +127,44 @@ class CostModel:
         return cls(tuple(curve), d1, batched, agreement)
 
 
+@dataclass(frozen=True)
+class ContextCost:
+    """What attention over a long cache adds to a pass, in units of a one-token step after
+    CALIBRATION_CONTEXT cached tokens (where the prices are timed): `per_pair` for every token of
+    a multi-token pass and every cached token past that context, `per_cached` for a one-token step
+    and every such cached token (a lone token reads the whole cache for itself, so it pays more
+    per cached token). Reports only: the prices that size drafts stay the short-context ones,
+    which choose much the same K (docs/benchmarks.md)."""
+
+    per_pair: float
+    per_cached: float
+    cached: int  # the context it was timed at
+
+    def extra(self, tokens: int, context: int) -> float:
+        """What a pass of `tokens` tokens after `context` cached tokens costs beyond the curve."""
+        past = max(0, context - CALIBRATION_CONTEXT)
+        return self.per_cached * past if tokens == 1 else self.per_pair * tokens * past
+
+    def to_dict(self) -> dict:
+        return {"per_pair": self.per_pair, "per_cached": self.per_cached, "cached": self.cached}
+
+
+def measure_context_cost(runner, cached: int, tokens: int = 64) -> ContextCost:
+    """Time a one-token step and a pass of `tokens` tokens after CALIBRATION_CONTEXT cached
+    tokens and after `cached`; what the longer cache adds, per cached token, is the ContextCost
+    (never below 0: timing noise must not make a long cache cheaper)."""
+    if cached <= CALIBRATION_CONTEXT:  # a context too small to tell anything
+        return ContextCost(0.0, 0.0, cached)
+    short = _time_passes(runner, (1, tokens), CALIBRATION_CONTEXT)
+    long = _time_passes(runner, (1, tokens), cached)
+    past, t1 = cached - CALIBRATION_CONTEXT, short[0]
+    return ContextCost(
+        per_pair=max(0.0, (long[1] - short[1]) / t1 / (tokens * past)),
+        per_cached=max(0.0, (long[0] - short[0]) / t1 / past),
+        cached=cached,
+    )
+
+
 def measure_agreement(target, draft, ids: Sequence[int]) -> float | None:
     """The share of positions of `ids` (a reference text: the first token is context only) where
     the draft model's greedy next token equals the target's, both reading the same text; None
