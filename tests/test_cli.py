@@ -70,6 +70,7 @@ def test_empty_stdin_prompt_fails_before_loading_a_model():
         (["--temperature", "-1"], "temperature must be in"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--speculation", "draft"], "needs a draft model"),
+        (["--max-context", "10"], "max_context must be at least 256 tokens, got 10"),
     ],
 )
 def test_bad_input_gets_one_line_error(model_dir, args, message):
@@ -99,3 +100,19 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):
             r = cli("serve", "--model", model_dir, "--dtype", "float32", *args)
             assert r.returncode == 2 and message in r.stderr, r.stderr
             assert "Traceback" not in r.stderr and "loaded" not in r.stderr
+
+
+def test_more_threads_than_cores_is_warned_about(capsys):
+    """999 threads on 2 cores decoded at 0.3 tok/s: the run goes on, with a warning."""
+    import argparse
+
+    from specserve.cli.generate import load_options
+    from specserve.hardware import cpu_info
+
+    cores = cpu_info()["cores"]
+    fields = dict(backend="auto", dtype=None, device=None, max_context=None, exact=False)
+    assert load_options(argparse.Namespace(threads=cores + 1, **fields)).threads == cores + 1
+    assert f"--threads {cores + 1} is more than the {cores} cores" in capsys.readouterr().err
+    load_options(argparse.Namespace(threads=cores, **fields))
+    load_options(argparse.Namespace(threads=None, **fields))
+    assert capsys.readouterr().err == ""

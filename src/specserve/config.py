@@ -113,6 +113,10 @@ class SpeculationConfig:
 CALIBRATION_CONTEXT = 32  # tokens cached before timing, so attention is not free
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per timed pass
 SPARE_CELLS = CALIBRATION_CONTEXT + max(CALIBRATION_SIZES)  # what measuring prices holds for a moment
+# The smallest --max-context a user may set: a context must hold measuring prices' passes
+# (SPARE_CELLS) with room for a prompt; 10 used to load and then refuse every request with "the
+# engine's cache holds -70".
+MIN_MAX_CONTEXT = 256
 # The passage on which a draft model's agreement with the target is measured with the prices (at most
 # SPARE_CELLS tokens of it): an answer of the kind `auto` lets a draft model write, prose and then code.
 # Changing it changes the price cache's key (prices.py).
@@ -226,3 +230,5 @@ class LoadOptions:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.max_context is not None and self.max_context < MIN_MAX_CONTEXT:
+            raise ValueError(f"max_context must be at least {MIN_MAX_CONTEXT} tokens, got {self.max_context}")
