@@ -83,7 +83,7 @@ def test_bad_input_gets_one_line_error(model_dir, args, message):
 
 
 def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):
-    """A taken port, a port out of range or a host that does not resolve: one line, exit 2, at
+    """A taken port, a port out of range, a host that does not resolve (or a negative deadline): one line, exit 2, at
     once (uvicorn would find out only after the model loaded and, on the 1.5B pack, calibrated;
     a port over 65535 was a traceback)."""
     import socket
@@ -95,6 +95,8 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):
         for args, message in [
             (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
             (["--port", "99999"], "must be 0-65535"),
+            (["--request-timeout", "-5"], "must be >= 0 seconds"),
+            (["--request-timeout", "nan"], "must be >= 0 seconds"),
             (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
         ]:
             r = cli("serve", "--model", model_dir, "--dtype", "float32", *args)

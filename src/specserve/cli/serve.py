@@ -50,7 +50,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--request-timeout",
-        type=float,
+        type=_non_negative_seconds,
         default=600.0,
         metavar="SECONDS",
         help="per-request deadline from arrival, queue wait included; 0 = none (default 600)",
@@ -88,6 +88,13 @@ def check_address(host: str, port: int) -> None:
             sock.bind(addr)
     except OSError as e:  # socket.gaierror included
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def _non_negative_seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError("must be >= 0 seconds (0: no deadline)")
+    return value
 
 
 def _non_negative_int(text: str) -> int:
