@@ -250,6 +250,8 @@ def test_a_report_with_a_context_cost_prices_each_pass_at_the_context_it_read(to
     """Every pass is priced at the cache it read (the bench's prompt plus what was committed
     before it), plain decoding at the middle of its own timed tokens, and the curve alone is
     still shown: checked against the sums done here by hand."""
+    from dataclasses import asdict
+
     from specserve.bench.curves import format_curve
     from specserve.bench.replay_check import check_report, prediction_of
     from specserve.bench.runner import load_scenarios
@@ -272,7 +274,7 @@ def test_a_report_with_a_context_cost_prices_each_pass_at_the_context_it_read(to
         "stats": {"steps": 0},
     }
     plain = {"scenario": "py-rename", "mode": "plain", "output_tokens": 128}
-    env = {"cost_curve": format_curve(prices), "context_cost": cc.to_dict()}
+    env = {"cost_curve": format_curve(prices), "context_cost": asdict(cc)}
     [c] = check_report({"environment": env, "runs": [plain, run]}, tokenizer)
     steps = replay_ids(tokenizer, prediction, ids, prices=prices).steps
     cost, cached = 0.0, 3000

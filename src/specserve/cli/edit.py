@@ -146,8 +146,8 @@ def backup_path(path: Path) -> Path:
 
 def _same_file(a: Path, b: Path) -> bool:
     try:
-        return a.exists() and a.samefile(b)
-    except OSError:
+        return a.samefile(b)
+    except OSError:  # a destination that does not exist yet
         return False
 
 

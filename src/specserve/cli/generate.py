@@ -135,8 +135,7 @@ def check_model_paths(args) -> None:
 def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
     """The LoadOptions that the model flags of add_model_args describe (a warning on stderr for
     more threads than cores: 999 threads on 2 cores decoded at 0.3 tok/s instead of 40)."""
-    cores = cpu_info()["cores"]
-    if args.threads and args.threads > cores:
+    if args.threads and args.threads > (cores := cpu_info()["cores"]):
         print(
             f"warning: --threads {args.threads} is more than the {cores} cores this process may use; "
             "threads that share a core wait on each other, so decoding slows down",

@@ -52,7 +52,7 @@ class Engine:
         """The prices if they are known already (never measures them)."""
         return self.core.measured_prices
 
-    def context_cost(self, cached: int = 2048):
+    def context_cost(self, cached: int):
         """Time what attention over a long cache adds to a pass (benchmark reports only)."""
         return self.core.context_cost(cached)
 

@@ -215,7 +215,7 @@ class EngineCore:
         """The prices if they are known already (never measures them)."""
         return self._prices
 
-    def context_cost(self, cached: int = 2048) -> ContextCost:
+    def context_cost(self, cached: int) -> ContextCost:
         """Time what attention over `cached` tokens (at most half the context) adds to a pass
         (`governor.ContextCost`), and keep it for `measured_context_cost`. For benchmark reports,
         whose replays price long-context passes with it; serving never calls it."""

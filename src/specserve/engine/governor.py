@@ -145,9 +145,6 @@ class ContextCost:
         past = max(0, context - CALIBRATION_CONTEXT)
         return self.per_cached * past if tokens == 1 else self.per_pair * tokens * past
 
-    def to_dict(self) -> dict:
-        return {"per_pair": self.per_pair, "per_cached": self.per_cached, "cached": self.cached}
-
 
 def measure_context_cost(runner, cached: int, tokens: int = 64) -> ContextCost:
     """Time a one-token step and a pass of `tokens` tokens after CALIBRATION_CONTEXT cached
