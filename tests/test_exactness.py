@@ -11,6 +11,7 @@ from tiny import steady_prices, tiny_model, tiny_tokenizer
 from tiny_gguf import llamacpp_llms
 
 from specserve import SamplingParams
+from specserve.errors import InvalidRequestError
 from specserve.llm import LLM
 
 METHODS = ("prediction", "ngram", "draft", "auto")
@@ -185,6 +186,39 @@ def test_penalties_and_logprobs_identical_with_speculation(llms):
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
     penalised = plain(llm, PROMPTS[0], max_tokens=40, frequency_penalty=2.0)
     assert penalised.token_ids != plain(llm, PROMPTS[0], max_tokens=40).token_ids  # the penalty is applied
+
+
+def test_logit_bias_is_applied_and_lossless_with_speculation(llms):
+    llm, same = llms
+    base = plain(llm, PROMPTS[2], max_tokens=40)
+    seen = list(dict.fromkeys(base.token_ids))  # distinct tokens, in order of appearance
+    boosted = next(t for t in range(3, 100) if t not in seen)
+    banned = {seen[0]: -100.0, seen[-1]: -100.0, boosted: 3.0}
+    biased = plain(llm, PROMPTS[2], max_tokens=40, logit_bias=banned)
+    assert biased.token_ids[0] != base.token_ids[0]  # the bias is applied
+    assert not {t for t, b in banned.items() if b < 0} & set(biased.token_ids)
+    forced = plain(llm, PROMPTS[2], max_tokens=6, logit_bias={base.token_ids[3]: 100.0}, ignore_eos=True)
+    assert forced.token_ids == [base.token_ids[3]] * 6
+    # The unbiased answer as the prediction: its banned tokens are drafted and must be rejected.
+    for model, m, pred in ((llm, "prediction", base.text), (llm, "ngram", None), (same, "draft", None)):
+        out = model.generate(
+            PROMPTS[2], SamplingParams(max_tokens=40, logit_bias=banned), prediction=pred, speculation=m
+        )
+        assert out.token_ids == plain(model, PROMPTS[2], max_tokens=40, logit_bias=banned).token_ids
+        if m == "draft":  # the target's own weights, biased alike, draft nothing it rejects
+            assert out.stats.by_source["draft"].accepted == out.stats.by_source["draft"].proposed > 0
+    kw = dict(max_tokens=40, temperature=0.9, seed=7, logit_bias=banned)
+    sampled = plain(llm, PROMPTS[2], **kw)
+    out = llm.generate(PROMPTS[2], SamplingParams(**kw), prediction=base.text, speculation="prediction")
+    assert out.token_ids == sampled.token_ids and base.token_ids[0] not in out.token_ids
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(llms):
+    llm, _ = llms
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=4, logit_bias={llm.vocab_size: 1.0}))
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={3: 101.0})
 
 
 def test_streamed_text_adds_up(llms):

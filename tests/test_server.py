@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 from server_proc import ServerProcess, metric_value
-from tiny import save_tiny
+from tiny import save_tiny, tiny_tokenizer
 from tiny_gguf import save_tiny_gguf
 
 API_KEY = "test-key"
@@ -195,6 +195,27 @@ def test_penalties_with_prediction_are_lossless(client):
     pred = chat(client, prediction={"type": "content", "content": base}, **kw)
     assert pred.choices[0].message.content == base
     assert pred.usage.completion_tokens_details.accepted_prediction_tokens > 0
+
+
+def test_logit_bias_through_the_sdk_is_applied_and_lossless(client):
+    tok = tiny_tokenizer()
+    base = chat(client, max_tokens=24, extra_body={"speculation": {"method": "none"}}).choices[0].message.content
+    bias = {str(t): -100 for t in set(tok.encode(base[:8]))}  # the tokens the answer begins with
+    plain = chat(client, max_tokens=24, logit_bias=bias, extra_body={"speculation": {"method": "none"}})
+    text = plain.choices[0].message.content
+    assert not text.startswith(base[:8])  # the bias changed the answer
+    pred = chat(client, max_tokens=24, logit_bias=bias, prediction={"type": "content", "content": base})
+    assert pred.choices[0].message.content == text  # the prediction's banned tokens were rejected
+    forced = tok.encode("add")[0]
+    comp = client.completions.create(
+        model=MODEL,
+        prompt="x",
+        max_tokens=4,
+        temperature=0,
+        logit_bias={str(forced): 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert comp.choices[0].text == tok.decode([forced] * 4)
 
 
 def test_completions_logprobs_shape(client):

@@ -115,6 +115,9 @@ LIMITS = [  # (endpoint, extra fields, param)
     ("chat/completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ("completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ("chat/completions", {"logit_bias": {"42": 101}}, "logit_bias"),
+    ("chat/completions", {"logit_bias": {"hello": 5}}, "logit_bias"),  # keys are token ids
+    ("completions", {"logit_bias": {"-3": 5}}, "logit_bias"),
+    ("chat/completions", {"logit_bias": {"100000000": 5}}, "logit_bias"),  # beyond the vocabulary
     ("chat/completions", {"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ("chat/completions", {"metadata": {"k" * 65: "v"}}, "metadata"),
     ("chat/completions", {"metadata": {"k": "v" * 513}}, "metadata.k"),
@@ -164,7 +167,6 @@ REFUSED = (
     "function_call",
     "audio",
     "modalities",
-    "logit_bias",
     "echo",
     "suffix",
     "best_of",
@@ -226,6 +228,8 @@ def _servable(body: dict) -> None:
         body["stop"] = [x for x in body["stop"] if x] or None
     if body.get("stop") == "":
         body["stop"] = None
+    if isinstance(body.get("logit_bias"), dict):  # fuzzed values on token ids the model has
+        body["logit_bias"] = {str(7 * i): v for i, v in enumerate(body["logit_bias"].values())}
     if body.get("top_logprobs") is not None and "messages" in body:
         body["logprobs"] = True
     if isinstance(body.get("speculation"), dict) and body["speculation"].get("method") not in METHODS:

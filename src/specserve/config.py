@@ -30,6 +30,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # None: no logprobs; n >= 0: chosen token + n top alternatives
     ignore_eos: bool = False
+    # Added to the target's logits before anything else, as OpenAI's logit_bias: {token id: bias}
+    # (a dict is taken, as vLLM takes it, and kept as sorted (id, bias) pairs).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -51,6 +54,13 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else (self.logit_bias or ())
+        pairs = tuple(sorted((int(t), float(b)) for t, b in bias))
+        if any(t < 0 for t, _ in pairs) or len({t for t, _ in pairs}) < len(pairs):
+            raise ValueError("logit_bias keys must be distinct token ids >= 0")
+        if any(not -100.0 <= b <= 100.0 for _, b in pairs):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+        object.__setattr__(self, "logit_bias", pairs)
 
     @property
     def greedy(self) -> bool:

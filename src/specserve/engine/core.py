@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ..backends import Backend, SeqInput, SequenceRunner
 from ..backends.compute import on_compute_thread
 from ..config import AGREEMENT_TEXT, SPARE_CELLS, EngineLimits
-from ..errors import ContextLengthError, ModelLoadError
+from ..errors import ContextLengthError, InvalidRequestError, ModelLoadError
 from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
 from .governor import ContextCost, CostModel, Governor, measure_context_cost
@@ -110,6 +110,12 @@ class EngineCore:
     ) -> Request:
         """Validate a request and build its proposers (raises InvalidRequestError and the like
         here, on the caller's thread, before anything is queued)."""
+        if params.logit_bias and params.logit_bias[-1][0] >= self.target.vocab_size:
+            raise InvalidRequestError(
+                f"logit_bias names token {params.logit_bias[-1][0]}, but the model's token ids "
+                f"are in [0, {self.target.vocab_size})",
+                "logit_bias",
+            )
         req = Request(
             list(prompt_ids),
             params,

@@ -28,7 +28,7 @@ from ..errors import ContextLengthError, InvalidRequestError
 from ..proposers.base import Draft, Proposer, choose_draft
 from .detokenize import OutputBuilder
 from .governor import Governor
-from .sampling import Noise, apply_penalties, draft_prefix_counts, probs_from_logits
+from .sampling import Noise, apply_penalties, bias_vector, draft_prefix_counts, probs_from_logits
 from .stats import RequestOutput, SpecStats, StepEvent, TokenLogprob
 from .verify import verify_greedy, verify_sampled
 
@@ -109,6 +109,7 @@ class Request:
         self.cached = cached
         self.builder = OutputBuilder(tokenizer, self.prompt_ids, self.params, eos_token_ids)
         self.counts = torch.zeros(vocab_size) if self.params.has_penalties else None  # [V]
+        self.bias = bias_vector(self.params, vocab_size)  # [V] or None
         self.tokens = list(self.prompt_ids)
         self.sources: list[str] = []
         self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
@@ -187,6 +188,8 @@ class Request:
         """Verify the step's logits [K+1, V], commit, and emit a StepEvent. Returns how many
         tokens of this step stay in the target cache (the caller truncates to it)."""
         draft, draft_ids, params = self.draft, self.draft_ids, self.params
+        if self.bias is not None:
+            logits = logits + self.bias  # [K+1, V]: every row, as plain decoding biases every step
         if self.counts is not None:
             logits = apply_penalties(logits, draft_prefix_counts(self.counts, draft_ids), params)
         if self.constraint is not None:  # row i: tokens the grammar allows after draft[:i]

@@ -19,6 +19,16 @@ from ..config import SamplingParams
 MIN_TEMPERATURE = 1e-4
 
 
+def bias_vector(params: SamplingParams, vocab_size: int) -> torch.Tensor | None:
+    """The request's logit_bias as a dense [V] float32 row, or None without one."""
+    if not params.logit_bias:
+        return None
+    bias = torch.zeros(vocab_size)  # [V]
+    ids, values = zip(*params.logit_bias)
+    bias[list(ids)] = torch.tensor(values)
+    return bias
+
+
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """OpenAI presence/frequency penalties.
 

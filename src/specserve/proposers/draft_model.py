@@ -3,7 +3,8 @@
 Greedy requests draft greedily (a deterministic, one-hot draft). Sampled requests draft by
 sampling from the small model's distribution with the same temperature / top-k / top-p (each
 token with its position's DRAFT random number), and return those probabilities so verification
-can apply the exact rejection rule.
+can apply the exact rejection rule. A request's logit_bias biases the drafts as it biases the
+target, so a banned token is not drafted only to be rejected.
 The draft model keeps its own KV cache; before each proposal it is rolled back to the longest
 prefix it shares with the committed tokens and fed what it has not seen.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.sampling import DRAFT, Noise, probs_from_logits, sample_at
+from ..engine.sampling import DRAFT, Noise, bias_vector, probs_from_logits, sample_at
 from .base import AdaptiveK, Draft, ProposerContext, register
 
 
@@ -27,6 +28,7 @@ class DraftModelProposer:
         self.fed: list[int] = []  # tokens in the draft model's cache, in order
         self.committed = 0  # len(tokens) at the last proposal: fed[:committed] are known-good
         self.shared = 0  # prompt tokens another request's draft cache gave us, until we first feed
+        self.bias = bias_vector(params, runner.vocab_size)  # [V] or None
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
         """Roll the cache back to what matches `tokens`, feed the rest; logits of the last token [V]."""
@@ -38,7 +40,10 @@ class DraftModelProposer:
         self.fed = tokens[:]
         logits = self.runner.forward(tokens[keep:], last_only=True)  # [1, V]
         self.committed, self.shared = len(tokens), 0
-        return logits[-1]
+        return self._biased(logits[-1])
+
+    def _biased(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.bias is None else logits + self.bias  # [V]
 
     def adopt_prefix(self, prefix: list[int]) -> None:
         """The draft cache was given `prefix` (copied from another request's draft sequence)."""
@@ -77,7 +82,7 @@ class DraftModelProposer:
                 probs.append(q)
             ids.append(tok)
             if i + 1 < k:
-                logits = self.runner.forward([tok], last_only=True)[-1]  # [V]
+                logits = self._biased(self.runner.forward([tok], last_only=True)[-1])  # [V]
                 self.fed.append(tok)
         return Draft(ids, self.name, torch.stack(probs) if probs else None)  # probs: [K, V]
 

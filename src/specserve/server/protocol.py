@@ -67,14 +67,8 @@ def content_text(content: Content | None, param: str) -> str:
     return "".join(texts)
 
 
-def _refuse_common(req: _Common) -> None:
-    if req.logit_bias:
-        raise unsupported("logit_bias", "logit_bias")
-
-
 def _refuse_chat(req: ChatCompletionRequest) -> None:
     """Refuse the chat features we do not implement, naming the parameter."""
-    _refuse_common(req)
     if req.functions or req.function_call not in (None, "none"):
         raise unsupported("functions" if req.functions else "function_call", "function calling")
     if req.audio is not None or "audio" in (req.modalities or ()):
@@ -128,9 +122,21 @@ def sampling_params(req: _Common, max_tokens: int, logprobs: int | None) -> Samp
             frequency_penalty=req.frequency_penalty or 0.0,
             logprobs=logprobs,
             ignore_eos=bool(req.ignore_eos),
+            logit_bias=_logit_bias(req.logit_bias),
         )
     except ValueError as e:
         raise bad_request(str(e)) from None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias maps token ids written as JSON strings ("50256") to a bias; the
+    range of ids is checked against the model when the request is made."""
+    out = {}
+    for key, value in (bias or {}).items():
+        if not key.strip().isdigit():
+            raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}", "logit_bias")
+        out[int(key)] = value
+    return out
 
 
 def _max_tokens(
@@ -259,7 +265,6 @@ def _completion_prompt_ids(prompt, llm) -> list[int]:
 
 def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     """Validate a completions request against the model and turn it into a job."""
-    _refuse_common(req)
     if req.echo:
         raise unsupported("echo", "echo")
     if req.suffix:
