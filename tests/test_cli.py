@@ -71,6 +71,9 @@ def test_empty_stdin_prompt_fails_before_loading_a_model():
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--speculation", "draft"], "needs a draft model"),
         (["--max-context", "10"], "max_context must be at least 256 tokens, got 10"),
+        (["--suffix", "/nonexistent/after.py"], "cannot read suffix file"),
+        (["--suffix", __file__, "--chat"], "does not go with --chat"),
+        (["--suffix", __file__], "this model has no fill-in-the-middle tokens"),  # the tiny model has none
     ],
 )
 def test_bad_input_gets_one_line_error(model_dir, args, message):

@@ -18,6 +18,7 @@ from .engine.constrain import CompiledGuide, GrammarSpec, PendingGuide, factory_
 from .engine.stats import RequestOutput
 from .engine.tokenizer import per_thread
 from .errors import InvalidRequestError, ModelLoadError
+from .fim import fim_prompt_ids
 from .models.loader import eos_ids, load
 
 
@@ -154,6 +155,15 @@ class LLM:
     # -- prompts ----------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def fim_prompt_ids(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt for the code around a gap (fim.py): generate from it and
+        the output is the middle. Raises InvalidRequestError for a model without FIM tokens."""
+        try:
+            ids = fim_prompt_ids(self.tokenizer, prefix, suffix)
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
+        return self.prompt_ids(ids)
 
     def apply_chat_template(
         self, messages: list[dict], tools: list[dict] | None = None, continue_final_message: bool = False

@@ -33,6 +33,12 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--prediction", metavar="FILE", help="Predicted Outputs: the text you expect (e.g. the file being edited)"
     )
+    p.add_argument(
+        "--suffix",
+        metavar="FILE",
+        help="fill in the middle: FILE holds the code after the gap, the prompt the code before it "
+        "(models with FIM tokens, such as Qwen2.5-Coder); the output is the middle",
+    )
     add_model_args(p)
     p.add_argument("--speculation", choices=METHODS, default="auto", help="draft source (default: auto)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, help="starting K for every draft source")
@@ -180,6 +186,9 @@ def read_prompt(args) -> str:
 def run(args) -> int:
     prompt = read_prompt(args)
     prediction = read_text(args.prediction, "prediction") if args.prediction else None
+    suffix = read_text(args.suffix, "suffix") if args.suffix else None
+    if suffix is not None and (args.chat or args.system):
+        raise InvalidRequestError("--suffix fills a gap in code; it does not go with --chat or --system")
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -200,6 +209,8 @@ def run(args) -> int:
             {"role": "user", "content": prompt}
         ]
         prompt_ids = llm.apply_chat_template(messages)
+    elif suffix is not None:
+        prompt_ids = llm.fim_prompt_ids(prompt, suffix)
     else:
         prompt_ids = llm.tokenizer.encode(prompt)
     gen = llm.stream(prompt_ids, params, prediction=prediction, speculation=spec)

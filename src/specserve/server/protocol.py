@@ -263,18 +263,32 @@ def _completion_prompt_ids(prompt, llm) -> list[int]:
         raise bad_request(str(e), "prompt", code) from None
 
 
+def _infill_prompt_ids(prompt, suffix: str, llm) -> list[int]:
+    """A fill-in-the-middle prompt: the text prompt is the code before the gap (it may be
+    empty: the gap is at the top of the file), `suffix` the code after it (fim.py)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad_request("suffix needs a text prompt (the code before the gap), not token ids", "prompt")
+    try:
+        return llm.fim_prompt_ids(prompt, suffix)
+    except InvalidRequestError as e:
+        raise bad_request(str(e), "suffix") from None
+
+
 def prepare_completion(req: CompletionRequest, llm) -> Prepared:
-    """Validate a completions request against the model and turn it into a job."""
+    """Validate a completions request against the model and turn it into a job. With a
+    `suffix` the prompt and the suffix are the two sides of a gap the model fills."""
     if req.echo:
         raise unsupported("echo", "echo")
-    if req.suffix:
-        raise unsupported("suffix", "suffix (fill-in-the-middle)")
     if req.best_of not in (None, 1):
         raise unsupported(
             "best_of",
             f"best_of={req.best_of} (server-side ranking of extra samples; ask for n choices and rank them yourself)",
         )
-    prompt_ids = _completion_prompt_ids(req.prompt, llm)
+    prompt_ids = (
+        _infill_prompt_ids(req.prompt, req.suffix, llm) if req.suffix else _completion_prompt_ids(req.prompt, llm)
+    )
     max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context, "prompt")
     return Prepared(
         prompt_ids,
