@@ -28,7 +28,7 @@ class DraftModelProposer:
         self.fed: list[int] = []  # tokens in the draft model's cache, in order
         self.committed = 0  # len(tokens) at the last proposal: fed[:committed] are known-good
         self.shared = 0  # prompt tokens another request's draft cache gave us, until we first feed
-        self.bias = bias_vector(params, runner.vocab_size)  # [V] or None
+        self.bias: torch.Tensor | None = None  # [V], made at the first logits when the request has a logit_bias
 
     def _sync(self, tokens: list[int]) -> torch.Tensor:
         """Roll the cache back to what matches `tokens`, feed the rest; logits of the last token [V]."""
@@ -43,7 +43,11 @@ class DraftModelProposer:
         return self._biased(logits[-1])
 
     def _biased(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits if self.bias is None else logits + self.bias  # [V]
+        if not self.params.logit_bias:
+            return logits
+        if self.bias is None:
+            self.bias = bias_vector(self.params, logits.shape[-1])  # [V]
+        return logits + self.bias  # [V]
 
     def adopt_prefix(self, prefix: list[int]) -> None:
         """The draft cache was given `prefix` (copied from another request's draft sequence)."""
