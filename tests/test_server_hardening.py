@@ -26,6 +26,7 @@ from tiny import save_tiny
 from specserve.config import METHODS
 from specserve.server.body_limit import default_max_body_bytes
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from specserve.server.schemas import ResponsesRequest
 
 MODEL = "tiny"
 CONTEXT = 512  # tiny.tiny_model's max_position_embeddings
@@ -144,7 +145,12 @@ def test_limits_allow_what_openai_allows(server):
 
 # -- OpenAPI --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "path,model", [("/v1/chat/completions", ChatCompletionRequest), ("/v1/completions", CompletionRequest)]
+    "path,model",
+    [
+        ("/v1/chat/completions", ChatCompletionRequest),
+        ("/v1/completions", CompletionRequest),
+        ("/v1/responses", ResponsesRequest),
+    ],
 )
 def test_openapi_publishes_the_request_models(server, path, model):
     doc = httpx.get(f"{server.url}/openapi.json").json()
@@ -153,8 +159,9 @@ def test_openapi_publishes_the_request_models(server, path, model):
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert body["required"] and set(schema["properties"]) == set(model.model_fields)
     assert set(schema["required"]) == {n for n, f in model.model_fields.items() if f.is_required()}
-    stop_list = next(s for s in schema["properties"]["stop"]["anyOf"] if s.get("type") == "array")
-    assert stop_list["maxItems"] == 4
+    if "stop" in model.model_fields:  # (the Responses API has no stop strings)
+        stop_list = next(s for s in schema["properties"]["stop"]["anyOf"] if s.get("type") == "array")
+        assert stop_list["maxItems"] == 4
     assert {"400", "413"} <= set(doc["paths"][path]["post"]["responses"])
 
 
@@ -201,7 +208,7 @@ def _small(case) -> None:
     stopping at a 400/404."""
     if not isinstance(case.body, dict):
         return
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if not isinstance(case.body.get(key), int) or case.body[key] > FUZZ_MAX_TOKENS:
             case.body[key] = FUZZ_MAX_TOKENS
     if next(_turn) % 2 == 0:
@@ -216,6 +223,9 @@ def _servable(body: dict) -> None:
     body["model"] = MODEL
     for key in REFUSED:
         body.pop(key, None)
+    if "input" in body:  # /v1/responses
+        _servable_response(body)
+        return
     if "messages" in body:
         body["messages"] = [
             {"role": "user", "content": m["content"] if isinstance(m.get("content"), str) else "hi"}
@@ -266,11 +276,26 @@ def _servable(body: dict) -> None:
         body.pop("ignore_eos", None)  # with a grammar: a documented 400
 
 
+def _servable_response(body: dict) -> None:
+    """A Responses API body the tiny model serves: text input, no stored state, and in turn a
+    forced flat function tool or a JSON-schema text format (the rest is left fuzzed)."""
+    for key in ("previous_response_id", "conversation", "background", "tools", "tool_choice", "text"):
+        body.pop(key, None)
+    if not isinstance(body["input"], str) or not body["input"]:
+        body["input"] = "hi"
+    turn = next(_servable_turn) % 3
+    if turn == 1:
+        body["tools"] = [{"type": "function", **FUZZ_TOOL["function"]}]
+        body["tool_choice"] = "required"
+    elif turn == 2:
+        body["text"] = {"format": {"type": "json_schema", "name": "fuzz", "schema": FUZZ_SCHEMA}}
+
+
 def _record(body, response) -> None:
     """Count the generation features a 200 reached."""
     if not isinstance(body, dict) or response.status_code != 200:
         return
-    fmt = body.get("response_format") or {}
+    fmt = body.get("response_format") or (body.get("text") or {}).get("format") or {}
     features = {
         "n > 1": (body.get("n") or 1) > 1,
         "tools": bool(body.get("tools")) and body.get("tool_choice") != "none",
@@ -285,7 +310,7 @@ def test_schemathesis(server):
     match the document (up to 30 examples per operation)."""
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions"}
+    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
     for op in operations:
 
         @given(case=op.as_strategy())

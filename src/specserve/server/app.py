@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import math
 import threading
@@ -44,6 +43,7 @@ from .metrics import Metrics
 from .openapi import install_openapi
 from .protocol import Prepared
 from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext
+from .responses_api import RESPONSES
 from .structured import choice_params
 
 log = logging.getLogger("specserve.server.app")
@@ -246,6 +246,7 @@ class Server:
             self.submit(job)
         except APIError as e:
             self.metrics.request(dialect.name, e.status)
+            e.param = dialect.param(e.param)
             raise
         watcher = asyncio.create_task(self._watch_disconnect(request, job))
         ctx = dialect.context(self.model_name, self.namer, prepared)
@@ -356,41 +357,41 @@ class Server:
         status, output, ttft = 499, None, None
         try:
             for chunk in dialect.opening_chunks(ctx):
-                yield _sse(chunk)
+                yield dialect.sse(chunk)
             while True:
                 kind, payload = item
                 if kind == "event":
                     index, event = payload
                     if event.text or (ctx.logprobs and event.logprobs):
                         ttft = ttft if ttft is not None else time.monotonic() - t0
-                        yield _sse(dialect.delta_chunk(ctx, event.text, event.logprobs, index))
+                        for chunk in dialect.delta_chunks(ctx, event.text, event.logprobs, index):
+                            yield dialect.sse(chunk)
                 elif kind == "error":
                     raise request_error(payload)
                 else:
                     output = self._finished(job, payload)
                     for index, choice in enumerate(output):
                         for chunk in dialect.finish_chunks(ctx, choice, index):
-                            yield _sse(chunk)
+                            yield dialect.sse(chunk)
                     if ctx.include_usage:
-                        yield _sse(dialect.usage_chunk(ctx, output))
+                        yield dialect.sse(dialect.usage_chunk(ctx, output))
                     break
                 item = await self._next(job)
             status = 200
-            yield "data: [DONE]\n\n"
+            yield dialect.done_line
         except APIError as e:  # headers are sent: the error travels as an SSE event
             status = e.status
-            yield _sse(e.body())
-            yield "data: [DONE]\n\n"
+            yield dialect.sse(dialect.error_event(ctx, e))
+            yield dialect.done_line
         except ClientGone:
             status = 499
         except Exception as e:  # noqa: BLE001 - a bug mid-stream: still an error event, [DONE], and a 500 on record
             log.exception("stream failed")
             status = 500
             self.cancel(job, "error")
-            yield _sse(
-                APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error").body()
-            )
-            yield "data: [DONE]\n\n"
+            bug = APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error")
+            yield dialect.sse(dialect.error_event(ctx, bug))
+            yield dialect.done_line
         finally:
             watcher.cancel()
             if status == 499:
@@ -424,10 +425,6 @@ class Server:
             "thread_names": sorted(t.name for t in threading.enumerate()),
         }
         return body, 200 if s.alive else 503
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def _error_response(e: APIError) -> JSONResponse:
@@ -493,6 +490,10 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     @app.post("/v1/completions", dependencies=[auth])
     async def completions(request: Request):
         return await server.handle(request, COMPLETIONS)
+
+    @app.post("/v1/responses", dependencies=[auth])
+    async def responses(request: Request):
+        return await server.handle(request, RESPONSES)
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():

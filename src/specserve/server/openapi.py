@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 ERROR_STATUSES = {
@@ -79,8 +79,28 @@ def _completion_schema(obj: str, choice_required: list[str]) -> dict:
     }
 
 
+RESPONSE_SCHEMA = {  # a Responses API response (the fields every answer carries)
+    "type": "object",
+    "required": ["id", "object", "created_at", "status", "model", "output", "usage"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "status": {"enum": ["completed", "incomplete"]},
+        "model": {"type": "string"},
+        "output": {"type": "array", "items": {"type": "object", "required": ["type"]}},
+        "usage": {
+            "type": "object",
+            "required": ["input_tokens", "output_tokens", "total_tokens"],
+            "properties": {k: {"type": "integer"} for k in ("input_tokens", "output_tokens", "total_tokens")},
+        },
+    },
+}
+
+
 # OpenAPI 3.1 (what FastAPI writes): the `schema` of an event stream describes one event. Ours are
-# `data:` lines only: a JSON chunk, an error object, or the final "[DONE]".
+# `data:` lines (a JSON chunk, an error object, or the final "[DONE]"), or for /v1/responses
+# typed events: an `event:` line naming the type, then its `data:` line.
 SSE_EVENT_SCHEMA = {
     "type": "object",
     "required": ["data"],
@@ -96,6 +116,7 @@ EXTRA_SCHEMAS = {
     "Usage": USAGE_SCHEMA,
     "ChatCompletion": _completion_schema("chat.completion", ["message"]),
     "Completion": _completion_schema("text_completion", ["text"]),
+    "Response": RESPONSE_SCHEMA,
     "Model": MODEL_SCHEMA,
     "ModelList": {
         "type": "object",
@@ -143,11 +164,12 @@ def build_openapi(app: FastAPI) -> dict:
     """FastAPI's document with the request models and response schemas filled in."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     doc.setdefault("components", {}).setdefault("schemas", {}).update(
-        {**_model_schemas(ChatCompletionRequest, CompletionRequest), **EXTRA_SCHEMAS}
+        {**_model_schemas(ChatCompletionRequest, CompletionRequest, ResponsesRequest), **EXTRA_SCHEMAS}
     )
     paths = doc["paths"]
     paths["/v1/chat/completions"]["post"].update(_generation(ChatCompletionRequest, "ChatCompletion"))
     paths["/v1/completions"]["post"].update(_generation(CompletionRequest, "Completion"))
+    paths["/v1/responses"]["post"].update(_generation(ResponsesRequest, "Response"))
     ok = {"description": "the served model", "content": {"application/json": {"schema": {}}}}
     paths["/v1/models"]["get"]["responses"] = {
         "200": {**ok, "content": {"application/json": {"schema": {"$ref": REF.format(model="ModelList")}}}},

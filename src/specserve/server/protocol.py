@@ -9,7 +9,7 @@ Responses are built in `responses.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import SamplingParams, SpeculationConfig
 from ..engine.constrain import CompiledGuide, PendingGuide
@@ -53,6 +53,7 @@ class Prepared:
     guide: CompiledGuide | PendingGuide | None = None  # structured output / forced tool call grammar
     tools: ToolSetup | None = None  # chat requests with tools: parse <tool_call> blocks
     n: int = 1  # independent choices
+    echo: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
 
 
 def content_text(content: Content | None, param: str) -> str:

@@ -7,6 +7,7 @@ logprobs and tool-call deltas of its endpoint from the engine's `RequestOutput`s
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -83,6 +84,10 @@ class Dialect:
     def prepare(self, req, llm) -> Prepared:
         raise NotImplementedError
 
+    def param(self, name: str | None) -> str | None:
+        """What this endpoint's request calls a field that an error names (chat's names here)."""
+        return name
+
     def context(self, model: str, namer: TokenNamer, prepared: Prepared) -> ResponseContext:
         return ResponseContext(
             f"{self.id_prefix}{uuid.uuid4().hex}",
@@ -96,6 +101,20 @@ class Dialect:
 
     def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
         return []
+
+    def delta_chunks(self, ctx: ResponseContext, text: str, lps, index: int = 0) -> list[dict]:
+        """What one step's new text is streamed as (one chunk here; typed events for Responses)."""
+        return [self.delta_chunk(ctx, text, lps, index)]
+
+    def sse(self, chunk: dict) -> str:
+        """One server-sent event."""
+        return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    done_line = "data: [DONE]\n\n"  # what ends a stream
+
+    def error_event(self, ctx: ResponseContext, e) -> dict:
+        """An error after the headers went out: OpenAI's error body as an event."""
+        return e.body()
 
     def _chunk(self, ctx: ResponseContext, choices: list[dict], **extra) -> dict:
         body = {

@@ -135,3 +135,45 @@ class CompletionRequest(_Common):
     suffix: str | None = None
     best_of: Int | None = Field(None, ge=1)
     prediction: Prediction | None = None  # extension: Predicted Outputs on completions too
+
+
+class ResponsesRequest(_Strict):
+    """OpenAI's Responses API body (`POST /v1/responses`), the part a stateless server can serve;
+    `responses_api.py` turns it into a chat request. Items stay loosely typed here and are
+    checked there, so an error can name the exact item (`input[2].content[0].type`)."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: Int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stream: bool | None = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    metadata: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=MAX_METADATA_KEY)], Annotated[str, Field(max_length=MAX_METADATA_VALUE)]
+            ],
+            Field(max_length=MAX_METADATA_PAIRS),
+        ]
+        | None
+    ) = None  # returned as sent
+    store: bool | None = None  # accepted; nothing is stored (previous_response_id is refused)
+    previous_response_id: str | None = None
+    conversation: Any = None
+    background: bool | None = None
+    reasoning: Any = None  # accepted and ignored: the packs are not reasoning models
+    include: list[str] | None = None  # accepted and ignored
+    truncation: Literal["auto", "disabled"] | None = None
+    user: str | None = None
+    safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)
+    prompt_cache_key: str | None = None  # accepted and ignored: the prefix cache matches by tokens
+    # extensions (extra_body), as on chat completions
+    prediction: Prediction | None = None
+    speculation: SpeculationRequest | str | None = None
+    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    top_k: Int | None = Field(None, ge=-1)

@@ -1,0 +1,358 @@
+"""OpenAI's Responses API (`POST /v1/responses`) over the chat path.
+
+A Responses request is a chat request in other words: `instructions` is the system message,
+`input` the conversation (messages, the model's earlier `function_call` items and their
+`function_call_output`s), `text.format` the response format, flat function tools the chat
+tools. `to_chat` rewrites it so, and everything after that (templating, grammars, tool parsing,
+speculation, Predicted Outputs through `prediction` in `extra_body`) is the chat path's.
+
+What comes back is the Responses shape: `output` items (one `message` with `output_text`, then
+one `function_call` per call), `status` (`incomplete` with `max_output_tokens` when cut), and
+usage as `input_tokens` / `output_tokens`. Streams are typed server-sent events
+(`response.created` ... `response.output_text.delta` ... `response.completed`), each with its
+`sequence_number`, and no `[DONE]` line.
+
+The server keeps no responses: `previous_response_id` and `conversation` are refused (send the
+whole conversation in `input`), `store` is accepted and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from ..engine.stats import RequestOutput
+from .errors import APIError, bad_request, unsupported
+from .protocol import Prepared, prepare_chat
+from .responses import Dialect, ResponseContext
+from .schemas import ChatCompletionRequest, ResponsesRequest
+from .tools import ToolCall, parse_tool_calls
+
+TEXT_PARTS = ("input_text", "output_text", "text")
+CHAT_PARAMS = (  # (chat field path prefix, what the Responses request calls it), first match wins
+    ("messages", "input"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+    ("tool_choice.function", "tool_choice"),
+)
+
+
+# -- the request --------------------------------------------------------------------------------
+def _text(content, param: str) -> str:
+    """A string, or the text of an array of text parts (other parts are refused by name)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{param} must be a string or an array of content parts", param)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise unsupported(f"{param}[{j}]", f"content part type {kind!r} (only text parts)")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _messages(req: ResponsesRequest) -> list[dict]:
+    """Chat messages for instructions + input; consecutive function_call items join the assistant
+    turn before them, as the chat format holds a turn's calls in one message."""
+    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise bad_request(f"input[{i}].role must be user, assistant, system or developer", f"input[{i}].role")
+            messages.append({"role": role, "content": _text(item.get("content"), f"input[{i}].content")})
+        elif kind == "function_call":
+            call = _call(item, i)
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise bad_request(f"input[{i}].call_id must be a string", f"input[{i}].call_id")
+            output = _text(item.get("output"), f"input[{i}].output")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        elif kind != "reasoning":  # a reasoning model's notes: nothing for this model to read
+            raise unsupported(f"input[{i}].type", f"input item type {kind!r}")
+    return messages
+
+
+def _call(item: dict, i: int) -> dict:
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise bad_request(f"input[{i}].{key} must be a string", f"input[{i}].{key}")
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"]},
+    }
+
+
+def _tools(tools: list[dict] | None) -> list[dict] | None:
+    """Flat function tools ({"type": "function", "name", "parameters", ...}) in chat's shape."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise unsupported(f"tools[{i}].type", f"tool type {tool.get('type')!r} (only function tools)")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _response_format(text: dict | None) -> dict | None:
+    fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise bad_request("text.format must be an object", "text.format")
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        inner = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": inner}
+    return fmt
+
+
+def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat request this Responses request means (400s name the Responses fields)."""
+    if req.previous_response_id is not None or req.conversation is not None:
+        param = "previous_response_id" if req.previous_response_id is not None else "conversation"
+        raise unsupported(param, f"{param} (this server stores no responses: send the whole conversation in input)")
+    if req.background:
+        raise unsupported("background", "background responses")
+    body = {
+        "model": req.model,
+        "messages": _messages(req),
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "stream": req.stream,
+        "tools": _tools(req.tools),
+        "tool_choice": _tool_choice(req.tool_choice),
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "response_format": _response_format(req.text),
+        "prediction": req.prediction.model_dump() if req.prediction else None,
+        "speculation": req.speculation.model_dump() if hasattr(req.speculation, "model_dump") else req.speculation,
+        "seed": req.seed,
+        "top_k": req.top_k,
+    }
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as e:  # a field of the right JSON type whose content chat refuses
+        err = e.errors()[0]
+        head = str(err["loc"][0]) if err["loc"] else "input"
+        path = head + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"][1:])
+        raise bad_request(f"{responses_param(path)}: {err['msg']}", responses_param(path)) from None
+
+
+def prepare_responses(req: ResponsesRequest, llm) -> Prepared:
+    """Validate against the model, as chat (the server renames the fields its 400s name)."""
+    prepared = prepare_chat(to_chat(req), llm)
+    prepared.include_usage = False  # the usage travels in response.completed
+    prepared.echo = {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None else True,
+        "temperature": req.temperature if req.temperature is not None else 1.0,
+        "top_p": req.top_p if req.top_p is not None else 1.0,
+        "tool_choice": req.tool_choice or "auto",
+        "tools": req.tools or [],
+        "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+        "user": req.user,
+    }
+    return prepared
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses field that a chat field path (named by a 400) came from."""
+    if param is None:
+        return None
+    for chat, ours in CHAT_PARAMS:
+        if param == chat or param.startswith((chat + ".", chat + "[")):
+            return ours + param[len(chat) :]
+    if param.startswith("tools[") and ".function" in param:  # tools[i].function.x -> tools[i].x
+        return param.replace(".function", "", 1)
+    return param
+
+
+# -- the response -------------------------------------------------------------------------------
+@dataclass
+class ResponsesContext(ResponseContext):
+    """One response's ids and what its stream has sent so far."""
+
+    echo: dict = field(default_factory=dict)
+    message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    sequence: int = 0
+    opened: bool = False  # the message item (and its output_text part) was announced
+    text: str = ""  # output text streamed so far
+
+    def event(self, kind: str, **fields) -> dict:
+        body = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return body
+
+
+def _usage(output: RequestOutput) -> dict:
+    s = output.stats
+    return {
+        "input_tokens": s.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": s.cached_tokens},
+        "output_tokens": s.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": s.prompt_tokens + s.output_tokens,
+    }
+
+
+def _message(ctx: ResponsesContext, text: str, status: str) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"id": ctx.message_id, "type": "message", "status": status, "role": "assistant", "content": [part]}
+
+
+def _function_call(call: ToolCall, status: str, arguments: str | None = None) -> dict:
+    return {
+        "id": f"fc_{call.id.removeprefix('call_')}",
+        "type": "function_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments if arguments is None else arguments,
+    }
+
+
+class ResponsesDialect(Dialect):
+    name = "responses"
+    request_model = ResponsesRequest
+    id_prefix = "resp_"
+
+    def prepare(self, req, llm) -> Prepared:
+        return prepare_responses(req, llm)
+
+    def param(self, name: str | None) -> str | None:
+        return responses_param(name)
+
+    def context(self, model, namer, prepared) -> ResponsesContext:
+        return ResponsesContext(
+            f"{self.id_prefix}{uuid.uuid4().hex}", model, namer, tools=prepared.tools, echo=prepared.echo
+        )
+
+    def body(self, ctx: ResponsesContext, output: RequestOutput | None, items: list[dict]) -> dict:
+        """The response object: in progress (no output yet) or finished with its items."""
+        cut = output is not None and output.finish_reason == "length"
+        status = "in_progress" if output is None else "incomplete" if cut else "completed"
+        body = {
+            "id": ctx.id,
+            "object": "response",
+            "created_at": ctx.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "model": ctx.model,
+            "output": items,
+            **ctx.echo,
+            "previous_response_id": None,
+            "reasoning": None,
+            "store": False,
+            "truncation": "disabled",
+            "usage": _usage(output) if output is not None else None,
+        }
+        if output is not None:
+            body["speculation"] = output.stats.to_dict()
+        return body
+
+    def _calls(self, ctx: ResponsesContext, text: str) -> tuple[str, list[ToolCall]]:
+        if ctx.tools is None:
+            return text, []
+        content, calls = parse_tool_calls(text)
+        return content or "", calls if ctx.tools.parallel else calls[:1]
+
+    def response(self, ctx, outputs) -> dict:
+        output = outputs[0] if isinstance(outputs, list) else outputs
+        content, calls = self._calls(ctx, output.text)
+        done = "incomplete" if output.finish_reason == "length" else "completed"
+        items = [_message(ctx, content, done)] if content else []
+        items += [_function_call(c, "completed") for c in calls]
+        return self.body(ctx, output, items)
+
+    # -- streaming ----------------------------------------------------------------------------
+    def sse(self, event: dict) -> str:
+        return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    done_line = ""
+
+    def error_event(self, ctx: ResponsesContext, e: APIError) -> dict:
+        return ctx.event("error", code=e.code, message=e.message, param=e.param)
+
+    def opening_chunks(self, ctx) -> list[dict]:
+        skeleton = self.body(ctx, None, [])
+        return [ctx.event("response.created", response=skeleton), ctx.event("response.in_progress", response=skeleton)]
+
+    def _text_events(self, ctx: ResponsesContext, text: str) -> list[dict]:
+        if not text:
+            return []
+        events = []
+        where = {"item_id": ctx.message_id, "output_index": 0}
+        if not ctx.opened:
+            ctx.opened = True
+            item = {**_message(ctx, "", "in_progress"), "content": []}
+            events.append(ctx.event("response.output_item.added", output_index=0, item=item))
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            events.append(ctx.event("response.content_part.added", **where, content_index=0, part=part))
+        ctx.text += text
+        events.append(ctx.event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]))
+        return events
+
+    def delta_chunks(self, ctx, text: str, lps, index: int = 0) -> list[dict]:
+        if ctx.tools is not None:  # hold back what may be a <tool_call> block
+            text = ctx.splitter(index).feed(text)
+        return self._text_events(ctx, text)
+
+    def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
+        """The rest of the text, the message closed, each call as an item, then the whole response."""
+        events, calls = [], []
+        if ctx.tools is not None:
+            rest, calls = ctx.splitter(index).finish()
+            calls = calls if ctx.tools.parallel else calls[:1]
+            events += self._text_events(ctx, rest)
+        done = "incomplete" if output.finish_reason == "length" else "completed"
+        items = []
+        if ctx.opened:
+            where = {"item_id": ctx.message_id, "output_index": 0}
+            message = _message(ctx, ctx.text, done)
+            events.append(ctx.event("response.output_text.done", **where, content_index=0, text=ctx.text, logprobs=[]))
+            events.append(ctx.event("response.content_part.done", **where, content_index=0, part=message["content"][0]))
+            events.append(ctx.event("response.output_item.done", output_index=0, item=message))
+            items.append(message)
+        for call in calls:
+            k, item = len(items), _function_call(call, "completed")
+            where = {"item_id": item["id"], "output_index": k}
+            events.append(
+                ctx.event("response.output_item.added", output_index=k, item=_function_call(call, "in_progress", ""))
+            )
+            events.append(ctx.event("response.function_call_arguments.delta", **where, delta=call.arguments))
+            events.append(ctx.event("response.function_call_arguments.done", **where, arguments=call.arguments))
+            events.append(ctx.event("response.output_item.done", output_index=k, item=item))
+            items.append(item)
+        final = self.body(ctx, output, items)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        events.append(ctx.event(kind, response=final))
+        return events
+
+
+RESPONSES = ResponsesDialect()

@@ -1,0 +1,184 @@
+"""OpenAI's Responses API (`POST /v1/responses`), driven by the official `openai` SDK.
+
+Each Responses request means a chat request (server/responses_api.py), so the tests hold the two
+side by side: the same prompt gives the same text (greedy, float32), and what only the Responses
+shape has (output items, typed stream events, status, usage names, refused stateful fields) is
+checked on its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from server_proc import ServerProcess
+from tiny import save_tiny
+
+MODEL = "tiny"
+ASK = "def get_user(self, user_id):"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 6}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+OK_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target, draft = save_tiny(root / "target"), save_tiny(root / "draft", seed=1)
+    with ServerProcess(target, "--draft-model", draft, "--served-model-name", MODEL) as srv:
+        yield openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=60)
+
+
+def chat_text(client, messages, **kw) -> str:
+    resp = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, **kw)
+    return resp.choices[0].message.content
+
+
+def test_a_text_response_is_the_chat_answer(client):
+    resp = client.responses.create(model=MODEL, input=ASK, temperature=0, max_output_tokens=24)
+    assert resp.id.startswith("resp_") and resp.object == "response"
+    assert resp.output_text == chat_text(client, [{"role": "user", "content": ASK}], max_tokens=24)
+    [message] = resp.output
+    assert message.type == "message" and message.role == "assistant" and message.content[0].type == "output_text"
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK}], max_tokens=24)
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens
+    assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
+    assert resp.status in ("completed", "incomplete")
+    if resp.status == "incomplete":
+        assert resp.incomplete_details.reason == "max_output_tokens" and resp.usage.output_tokens == 24
+
+
+def test_instructions_and_message_items_are_the_chat_messages(client):
+    items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+        {"role": "user", "content": ASK},
+    ]
+    resp = client.responses.create(
+        model=MODEL, instructions="Be brief.", input=items, temperature=0, max_output_tokens=16
+    )
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": ASK},
+    ]
+    assert resp.output_text == chat_text(client, messages, max_tokens=16)
+    assert resp.instructions == "Be brief."
+
+
+def test_max_output_tokens_cuts_the_answer_as_incomplete(client):
+    resp = client.responses.create(model=MODEL, input=ASK, temperature=0, max_output_tokens=3)
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.usage.output_tokens == 3 and resp.output[0].status == "incomplete"
+
+
+def test_the_stream_is_typed_events_that_add_up_to_the_response(client):
+    kw = dict(model=MODEL, input=ASK, temperature=0, max_output_tokens=24)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == whole.output_text
+    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    final = events[-1]
+    assert final.type == ("response.completed" if whole.status == "completed" else "response.incomplete")
+    assert final.response.output_text == whole.output_text and final.response.usage.output_tokens > 0
+    # The SDK's accumulating helper checks the order (and wants an answer that completed: the
+    # tiny model never writes EOS, a grammar makes it end).
+    kw["text"] = {"format": {"type": "json_schema", "name": "answer", "schema": OK_SCHEMA}}
+    whole = client.responses.create(**kw)
+    with client.responses.stream(**kw) as stream:
+        final = stream.get_final_response()
+    assert final.status == whole.status == "completed" and final.output_text == whole.output_text
+
+
+def test_a_forced_function_call_is_a_function_call_item_and_its_output_goes_back(client):
+    kw = dict(model=MODEL, tools=[WEATHER], temperature=0, max_output_tokens=150)
+    resp = client.responses.create(input="Weather in Paris?", tool_choice="required", **kw)
+    [call] = resp.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
+    assert set(json.loads(call.arguments)) == {"city"}
+    streamed = list(client.responses.create(input="Weather in Paris?", tool_choice="required", stream=True, **kw))
+    done = [e.item for e in streamed if e.type == "response.output_item.done"]
+    assert [(i.type, i.name, i.arguments) for i in done] == [("function_call", call.name, call.arguments)]
+    # the next turn: the call and its result, as an agent sends them back
+    follow = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]
+    kw["max_output_tokens"] = 40
+    again = client.responses.create(input=follow, tool_choice="none", **kw)
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [_chat_call(call)]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"},
+    ]
+    tools = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
+    assert again.output_text == chat_text(client, messages, tools=tools, tool_choice="none", max_tokens=40)
+
+
+def _chat_call(call) -> dict:
+    return {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def test_a_json_schema_text_format_is_enforced(client):
+    schema = OK_SCHEMA
+    resp = client.responses.create(
+        model=MODEL,
+        input="Answer in JSON.",
+        text={"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}},
+        temperature=0,
+        max_output_tokens=32,
+    )
+    assert resp.status == "completed" and isinstance(json.loads(resp.output_text)["ok"], bool)
+
+
+def test_a_prediction_is_lossless_and_accepted(client):
+    kw = dict(model=MODEL, input=ASK, temperature=0, max_output_tokens=32)
+    base = client.responses.create(**kw, extra_body={"speculation": "none"}).output_text
+    resp = client.responses.create(**kw, extra_body={"prediction": {"type": "content", "content": base}})
+    assert resp.output_text == base
+    assert resp.model_extra["speculation"]["by_source"]["prediction"]["accepted"] > 0
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"previous_response_id": "resp_123"}, "previous_response_id"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"not": {}}}}}, "text.format.schema"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+    ],
+)
+def test_what_cannot_be_served_is_a_400_naming_the_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**{"model": MODEL, "input": ASK, **extra})
+    assert e.value.body["param"] == param, e.value.body
