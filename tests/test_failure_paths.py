@@ -264,6 +264,24 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_event_and_done_and_is_re
     assert chat(server).status_code == 200
 
 
+def test_a_responses_stream_that_fails_mid_way_ends_with_an_error_event(server):
+    """The Responses API's stream: typed events numbered in order, the last an `error` event
+    (no [DONE] line: that is chat's), and a 500 on record."""
+    before = metric_value(server.metrics(), "specserve_requests_total", endpoint="responses", status="500")
+    arm(server, "step", after=4)
+    body = {"model": CHAT["model"], "input": "hi", "max_output_tokens": 32, "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/responses", json=body, timeout=WAIT_S) as r:
+        lines = list(r.iter_lines())
+    assert r.status_code == 200 and "data: [DONE]" not in lines
+    events = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+    names = [line[len("event: ") :] for line in lines if line.startswith("event: ")]
+    assert names == [e["type"] for e in events] and [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert "response.output_text.delta" in names and names[-1] == "error"
+    assert events[-1]["code"] == "engine_error" and "injected" in events[-1]["message"]
+    after = metric_value(server.metrics(), "specserve_requests_total", endpoint="responses", status="500")
+    assert after == before + 1
+
+
 def test_gauges_return_to_zero_when_the_engine_is_idle(server):
     with ThreadPoolExecutor(2) as pool:
         assert [r.status_code for r in pool.map(lambda _: chat(server), range(2))] == [200, 200]
