@@ -46,6 +46,57 @@ def test_parse_tool_calls():
     assert parse_tool_calls(CALL[: -len("</tool_call>")])[1][0].name == "lookup"  # EOS before the close tag
 
 
+BARE = '{"name": "lookup", "arguments": {"key": "ab", "n": 3}}'
+UNTAGGED = [  # how the 1.5B pack writes a call when it leaves out the tags
+    BARE,
+    "```json\n" + BARE + "\n```",
+    "{" + BARE + "}",  # the doubled braces of Qwen2.5's template example
+    "{" + BARE,  # ... closed once only
+    "[" + BARE + ", " + BARE.replace("3", "4") + "]",
+]
+
+
+@pytest.mark.parametrize("text", UNTAGGED)
+def test_an_answer_that_is_only_an_untagged_call_to_a_declared_tool_is_a_call(text):
+    content, calls = parse_tool_calls(text, {"lookup"})
+    assert content is None and calls and all(c.name == "lookup" for c in calls)
+    assert json.loads(calls[0].arguments) == {"key": "ab", "n": 3}
+    assert parse_tool_calls(text) == (text, [])  # no tools declared: content
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        BARE.replace("lookup", "other"),  # not a declared tool
+        "Here it is: " + BARE,  # prose around it: an answer, not a call
+        BARE + " and more",
+        '```json\n{"name": "lookup", "value": 1}\n```',  # no arguments: data that has a name
+        "```python\nprint(1)\n```",
+    ],
+)
+def test_anything_else_stays_content(text):
+    assert parse_tool_calls(text, {"lookup"}) == (text, [])
+
+
+@pytest.mark.parametrize("text", UNTAGGED)
+def test_an_untagged_call_is_never_streamed_as_content(text):
+    s = ToolStreamSplitter({"lookup"})
+    sent = "".join(s.feed(ch) for ch in text)
+    rest, calls = s.finish()
+    assert sent == "" and rest == "" and calls
+
+
+def test_an_answer_that_cannot_be_an_untagged_call_streams_at_once():
+    code = "```python\ndef add(a, b):\n    return a + b\n```"
+    s = ToolStreamSplitter({"lookup"})
+    sent = [s.feed(ch) for ch in code]
+    assert "".join(sent[: code.index("def") + 3])  # released once "def" shows it is code
+    assert "".join(sent) + s.finish()[0] == code
+    data = '{"name": "Bob", "arguments": 1}'  # held while it may be a call, released at the end
+    s = ToolStreamSplitter({"lookup"})
+    assert "".join(s.feed(ch) for ch in data) == "" and s.finish() == (data, [])
+
+
 @pytest.mark.parametrize("step", [1, 3, 7])
 def test_stream_splitter_holds_back_only_the_call(step):
     text = "Sure <tool maybe> then " + CALL

@@ -71,7 +71,7 @@ class ResponseContext:
     splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
 
     def splitter(self, index: int) -> ToolStreamSplitter:
-        return self.splitters.setdefault(index, ToolStreamSplitter())
+        return self.splitters.setdefault(index, ToolStreamSplitter(self.tools.names if self.tools else ()))
 
 
 class Dialect:
@@ -196,7 +196,7 @@ class ChatDialect(Dialect):
     def _choice(self, ctx, index: int, output: RequestOutput) -> dict:
         content, calls = output.text, []
         if ctx.tools is not None:
-            content, calls = parse_tool_calls(output.text)
+            content, calls = parse_tool_calls(output.text, ctx.tools.names)
             calls = calls if ctx.tools.parallel else calls[:1]
         message = {"role": "assistant", "content": content, "refusal": None}
         if calls:

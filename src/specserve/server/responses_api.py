@@ -279,7 +279,7 @@ class ResponsesDialect(Dialect):
     def _calls(self, ctx: ResponsesContext, text: str) -> tuple[str, list[ToolCall]]:
         if ctx.tools is None:
             return text, []
-        content, calls = parse_tool_calls(text)
+        content, calls = parse_tool_calls(text, ctx.tools.names)
         return content or "", calls if ctx.tools.parallel else calls[:1]
 
     def response(self, ctx, outputs) -> dict:

@@ -38,6 +38,11 @@ class ToolSetup:
     parallel: bool
 
     @property
+    def names(self) -> frozenset[str]:
+        """The declared functions' names."""
+        return frozenset(t["function"]["name"] for t in self.tools or ())
+
+    @property
     def parse_calls(self) -> bool:
         """Whether the output is scanned for <tool_call> blocks."""
         return bool(self.tools) and self.choice != "none"

@@ -6,7 +6,12 @@ The wire format is Qwen2.5's (also Hermes'): the model writes
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-one block per call. How tools and earlier calls reach the prompt (the template's own tools
+one block per call. Small models do not always write the tags: the default 1.5B pack often
+answers a tool request with the call alone, as bare JSON, in a ```json fence, or in the doubled
+braces that Qwen2.5's own chat template shows as its example (`{{"name": ..., "arguments": ...}}`).
+An answer that is nothing but such a call (or a list of them), naming a declared tool, is taken
+as the call, as llama.cpp's server takes bare and fenced JSON for this format; anything else
+stays content. How tools and earlier calls reach the prompt (the template's own tools
 support, or our fallback system message) is `specserve/chat.py`, shared with `LLM.chat`.
 Either way the output is parsed the same way. `tool_choice` "required" or a named function
 is enforced by a grammar: exactly one `<tool_call>` block whose JSON matches the function's
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 # template_messages / template_supports_tools lived here before chat.py; tests still import them from here.
@@ -152,11 +158,39 @@ def _call_from_json(text: str) -> ToolCall | None:
     return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], args_text)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+_FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)\n?```", re.DOTALL)
+
+
+def _bare_calls(text: str, names: Collection[str]) -> list[ToolCall]:
+    """The calls of an answer that is only a call (or a JSON list of calls) without the tags:
+    bare, fenced, or opened with Qwen2.5's doubled brace. [] when it is anything else."""
+    body = text.strip()
+    if fence := _FENCE.fullmatch(body):
+        body = fence.group(1).strip()
+    if body.startswith("{{"):
+        body = body[1:]  # the template's example doubles the braces; the model may close one or both
+    try:
+        obj, end = json.JSONDecoder().raw_decode(body)
+    except ValueError:
+        return []
+    if body[end:].strip() not in ("", "}"):
+        return []
+    objs = obj if isinstance(obj, list) else [obj]
+    named = [
+        o for o in objs if isinstance(o, dict) and o.get("name") in names and ("arguments" in o or "parameters" in o)
+    ]
+    if not objs or len(named) < len(objs):
+        return []
+    return [_call_from_json(json.dumps(o)) for o in objs]
+
+
+def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
     """Split model output into (content, tool calls). A block that does not parse leaves the
-    whole text as content, so nothing the model wrote is lost."""
+    whole text as content, so nothing the model wrote is lost. names: the declared tools; an
+    answer that is only a call to one of them, written without the tags, is a call too."""
     if OPEN not in text:
-        return text, []
+        calls = _bare_calls(text, names) if names else []
+        return (None, calls) if calls else (text, [])
     calls = []
     for match in _BLOCK.finditer(text):
         call = _call_from_json(match.group(1))
@@ -167,19 +201,46 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     return (content or None), calls
 
 
+def _may_be_bare_call(text: str) -> bool:
+    """Whether an answer that begins so may still be a call without the tags (an optional fence
+    line, an optional "[", one or two braces, then the "name" key): such a start is held back
+    from the stream."""
+    s = text.lstrip()
+    if s.startswith("```") or "```".startswith(s):
+        head, newline, s = s.partition("\n")
+        if not newline:  # still in the fence's first line
+            return re.fullmatch(r"`{0,3}[A-Za-z]*", head) is not None
+        s = s.lstrip()
+    s = s[1:].lstrip() if s.startswith("[") else s  # a list of calls
+    if not s:
+        return True
+    if s[0] != "{":
+        return False
+    s = s[1:].lstrip()
+    s = s[1:].lstrip() if s.startswith("{") else s
+    return '"name"'.startswith(s) if len(s) < len('"name"') else s.startswith('"name"')
+
+
 class ToolStreamSplitter:
-    """Streams content deltas while holding back text that may open a `<tool_call>` block.
+    """Streams content deltas while holding back text that may open a `<tool_call>` block, or
+    an answer that may be a call written without the tags (see `_bare_calls`).
 
     feed(text) -> content safe to send now. Once a block opens, everything after it is held
     for `parse_tool_calls` at the end (arguments are sent whole, in one delta per call)."""
 
-    def __init__(self):
+    def __init__(self, names: Collection[str] = ()):
+        self.names = names  # the declared tools ((): tagged blocks only)
         self.text = ""  # everything generated
         self.sent = 0  # chars of content already released
         self.in_call = False
+        self.bare = bool(names)  # the answer so far may be a call without the tags
 
     def feed(self, delta: str) -> str:
         self.text += delta
+        if self.bare:
+            self.bare = _may_be_bare_call(self.text)
+            if self.bare:
+                return ""
         if self.in_call:
             return ""
         at = self.text.find(OPEN, self.sent)
@@ -198,7 +259,7 @@ class ToolStreamSplitter:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """(content not yet sent, tool calls) at the end of the output."""
-        _, calls = parse_tool_calls(self.text)
+        _, calls = parse_tool_calls(self.text, self.names)
         if not calls:  # no (parsable) call: the held text was content after all
             return self.text[self.sent :], []
         return "", calls
