@@ -221,6 +221,25 @@ def test_logit_bias_outside_the_vocabulary_is_refused(llms):
         SamplingParams(logit_bias={3: 101.0})
 
 
+def test_prompt_logprobs_score_a_text_as_generating_it_did(llms):
+    """Generate G from P with logprobs; then score P + G: the prompt logprobs of G's tokens are
+    those its generation gave. P is long enough (> 256 tokens) to be prefilled in two chunks."""
+    llm, _ = llms
+    p = llm.encode(PROMPTS[2]) * (300 // len(llm.encode(PROMPTS[2])) + 1)
+    gen = llm.generate(p, SamplingParams(max_tokens=30, logprobs=3), speculation="none")
+    scored = llm.generate(p + gen.token_ids, SamplingParams(max_tokens=1, prompt_logprobs=3), speculation="none")
+    lps = scored.prompt_logprobs
+    assert len(lps) == len(p) + len(gen.token_ids) and lps[0] is None
+    assert [lp.token_id for lp in lps[1:]] == (p + gen.token_ids)[1:]
+    for a, b in zip(lps[len(p) :], gen.logprobs):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(a.top) == 3
+    again = llm.generate(p + gen.token_ids, SamplingParams(max_tokens=1, prompt_logprobs=3), speculation="none")
+    assert again.cached_tokens == 0  # the prefix cache holds no logits: scored again in full
+    assert [lp.logprob for lp in again.prompt_logprobs[1:]] == pytest.approx([lp.logprob for lp in lps[1:]], abs=1e-5)
+    assert plain(llm, PROMPTS[0], max_tokens=4).prompt_logprobs is None  # only when asked
+
+
 def test_streamed_text_adds_up(llms):
     llm, _ = llms
     base = plain(llm, PROMPTS[1], max_tokens=40, stop=("zz",))

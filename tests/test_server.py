@@ -218,6 +218,28 @@ def test_logit_bias_through_the_sdk_is_applied_and_lossless(client):
     assert comp.choices[0].text == tok.decode([forced] * 4)
 
 
+def test_echo_scores_the_prompt_as_evaluations_ask(client):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs and one token. The answer
+    begins with the prompt, and its logprobs cover every prompt token (the first has none)."""
+    prompt = "def add(a, b):\n    return a + b\n"
+    r = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=2, max_tokens=1, temperature=0)
+    choice, lp = r.choices[0], r.choices[0].logprobs
+    assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == r.usage.prompt_tokens + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:]) and all(len(t) <= 2 for t in lp.top_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # position k of an echoed prompt is scored as generating after its first k tokens is
+    ids = [5, 17, 30, 41, 12]
+    echoed = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=2, max_tokens=1, temperature=0)
+    for k in range(1, len(ids)):
+        step = client.completions.create(model=MODEL, prompt=ids[:k], logprobs=2, max_tokens=1, temperature=0)
+        want, got = step.choices[0].logprobs.top_logprobs[0], echoed.choices[0].logprobs.top_logprobs[k]
+        assert got.keys() == want.keys() and list(got.values()) == pytest.approx(list(want.values()), abs=1e-4)
+    plain = client.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=3, temperature=0)
+    assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+
+
 def test_completions_logprobs_shape(client):
     resp = client.completions.create(model=MODEL, prompt="def add", temperature=0, max_tokens=6, logprobs=2)
     lp = resp.choices[0].logprobs
@@ -370,7 +392,7 @@ BAD = [  # (endpoint, body, status, param)
     ("completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": [1, 2, 99999]}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
-    ("completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+    ("completions", {"model": MODEL, "prompt": "x", "echo": True, "stream": True}, 400, "echo"),
     ("completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("no/such/route", {}, 404, None),
 ]

@@ -33,6 +33,10 @@ class SamplingParams:
     # Added to the target's logits before anything else, as OpenAI's logit_bias: {token id: bias}
     # (a dict is taken, as vLLM takes it, and kept as sorted (id, bias) pairs).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # The log-probability of each prompt token after the ones before it, with this many top
+    # alternatives (vLLM's prompt_logprobs; None: not computed). Such a prompt is prefilled in
+    # full, never taken from the prefix cache, whose cells hold no logits.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -47,8 +51,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 20:
+                raise ValueError(f"{name} must be in [0, 20], got {getattr(self, name)}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")

@@ -113,6 +113,9 @@ class Request:
         self.tokens = list(self.prompt_ids)
         self.sources: list[str] = []
         self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]  # the first prompt token follows nothing
         self.timeline: list[dict] = []
         self.draft: Draft | None = None
         self.draft_ids: list[int] = []
@@ -121,8 +124,13 @@ class Request:
         self.phase = PREFILL
         self.prefilled(0)
 
-    def prefilled(self, n: int) -> None:
-        """n more prompt tokens are in the target cache; the proposers catch up with them."""
+    def prefilled(self, n: int, logits: torch.Tensor | None = None) -> None:
+        """n more prompt tokens are in the target cache; the proposers catch up with them.
+        logits: [n, V], the rows of those positions, when the request wants prompt logprobs
+        (row i scores the prompt token after position cached + i)."""
+        if self.prompt_logprobs is not None and n:
+            following = self.prompt_ids[self.cached + 1 : self.cached + 1 + n]
+            self.prompt_logprobs += _logprobs(logits, following, self.params.prompt_logprobs)
         self.cached += n
         for proposer in self.chain:
             proposer.prefill(self.prompt_ids[: self.cached + 1])
@@ -278,6 +286,7 @@ class Request:
                 self.sources,
                 self.logprobs,
                 self.timeline,
+                self.prompt_logprobs,
             )
             self.phase = FINISHED
         self._deliver(event)

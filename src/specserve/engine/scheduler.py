@@ -18,6 +18,10 @@ from ..config import EngineLimits
 from .governor import CostModel
 from .request import DECODE, PREFILL, PROBE_TOKENS, Request
 
+# A prefill chunk of a request that wants prompt logprobs returns a logits row per token (600 KB
+# each for a 151k vocabulary): 256 of them are 156 MB, 2048 would be 1.2 GB.
+PROMPT_LOGPROBS_CHUNK = 256
+
 
 @dataclass
 class StepPlan:
@@ -105,6 +109,8 @@ class Scheduler:
         for r in self.running:
             if r.phase == PREFILL and budget > 0:
                 n = min(r.prefill_remaining, budget)
+                if r.params.prompt_logprobs is not None:  # every row comes back: 151k floats each
+                    n = min(n, PROMPT_LOGPROBS_CHUNK)
                 chunks.append((r, n))
                 budget -= n
         return chunks

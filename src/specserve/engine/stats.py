@@ -151,6 +151,7 @@ class RequestOutput:
     token_sources: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     steps: list[dict] = field(default_factory=list)  # per-step timeline: source, proposed, accepted, time
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first)
 
     @property
     def cached_tokens(self) -> int:
@@ -166,4 +167,6 @@ class RequestOutput:
         }
         if self.logprobs is not None:
             d["logprobs"] = [asdict(lp) for lp in self.logprobs]
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = [asdict(lp) if lp else None for lp in self.prompt_logprobs]
         return d

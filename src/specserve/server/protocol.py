@@ -9,7 +9,7 @@ Responses are built in `responses.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import SamplingParams, SpeculationConfig
 from ..engine.constrain import CompiledGuide, PendingGuide
@@ -53,7 +53,8 @@ class Prepared:
     guide: CompiledGuide | PendingGuide | None = None  # structured output / forced tool call grammar
     tools: ToolSetup | None = None  # chat requests with tools: parse <tool_call> blocks
     n: int = 1  # independent choices
-    echo: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
+    request_fields: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
+    echo_text: str | None = None  # completions `echo`: the prompt's text, which the answer begins with
 
 
 def content_text(content: Content | None, param: str) -> str:
@@ -279,9 +280,11 @@ def _infill_prompt_ids(prompt, suffix: str, llm) -> list[int]:
 
 def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     """Validate a completions request against the model and turn it into a job. With a
-    `suffix` the prompt and the suffix are the two sides of a gap the model fills."""
-    if req.echo:
-        raise unsupported("echo", "echo")
+    `suffix` the prompt and the suffix are the two sides of a gap the model fills. With `echo`
+    the answer begins with the prompt, and `logprobs` then cover the prompt's tokens too (the
+    first has none), as language-model evaluations ask for them."""
+    if req.echo and (req.stream or req.suffix):
+        raise unsupported("echo", "echo with " + ("stream" if req.stream else "suffix"))
     if req.best_of not in (None, 1):
         raise unsupported(
             "best_of",
@@ -291,9 +294,12 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         _infill_prompt_ids(req.prompt, req.suffix, llm) if req.suffix else _completion_prompt_ids(req.prompt, llm)
     )
     max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context, "prompt")
+    params = sampling_params(req, max_tokens, req.logprobs)
+    if req.echo and req.logprobs is not None:
+        params = replace(params, prompt_logprobs=req.logprobs)
     return Prepared(
         prompt_ids,
-        sampling_params(req, max_tokens, req.logprobs),
+        params,
         speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
         _prediction_text(req.prediction, llm),
         bool(req.stream),
@@ -301,4 +307,12 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         _compile(extension_guide(_extension_fields(req)), llm, req),
         None,
         check_n(req.n),
+        echo_text=_echo_text(req.prompt, prompt_ids, llm) if req.echo else None,
     )
+
+
+def _echo_text(prompt, prompt_ids: list[int], llm) -> str:
+    """The prompt as the answer repeats it: the text as sent, or the token ids decoded."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt_ids)

@@ -66,6 +66,7 @@ class ResponseContext:
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: dict = field(default_factory=dict)  # completions logprobs: chars described, per choice
+    echo_text: str | None = None  # completions echo: the prompt the answer begins with
     tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
     n: int = 1
     splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
@@ -97,6 +98,7 @@ class Dialect:
             prepared.params.logprobs is not None,
             tools=prepared.tools,
             n=prepared.n,
+            echo_text=prepared.echo_text,
         )
 
     def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
@@ -231,19 +233,30 @@ class CompletionDialect(Dialect):
     def prepare(self, req, llm) -> Prepared:
         return prepare_completion(req, llm)
 
-    def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None, index: int = 0) -> dict | None:
-        """OpenAI's legacy shape: parallel lists plus char offsets into the generated text."""
+    def _logprobs(
+        self, ctx: ResponseContext, lps: list[TokenLogprob] | None, index: int = 0, prompt: RequestOutput | None = None
+    ) -> dict | None:
+        """OpenAI's legacy shape: parallel lists plus char offsets into the text. With echo
+        (`prompt`: the output whose prompt is echoed) the prompt's tokens come first, the first
+        of them with no logprob (null), as OpenAI scores an echoed prompt."""
         if not ctx.logprobs or lps is None:
             return None
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if prompt is not None:
+            for tid, lp in zip(prompt.prompt_token_ids, prompt.prompt_logprobs):
+                self._entry(ctx, out, index, tid, lp)
         for lp in lps:
-            text, _ = ctx.namer(lp.token_id)
-            out["tokens"].append(text)
-            out["token_logprobs"].append(lp.logprob)
-            out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top})
-            out["text_offset"].append(ctx.text_offset.get(index, 0))
-            ctx.text_offset[index] = ctx.text_offset.get(index, 0) + len(text)
+            self._entry(ctx, out, index, lp.token_id, lp)
         return out
+
+    @staticmethod
+    def _entry(ctx: ResponseContext, out: dict, index: int, token_id: int, lp: TokenLogprob | None) -> None:
+        text, _ = ctx.namer(token_id)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp.logprob if lp else None)
+        out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top} if lp else None)
+        out["text_offset"].append(ctx.text_offset.get(index, 0))
+        ctx.text_offset[index] = ctx.text_offset.get(index, 0) + len(text)
 
     def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
         return self._chunk(
@@ -261,11 +274,12 @@ class CompletionDialect(Dialect):
 
     def response(self, ctx, outputs) -> dict:
         outputs = outputs if isinstance(outputs, list) else [outputs]
+        echo = ctx.echo_text is not None
         choices = [
             {
                 "index": i,
-                "text": o.text,
-                "logprobs": self._logprobs(ctx, o.logprobs, i),
+                "text": (ctx.echo_text or "") + o.text,
+                "logprobs": self._logprobs(ctx, o.logprobs, i, o if echo else None),
                 "finish_reason": finish_reason(o),
             }
             for i, o in enumerate(outputs)

@@ -165,7 +165,7 @@ def prepare_responses(req: ResponsesRequest, llm) -> Prepared:
     """Validate against the model, as chat (the server renames the fields its 400s name)."""
     prepared = prepare_chat(to_chat(req), llm)
     prepared.include_usage = False  # the usage travels in response.completed
-    prepared.echo = {
+    prepared.request_fields = {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
         "metadata": req.metadata or {},
@@ -197,7 +197,7 @@ def responses_param(param: str | None) -> str | None:
 class ResponsesContext(ResponseContext):
     """One response's ids and what its stream has sent so far."""
 
-    echo: dict = field(default_factory=dict)
+    request_fields: dict = field(default_factory=dict)
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     sequence: int = 0
     opened: bool = False  # the message item (and its output_text part) was announced
@@ -249,7 +249,11 @@ class ResponsesDialect(Dialect):
 
     def context(self, model, namer, prepared) -> ResponsesContext:
         return ResponsesContext(
-            f"{self.id_prefix}{uuid.uuid4().hex}", model, namer, tools=prepared.tools, echo=prepared.echo
+            f"{self.id_prefix}{uuid.uuid4().hex}",
+            model,
+            namer,
+            tools=prepared.tools,
+            request_fields=prepared.request_fields,
         )
 
     def body(self, ctx: ResponsesContext, output: RequestOutput | None, items: list[dict]) -> dict:
@@ -265,7 +269,7 @@ class ResponsesDialect(Dialect):
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
             "model": ctx.model,
             "output": items,
-            **ctx.echo,
+            **ctx.request_fields,
             "previous_response_id": None,
             "reasoning": None,
             "store": False,
