@@ -26,6 +26,13 @@ def _integral(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_integral)]  # a strict int that also takes 2.0 (never true or "2")
 
 
+# OpenAI's metadata: at most 16 pairs, keys at most 64 characters, values at most 512.
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=MAX_METADATA_KEY)], Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
+    Field(max_length=MAX_METADATA_PAIRS),
+]
+
+
 class _Strict(BaseModel):
     """Wrong JSON types are errors (no "1" -> 1 coercion); unknown fields are ignored."""
 
@@ -88,15 +95,7 @@ class _Common(_Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
-    metadata: (
-        Annotated[
-            dict[
-                Annotated[str, Field(max_length=MAX_METADATA_KEY)], Annotated[str, Field(max_length=MAX_METADATA_VALUE)]
-            ],
-            Field(max_length=MAX_METADATA_PAIRS),
-        ]
-        | None
-    ) = None  # accepted and ignored
+    metadata: Metadata | None = None  # accepted and ignored
     safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)  # accepted and ignored
     speculation: SpeculationRequest | str | None = None  # extension (extra_body); "ngram" = {"method": "ngram"}
     ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
@@ -153,15 +152,7 @@ class ResponsesRequest(_Strict):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
-    metadata: (
-        Annotated[
-            dict[
-                Annotated[str, Field(max_length=MAX_METADATA_KEY)], Annotated[str, Field(max_length=MAX_METADATA_VALUE)]
-            ],
-            Field(max_length=MAX_METADATA_PAIRS),
-        ]
-        | None
-    ) = None  # returned as sent
+    metadata: Metadata | None = None  # returned as sent
     store: bool | None = None  # accepted; nothing is stored (previous_response_id is refused)
     previous_response_id: str | None = None
     conversation: Any = None
