@@ -17,6 +17,7 @@ from tiny import save_tiny, tiny_tokenizer
 from tiny_gguf import save_tiny_gguf
 
 API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "tiny"
 MSGS = [{"role": "user", "content": "def get_user(self, user_id):"}]
 GREEDY = {"temperature": 0, "max_tokens": 48}
@@ -238,6 +239,32 @@ def test_echo_scores_the_prompt_as_evaluations_ask(client):
         assert got.keys() == want.keys() and list(got.values()) == pytest.approx(list(want.values()), abs=1e-4)
     plain = client.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=3, temperature=0)
     assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+
+
+def test_tokenize_counts_what_a_request_is_billed(server, client):
+    """/tokenize and /detokenize (vLLM's shapes): a chat's count is the prompt_tokens its request
+    reports, a prompt's ids come back as its text."""
+    r = httpx.post(f"{server.url}/tokenize", json={"model": MODEL, "messages": MSGS}, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) == chat(client).usage.prompt_tokens
+    assert body["max_model_len"] > body["count"]
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": "def add(a, b):"}, headers=AUTH, timeout=30)
+    ids = r.json()["tokens"]
+    assert client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=1).usage.prompt_tokens == len(ids)
+    r = httpx.post(f"{server.url}/detokenize", json={"model": MODEL, "tokens": ids}, headers=AUTH, timeout=30)
+    assert r.json() == {"prompt": "def add(a, b):"}
+    for path, bad, param in [
+        ("tokenize", {"prompt": "x", "messages": MSGS}, "prompt"),
+        ("tokenize", {}, "messages"),
+        ("detokenize", {"tokens": [10**9]}, "tokens"),
+        ("detokenize", {"tokens": "abc"}, "tokens"),
+    ]:
+        r = httpx.post(f"{server.url}/{path}", json=bad, headers=AUTH, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+    r = httpx.post(f"{server.url}/tokenize", json={"model": "other", "prompt": "x"}, headers=AUTH, timeout=30)
+    assert r.status_code == 404
+    assert httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401
 
 
 def test_completions_logprobs_shape(client):

@@ -212,7 +212,10 @@ def _small(case) -> None:
         if not isinstance(case.body.get(key), int) or case.body[key] > FUZZ_MAX_TOKENS:
             case.body[key] = FUZZ_MAX_TOKENS
     if next(_turn) % 2 == 0:
-        _servable(case.body)
+        if case.path in ("/tokenize", "/detokenize"):
+            _servable_tokens(case.body)
+        else:
+            _servable(case.body)
 
 
 def _servable(body: dict) -> None:
@@ -274,6 +277,21 @@ def _servable(body: dict) -> None:
     forced = body.get("tool_choice") not in (None, "none", "auto")
     if forced or "structured_outputs" in body or body.get("response_format", {}).get("type", "text") != "text":
         body.pop("ignore_eos", None)  # with a grammar: a documented 400
+
+
+def _servable_tokens(body: dict) -> None:
+    """A /tokenize or /detokenize body the tiny model answers: the served model, exactly one of
+    prompt and messages (text-only), token ids it has."""
+    body["model"] = MODEL
+    if "tokens" in body:
+        body["tokens"] = [t % 64 for t in body["tokens"] if isinstance(t, int)]
+    elif body.get("messages") is not None and body.get("prompt") is None:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+        body.pop("continue_final_message", None)
+        body.pop("add_generation_prompt", None)
+    else:
+        body.pop("messages", None)
+        body["prompt"] = body["prompt"] if isinstance(body.get("prompt"), str) else "def add"
 
 
 def _servable_response(body: dict) -> None:

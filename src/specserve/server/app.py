@@ -44,7 +44,9 @@ from .openapi import install_openapi
 from .protocol import Prepared
 from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext
 from .responses_api import RESPONSES
+from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import choice_params
+from .tokenize import detokenize, tokenize
 
 log = logging.getLogger("specserve.server.app")
 GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
@@ -399,6 +401,16 @@ class Server:
             self._record(dialect, job, status, output, ttft, t0)
 
     # -- small endpoints ------------------------------------------------------------------------
+    async def tokens(self, request: Request, model_cls, work) -> dict:
+        """/tokenize and /detokenize: parsed and checked here, tokenized on the prep thread."""
+        req = parse_body(model_cls, await request.body())
+        if req.model is not None:
+            self.check_model(req.model)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.prep, work, req, self.llm)
+        except Exception as e:  # noqa: BLE001
+            raise engine_error(e) from None
+
     def models(self) -> dict:
         card = {
             "id": self.model_name,
@@ -494,6 +506,14 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     @app.post("/v1/responses", dependencies=[auth])
     async def responses(request: Request):
         return await server.handle(request, RESPONSES)
+
+    @app.post("/tokenize", dependencies=[auth])
+    async def tokenize_route(request: Request):
+        return await server.tokens(request, TokenizeRequest, tokenize)
+
+    @app.post("/detokenize", dependencies=[auth])
+    async def detokenize_route(request: Request):
+        return await server.tokens(request, DetokenizeRequest, detokenize)
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():

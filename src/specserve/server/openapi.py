@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from .schemas import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
 
 REF = "#/components/schemas/{model}"
 ERROR_STATUSES = {
@@ -164,12 +164,34 @@ def build_openapi(app: FastAPI) -> dict:
     """FastAPI's document with the request models and response schemas filled in."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     doc.setdefault("components", {}).setdefault("schemas", {}).update(
-        {**_model_schemas(ChatCompletionRequest, CompletionRequest, ResponsesRequest), **EXTRA_SCHEMAS}
+        {
+            **_model_schemas(
+                ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest
+            ),
+            **EXTRA_SCHEMAS,
+        }
     )
     paths = doc["paths"]
     paths["/v1/chat/completions"]["post"].update(_generation(ChatCompletionRequest, "ChatCompletion"))
     paths["/v1/completions"]["post"].update(_generation(CompletionRequest, "Completion"))
     paths["/v1/responses"]["post"].update(_generation(ResponsesRequest, "Response"))
+    for path, model, answer in (
+        ("/tokenize", TokenizeRequest, {"count", "max_model_len", "tokens"}),
+        ("/detokenize", DetokenizeRequest, {"prompt"}),
+    ):
+        schema = {"type": "object", "required": sorted(answer)}
+        paths[path]["post"].update(
+            {
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
+                },
+                "responses": {
+                    "200": {"description": path[1:], "content": {"application/json": {"schema": schema}}},
+                    **_errors("400", "401", "404", "413"),
+                },
+            }
+        )
     ok = {"description": "the served model", "content": {"application/json": {"schema": {}}}}
     paths["/v1/models"]["get"]["responses"] = {
         "200": {**ok, "content": {"application/json": {"schema": {"$ref": REF.format(model="ModelList")}}}},

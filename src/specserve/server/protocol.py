@@ -212,16 +212,9 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     _refuse_chat(req)
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages", "empty_array")
-    messages = [_chat_message(m, i) for i, m in enumerate(req.messages)]
     tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
     spec = tool_guide(tools) or response_format_guide(req.response_format) or extension_guide(_extension_fields(req))
-    go_on = _continues(req)
-    try:
-        prompt_ids = llm.apply_chat_template(messages, tools.tools, go_on)
-    except (InvalidRequestError, ContextLengthError):
-        raise
-    except Exception as e:  # noqa: BLE001  a chat template that refuses these messages (jinja2 raise_exception)
-        raise bad_request(f"messages: the model's chat template rejected them: {e}", "messages") from None
+    prompt_ids = chat_prompt_ids(req.messages, tools, _continues(req), llm)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")
     top_n = (req.top_logprobs or 0) if req.logprobs else None
@@ -236,6 +229,18 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
         tools if tools.parse_calls else None,
         check_n(req.n),
     )
+
+
+def chat_prompt_ids(messages: list[ChatMessage], tools: ToolSetup, go_on: bool, llm) -> list[int]:
+    """The model's chat template over these messages (a 400 when the template refuses them).
+    go_on: the last, assistant, message is continued rather than answered."""
+    converted = [_chat_message(m, i) for i, m in enumerate(messages)]
+    try:
+        return llm.apply_chat_template(converted, tools.tools, go_on)
+    except (InvalidRequestError, ContextLengthError):
+        raise
+    except Exception as e:  # noqa: BLE001  a chat template that refuses these messages (jinja2 raise_exception)
+        raise bad_request(f"messages: the model's chat template rejected them: {e}", "messages") from None
 
 
 def _continues(req: ChatCompletionRequest) -> bool:

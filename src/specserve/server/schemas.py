@@ -168,3 +168,22 @@ class ResponsesRequest(_Strict):
     speculation: SpeculationRequest | str | None = None
     seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     top_k: Int | None = Field(None, ge=-1)
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's `POST /tokenize`: a prompt, or chat messages through the model's template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = True
+    tools: list[Any] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = False
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's `POST /detokenize`: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[Int]

@@ -1,0 +1,34 @@
+"""`POST /tokenize` and `POST /detokenize`, with vLLM's request and response shapes.
+
+Clients count tokens before they send (to fit a context, to budget `max_tokens`) with the very
+tokenizer and chat template the server uses, instead of guessing with another one.
+"""
+
+from __future__ import annotations
+
+from .errors import bad_request
+from .protocol import _continues, chat_prompt_ids
+from .schemas import DetokenizeRequest, TokenizeRequest
+from .structured import tool_setup
+
+
+def tokenize(req: TokenizeRequest, llm) -> dict:
+    """{"count", "max_model_len", "tokens", "token_strs"} for a prompt or chat messages."""
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of prompt and messages", "prompt" if req.prompt is not None else "messages")
+    if req.messages is not None:
+        if not req.messages:
+            raise bad_request("messages must contain at least one message", "messages", "empty_array")
+        ids = chat_prompt_ids(req.messages, tool_setup(req.tools, None, None), _continues(req), llm)
+    elif req.add_special_tokens is False:
+        ids = llm.encode(req.prompt)
+    else:
+        ids = list(llm.tokenizer.encode(req.prompt))
+    return {"count": len(ids), "max_model_len": llm.max_context, "tokens": ids, "token_strs": None}
+
+
+def detokenize(req: DetokenizeRequest, llm) -> dict:
+    """{"prompt": the text of the token ids}."""
+    if any(not 0 <= t < llm.vocab_size for t in req.tokens):
+        raise bad_request(f"tokens must be token ids in [0, {llm.vocab_size})", "tokens")
+    return {"prompt": llm.tokenizer.decode(req.tokens)}
