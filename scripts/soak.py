@@ -18,7 +18,9 @@ open files. Then:
    in flight; every one must be answered 503 within seconds, new requests get 503, /health 503.
 
 The mix: plain chats, completions, long Predicted Outputs, json_schema answers, forced tool
-calls, n=2, full streams, streams hung up mid-way, and malformed bodies (bad JSON, wrong types,
+calls, n=2, full streams, streams hung up mid-way, Responses API requests (forced tool calls
+among them) and their typed streams, scored prompts (`echo` with `logprobs`, `logit_bias`),
+/tokenize, and malformed bodies (bad JSON, wrong types,
 50 stop strings, unknown model), which must get a 4xx.
 
 It prints a summary and exits 1 when anything failed: a server error (5xx, or an error event in
@@ -77,6 +79,10 @@ MIX = {
     "n2": 2,
     "stream": 3,
     "hangup": 2,
+    "responses": 2,
+    "responses_stream": 2,
+    "echo": 1,
+    "tokenize": 1,
     "malformed": 2,
 }
 
@@ -184,6 +190,19 @@ class Mix:
                 self.chat("Tell a short story.", max_tokens=64, stream=True, temperature=temp),
                 False,
             )
+        if kind in ("responses", "responses_stream"):
+            body = {"model": SERVED_NAME, "input": "Tell a short story.", "max_output_tokens": 48, "temperature": temp}
+            if kind == "responses_stream":
+                body["stream"] = True
+            elif rng.random() < 0.5:
+                flat = {"type": "function", **TOOL["function"]}
+                body.update(input="What is the weather in Paris?", tools=[flat], tool_choice="required")
+            return "responses", body, False
+        if kind == "echo":
+            body = {"model": SERVED_NAME, "prompt": self.code[:400], "echo": True, "logprobs": 1, "max_tokens": 1}
+            return "completions", {**body, "logit_bias": {"0": -100}} if rng.random() < 0.5 else body, False
+        if kind == "tokenize":
+            return "/tokenize", {"model": SERVED_NAME, "messages": [{"role": "user", "content": self.code}]}, False
         bad = rng.choice(["json", "type", "stops", "model", "speculation"])
         if bad == "json":
             return "chat/completions", b'{"model": "x", "messages": [', True
@@ -198,6 +217,13 @@ class Mix:
 
 def error_of(payload) -> dict | None:
     return payload.get("error") if isinstance(payload, dict) else None
+
+
+def _response_error(payload: dict) -> dict | None:
+    """A Responses API stream's `error` event, as an error object (any of them is the server's)."""
+    if payload.get("type") != "error":
+        return None
+    return {"type": "server_error", "message": payload.get("message", ""), "code": payload.get("code")}
 
 
 def judge(tally: Tally, kind: str, status: int, error: dict | None, refuse: bool) -> None:
@@ -222,9 +248,10 @@ def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random
     path, body, refuse = mix.body(kind, rng)
     raw = isinstance(body, bytes)
     kw = {"content": body, "headers": {"Content-Type": "application/json"}} if raw else {"json": body}
+    target = f"{url}{path}" if path.startswith("/") else f"{url}/v1/{path}"  # /tokenize is not under /v1
     try:
         if isinstance(body, dict) and body.get("stream"):
-            with client.stream("POST", f"{url}/v1/{path}", **kw) as r:
+            with client.stream("POST", target, **kw) as r:
                 if r.status_code != 200:
                     r.read()
                     judge(tally, kind, r.status_code, error_of(r.json()), refuse)
@@ -238,7 +265,9 @@ def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random
                         done = True
                         break
                     payload = json.loads(data)
-                    error = error_of(payload) or error
+                    error = error_of(payload) or _response_error(payload) or error
+                    if payload.get("type") in ("response.completed", "response.incomplete"):
+                        done = True  # the Responses API's last event (it sends no [DONE])
                     chunks += 1
                     if kind == "hangup" and chunks >= rng.randint(2, 6):
                         tally.add(kind, "hung up")
@@ -250,7 +279,7 @@ def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random
                 else:
                     judge(tally, kind, 200, None, refuse)
             return
-        r = client.post(f"{url}/v1/{path}", **kw)
+        r = client.post(target, **kw)
         try:
             payload = r.json()
         except ValueError:
