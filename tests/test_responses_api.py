@@ -166,10 +166,75 @@ def test_a_prediction_is_lossless_and_accepted(client):
     assert resp.model_extra["speculation"]["by_source"]["prediction"]["accepted"] > 0
 
 
+def test_previous_response_id_continues_the_conversation_but_not_its_instructions(client):
+    kw = dict(model=MODEL, temperature=0, max_output_tokens=12)
+    first = client.responses.create(instructions="Be brief.", input="hi", **kw)
+    second = client.responses.create(previous_response_id=first.id, input=ASK, **kw)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": ASK},
+    ]
+    assert second.output_text == chat_text(client, messages, max_tokens=12)
+    assert second.previous_response_id == first.id
+    third = client.responses.create(previous_response_id=second.id, input="and?", **kw)  # a chain of three
+    messages += [{"role": "assistant", "content": second.output_text}, {"role": "user", "content": "and?"}]
+    assert third.output_text == chat_text(client, messages, max_tokens=12)
+    assert third.usage.input_tokens_details.cached_tokens > 0  # the turn before it came from the prefix cache
+
+
+def test_a_function_call_is_continued_with_its_output_by_id(client):
+    kw = dict(model=MODEL, tools=[WEATHER], temperature=0)
+    call_resp = client.responses.create(input="Weather?", tool_choice="required", max_output_tokens=150, **kw)
+    [call] = call_resp.output
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    after = client.responses.create(
+        previous_response_id=call_resp.id, input=[output], tool_choice="none", max_output_tokens=30, **kw
+    )
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [_chat_call(call)]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"},
+    ]
+    tools = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
+    assert after.output_text == chat_text(client, messages, tools=tools, tool_choice="none", max_tokens=30)
+
+
+def test_stored_responses_are_read_and_deleted_and_store_false_keeps_nothing(client):
+    kw = dict(model=MODEL, input="hi", temperature=0, max_output_tokens=6)
+    resp = client.responses.create(**kw)
+    assert resp.store is True and client.responses.retrieve(resp.id).output_text == resp.output_text
+    streamed = list(client.responses.create(stream=True, **kw))[-1].response  # a streamed one is kept too
+    assert client.responses.retrieve(streamed.id).output_text == streamed.output_text
+    client.responses.delete(resp.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(resp.id)
+    unkept = client.responses.create(store=False, **kw)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(previous_response_id=unkept.id, **kw)
+    assert e.value.body["param"] == "previous_response_id" and e.value.body["code"] == "previous_response_not_found"
+
+
+def test_the_store_drops_the_least_recently_used_beyond_its_size():
+    from specserve.server.responses_api import ResponseStore
+
+    store = ResponseStore(max_chars=400)
+    for i in range(3):
+        store.put(f"r{i}", [{"role": "user", "content": "x" * 100}], {"id": f"r{i}"})
+    assert store.messages("r0") is None and store.messages("r2") is not None  # r0 went first
+    store.messages("r1")  # used: r2 is now the oldest
+    store.put("r3", [{"role": "user", "content": "x" * 100}], {"id": "r3"})
+    assert store.messages("r2") is None and store.messages("r1") is not None
+
+
 @pytest.mark.parametrize(
     "extra,param",
     [
-        ({"previous_response_id": "resp_123"}, "previous_response_id"),
+        ({"previous_response_id": "resp_123"}, "previous_response_id"),  # not kept here
+        ({"conversation": "conv_1"}, "conversation"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),

@@ -43,7 +43,7 @@ from .metrics import Metrics
 from .openapi import install_openapi
 from .protocol import Prepared
 from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext
-from .responses_api import RESPONSES
+from .responses_api import ResponsesDialect
 from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import choice_params
 from .tokenize import detokenize, tokenize
@@ -439,6 +439,16 @@ class Server:
         return body, 200 if s.alive else 503
 
 
+def _no_response(response_id: str) -> APIError:
+    return APIError(
+        404,
+        f"no response with id {response_id!r} (responses are kept in this server's memory only, "
+        "and not when sent with store: false)",
+        param="response_id",
+        code="response_not_found",
+    )
+
+
 def _error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
@@ -503,9 +513,24 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     async def completions(request: Request):
         return await server.handle(request, COMPLETIONS)
 
+    responses = ResponsesDialect()  # its store keeps this app's finished responses
+
     @app.post("/v1/responses", dependencies=[auth])
-    async def responses(request: Request):
-        return await server.handle(request, RESPONSES)
+    async def create_response(request: Request):
+        return await server.handle(request, responses)
+
+    @app.get("/v1/responses/{response_id}", dependencies=[auth])
+    async def get_response(response_id: str):
+        body = responses.store.body(response_id)
+        if body is None:
+            raise _no_response(response_id)
+        return body
+
+    @app.delete("/v1/responses/{response_id}", dependencies=[auth])
+    async def delete_response(response_id: str):
+        if not responses.store.delete(response_id):
+            raise _no_response(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     @app.post("/tokenize", dependencies=[auth])
     async def tokenize_route(request: Request):

@@ -19,7 +19,7 @@ REF = "#/components/schemas/{model}"
 ERROR_STATUSES = {
     "400": "invalid request: JSON, types, ranges, OpenAI's limits, context length, unsupported parameters",
     "401": "missing or wrong API key",
-    "404": "unknown model",
+    "404": "unknown model (or, for a stored response, unknown id)",
     "413": "request body over --max-body-bytes",
     "429": "queue full; see Retry-After",
     "503": "shutting down",
@@ -192,6 +192,15 @@ def build_openapi(app: FastAPI) -> dict:
                 },
             }
         )
+    stored = {
+        "200": {
+            "description": "the stored response",
+            "content": {"application/json": {"schema": {"$ref": REF.format(model="Response")}}},
+        }
+    }
+    paths["/v1/responses/{response_id}"]["get"]["responses"] = {**stored, **_errors("401", "404")}
+    deleted = {"200": {"description": "deleted", "content": {"application/json": {"schema": {"type": "object"}}}}}
+    paths["/v1/responses/{response_id}"]["delete"]["responses"] = {**deleted, **_errors("401", "404")}
     ok = {"description": "the served model", "content": {"application/json": {"schema": {}}}}
     paths["/v1/models"]["get"]["responses"] = {
         "200": {**ok, "content": {"application/json": {"schema": {"$ref": REF.format(model="ModelList")}}}},

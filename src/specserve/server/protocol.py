@@ -54,6 +54,7 @@ class Prepared:
     tools: ToolSetup | None = None  # chat requests with tools: parse <tool_call> blocks
     n: int = 1  # independent choices
     request_fields: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
+    history: list[dict] | None = None  # the Responses API: the conversation's messages, kept with the answer
     echo_text: str | None = None  # completions `echo`: the prompt's text, which the answer begins with
 
 

@@ -12,14 +12,19 @@ usage as `input_tokens` / `output_tokens`. Streams are typed server-sent events
 (`response.created` ... `response.output_text.delta` ... `response.completed`), each with its
 `sequence_number`, and no `[DONE]` line.
 
-The server keeps no responses: `previous_response_id` and `conversation` are refused (send the
-whole conversation in `input`), `store` is accepted and nothing is stored.
+Finished responses are kept in memory (`ResponseStore`, least recently used first out, bounded
+in size) unless `store` is false: `previous_response_id` continues one (its conversation, not
+its instructions, as OpenAI does), and `GET` / `DELETE /v1/responses/{id}` read or drop one.
+They live in one server process and are gone after a restart; `conversation` objects and
+background responses are refused.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -58,10 +63,11 @@ def _text(content, param: str) -> str:
     return "".join(texts)
 
 
-def _messages(req: ResponsesRequest) -> list[dict]:
-    """Chat messages for instructions + input; consecutive function_call items join the assistant
-    turn before them, as the chat format holds a turn's calls in one message."""
-    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+def _messages(req: ResponsesRequest, history: list[dict]) -> list[dict]:
+    """Chat messages for the input after `history` (a stored conversation's messages); consecutive
+    function_call items join the assistant turn before them, as the chat format holds a turn's
+    calls in one message."""
+    messages = [dict(m) for m in history]
     items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
     for i, item in enumerate(items):
         kind = item.get("type", "message")
@@ -74,7 +80,7 @@ def _messages(req: ResponsesRequest) -> list[dict]:
             call = _call(item, i)
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
+                last["tool_calls"] = [*last.get("tool_calls", []), call]
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -129,16 +135,17 @@ def _response_format(text: dict | None) -> dict | None:
     return fmt
 
 
-def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request this Responses request means (400s name the Responses fields)."""
-    if req.previous_response_id is not None or req.conversation is not None:
-        param = "previous_response_id" if req.previous_response_id is not None else "conversation"
-        raise unsupported(param, f"{param} (this server stores no responses: send the whole conversation in input)")
+def to_chat(req: ResponsesRequest, history: list[dict]) -> ChatCompletionRequest:
+    """The chat request this Responses request means, after the messages of `history` (400s name
+    the Responses fields)."""
+    if req.conversation is not None:
+        raise unsupported("conversation", "conversation objects (continue with previous_response_id)")
     if req.background:
         raise unsupported("background", "background responses")
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body = {
         "model": req.model,
-        "messages": _messages(req),
+        "messages": system + _messages(req, history),
         "max_completion_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
@@ -161,10 +168,23 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         raise bad_request(f"{responses_param(path)}: {err['msg']}", responses_param(path)) from None
 
 
-def prepare_responses(req: ResponsesRequest, llm) -> Prepared:
+def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepared:
     """Validate against the model, as chat (the server renames the fields its 400s name)."""
-    prepared = prepare_chat(to_chat(req), llm)
+    history = []
+    if req.previous_response_id is not None:
+        history = store.messages(req.previous_response_id)
+        if history is None:
+            raise bad_request(
+                f"previous response with id {req.previous_response_id!r} not found (responses are kept in "
+                "this server's memory only, and not when sent with store: false)",
+                "previous_response_id",
+                "previous_response_not_found",
+            )
+    chat = to_chat(req, history)
+    prepared = prepare_chat(chat, llm)
     prepared.include_usage = False  # the usage travels in response.completed
+    if req.store is not False:
+        prepared.history = _messages(req, history)
     prepared.request_fields = {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
@@ -176,6 +196,8 @@ def prepare_responses(req: ResponsesRequest, llm) -> Prepared:
         "tools": req.tools or [],
         "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
         "user": req.user,
+        "previous_response_id": req.previous_response_id,
+        "store": req.store is not False,
     }
     return prepared
 
@@ -192,12 +214,66 @@ def responses_param(param: str | None) -> str | None:
     return param
 
 
+# -- what is kept -------------------------------------------------------------------------------
+class ResponseStore:
+    """Finished responses in memory: each one's conversation (chat messages, its answer last)
+    and its body, dropped least recently used first beyond `max_chars` of JSON."""
+
+    def __init__(self, max_chars: int = 64 << 20):
+        self.max_chars = max_chars
+        self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()  # the event loop stores, the prep thread reads
+
+    def put(self, response_id: str, messages: list[dict], body: dict) -> None:
+        size = len(json.dumps(messages, ensure_ascii=False)) + len(json.dumps(body, ensure_ascii=False))
+        with self._lock:
+            self._items[response_id] = (messages, body, size)
+            self._chars += size
+            while self._chars > self.max_chars and len(self._items) > 1:
+                _, (_, _, dropped) = self._items.popitem(last=False)
+                self._chars -= dropped
+
+    def _get(self, response_id: str):
+        with self._lock:
+            item = self._items.get(response_id)
+            if item is not None:
+                self._items.move_to_end(response_id)
+            return item
+
+    def messages(self, response_id: str) -> list[dict] | None:
+        item = self._get(response_id)
+        return None if item is None else item[0]
+
+    def body(self, response_id: str) -> dict | None:
+        item = self._get(response_id)
+        return None if item is None else item[1]
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            item = self._items.pop(response_id, None)
+            if item is not None:
+                self._chars -= item[2]
+            return item is not None
+
+
+def _answer_message(items: list[dict]) -> dict:
+    """The answer's output items as the chat message that continues the conversation."""
+    text = "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"])
+    message = {"role": "assistant", "content": text or None}
+    calls = [_call(i, 0) for i in items if i["type"] == "function_call"]
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
 # -- the response -------------------------------------------------------------------------------
 @dataclass
 class ResponsesContext(ResponseContext):
     """One response's ids and what its stream has sent so far."""
 
     request_fields: dict = field(default_factory=dict)
+    history: list[dict] | None = None  # the conversation so far, kept with the answer (None: store false)
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     sequence: int = 0
     opened: bool = False  # the message item (and its output_text part) was announced
@@ -241,8 +317,11 @@ class ResponsesDialect(Dialect):
     request_model = ResponsesRequest
     id_prefix = "resp_"
 
+    def __init__(self, store: ResponseStore | None = None):
+        self.store = store or ResponseStore()
+
     def prepare(self, req, llm) -> Prepared:
-        return prepare_responses(req, llm)
+        return prepare_responses(req, llm, self.store)
 
     def param(self, name: str | None) -> str | None:
         return responses_param(name)
@@ -254,6 +333,7 @@ class ResponsesDialect(Dialect):
             namer,
             tools=prepared.tools,
             request_fields=prepared.request_fields,
+            history=prepared.history,
         )
 
     def body(self, ctx: ResponsesContext, output: RequestOutput | None, items: list[dict]) -> dict:
@@ -270,9 +350,7 @@ class ResponsesDialect(Dialect):
             "model": ctx.model,
             "output": items,
             **ctx.request_fields,
-            "previous_response_id": None,
             "reasoning": None,
-            "store": False,
             "truncation": "disabled",
             "usage": _usage(output) if output is not None else None,
         }
@@ -292,7 +370,13 @@ class ResponsesDialect(Dialect):
         done = "incomplete" if output.finish_reason == "length" else "completed"
         items = [_message(ctx, content, done)] if content else []
         items += [_function_call(c, "completed") for c in calls]
-        return self.body(ctx, output, items)
+        return self._remember(ctx, self.body(ctx, output, items))
+
+    def _remember(self, ctx: ResponsesContext, body: dict) -> dict:
+        """Keep a finished response (unless sent with store: false); returns its body."""
+        if ctx.history is not None:
+            self.store.put(ctx.id, [*ctx.history, _answer_message(body["output"])], body)
+        return body
 
     # -- streaming ----------------------------------------------------------------------------
     def sse(self, event: dict) -> str:
@@ -353,10 +437,7 @@ class ResponsesDialect(Dialect):
             events.append(ctx.event("response.function_call_arguments.done", **where, arguments=call.arguments))
             events.append(ctx.event("response.output_item.done", output_index=k, item=item))
             items.append(item)
-        final = self.body(ctx, output, items)
+        final = self._remember(ctx, self.body(ctx, output, items))
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         events.append(ctx.event(kind, response=final))
         return events
-
-
-RESPONSES = ResponsesDialect()

@@ -137,7 +137,7 @@ class CompletionRequest(_Common):
 
 
 class ResponsesRequest(_Strict):
-    """OpenAI's Responses API body (`POST /v1/responses`), the part a stateless server can serve;
+    """OpenAI's Responses API body (`POST /v1/responses`), the part this server serves;
     `responses_api.py` turns it into a chat request. Items stay loosely typed here and are
     checked there, so an error can name the exact item (`input[2].content[0].type`)."""
 
@@ -153,7 +153,7 @@ class ResponsesRequest(_Strict):
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     metadata: Metadata | None = None  # returned as sent
-    store: bool | None = None  # accepted; nothing is stored (previous_response_id is refused)
+    store: bool | None = None  # false: the response is not kept for previous_response_id
     previous_response_id: str | None = None
     conversation: Any = None
     background: bool | None = None
