@@ -179,7 +179,7 @@ class ChatDialect(Dialect):
         chunks, calls = [], []
         if ctx.tools is not None:
             rest, calls = ctx.splitter(index).finish()
-            calls = calls if ctx.tools.parallel else calls[:1]
+            calls = ctx.tools.kept(calls)
             if rest:
                 chunks.append(self._delta(ctx, index, {"content": rest}))
             for j, c in enumerate(calls):
@@ -199,7 +199,7 @@ class ChatDialect(Dialect):
         content, calls = output.text, []
         if ctx.tools is not None:
             content, calls = parse_tool_calls(output.text, ctx.tools.names)
-            calls = calls if ctx.tools.parallel else calls[:1]
+            calls = ctx.tools.kept(calls)
         message = {"role": "assistant", "content": content, "refusal": None}
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]

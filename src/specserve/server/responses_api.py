@@ -362,7 +362,7 @@ class ResponsesDialect(Dialect):
         if ctx.tools is None:
             return text, []
         content, calls = parse_tool_calls(text, ctx.tools.names)
-        return content or "", calls if ctx.tools.parallel else calls[:1]
+        return content or "", ctx.tools.kept(calls)
 
     def response(self, ctx, outputs) -> dict:
         output = outputs[0] if isinstance(outputs, list) else outputs
@@ -416,7 +416,7 @@ class ResponsesDialect(Dialect):
         events, calls = [], []
         if ctx.tools is not None:
             rest, calls = ctx.splitter(index).finish()
-            calls = calls if ctx.tools.parallel else calls[:1]
+            calls = ctx.tools.kept(calls)
             events += self._text_events(ctx, rest)
         done = "incomplete" if output.finish_reason == "length" else "completed"
         items = []

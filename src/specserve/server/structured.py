@@ -37,6 +37,10 @@ class ToolSetup:
     choice: str  # "none" | "auto" | "required" | a function name
     parallel: bool
 
+    def kept(self, calls: list) -> list:
+        """The calls a response returns: all of them, or the first without parallel_tool_calls."""
+        return calls if self.parallel else calls[:1]
+
     @property
     def names(self) -> frozenset[str]:
         """The declared functions' names."""

@@ -151,6 +151,11 @@ def _call_from_json(text: str) -> ToolCall | None:
         obj = json.loads(text)
     except ValueError:
         return None
+    return _call_from_obj(obj)
+
+
+def _call_from_obj(obj) -> ToolCall | None:
+    """A parsed call object ({"name", "arguments" or "parameters"}) as a ToolCall."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -181,7 +186,7 @@ def _bare_calls(text: str, names: Collection[str]) -> list[ToolCall]:
     ]
     if not objs or len(named) < len(objs):
         return []
-    return [_call_from_json(json.dumps(o)) for o in objs]
+    return [_call_from_obj(o) for o in objs]
 
 
 def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
