@@ -258,12 +258,18 @@ def _continues(req: ChatCompletionRequest) -> bool:
     return go_on
 
 
-def _completion_prompt_ids(prompt, llm) -> list[int]:
-    """One prompt: a string, a list of token ids, or a batch of exactly one of those."""
+def _one_prompt(prompt):
+    """The request's one prompt, a string or a list of token ids (a batch of exactly one of those
+    is taken apart; a batch of several is refused)."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise unsupported("prompt", "a batch of several prompts (send one request per prompt)")
-        prompt = prompt[0]
+        return prompt[0]
+    return prompt
+
+
+def _completion_prompt_ids(prompt, llm) -> list[int]:
+    """The token ids of one prompt (`_one_prompt`'s)."""
     try:
         return llm.prompt_ids(prompt)
     except InvalidRequestError as e:
@@ -274,8 +280,6 @@ def _completion_prompt_ids(prompt, llm) -> list[int]:
 def _infill_prompt_ids(prompt, suffix: str, llm) -> list[int]:
     """A fill-in-the-middle prompt: the text prompt is the code before the gap (it may be
     empty: the gap is at the top of the file), `suffix` the code after it (fim.py)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
     if not isinstance(prompt, str):
         raise bad_request("suffix needs a text prompt (the code before the gap), not token ids", "prompt")
     try:
@@ -296,9 +300,8 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
             "best_of",
             f"best_of={req.best_of} (server-side ranking of extra samples; ask for n choices and rank them yourself)",
         )
-    prompt_ids = (
-        _infill_prompt_ids(req.prompt, req.suffix, llm) if req.suffix else _completion_prompt_ids(req.prompt, llm)
-    )
+    prompt = _one_prompt(req.prompt)
+    prompt_ids = _infill_prompt_ids(prompt, req.suffix, llm) if req.suffix else _completion_prompt_ids(prompt, llm)
     max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context, "prompt")
     params = sampling_params(req, max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
@@ -313,12 +316,5 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         _compile(extension_guide(_extension_fields(req)), llm, req),
         None,
         check_n(req.n),
-        echo_text=_echo_text(req.prompt, prompt_ids, llm) if req.echo else None,
+        echo_text=(prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt_ids)) if req.echo else None,
     )
-
-
-def _echo_text(prompt, prompt_ids: list[int], llm) -> str:
-    """The prompt as the answer repeats it: the text as sent, or the token ids decoded."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    return prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt_ids)

@@ -135,17 +135,13 @@ def _response_format(text: dict | None) -> dict | None:
     return fmt
 
 
-def to_chat(req: ResponsesRequest, history: list[dict]) -> ChatCompletionRequest:
-    """The chat request this Responses request means, after the messages of `history` (400s name
-    the Responses fields)."""
-    if req.conversation is not None:
-        raise unsupported("conversation", "conversation objects (continue with previous_response_id)")
-    if req.background:
-        raise unsupported("background", "background responses")
+def to_chat(req: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
+    """The chat request this Responses request means, its conversation being `messages` (a
+    stored conversation's and the input's, `_messages`; 400s name the Responses fields)."""
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body = {
         "model": req.model,
-        "messages": system + _messages(req, history),
+        "messages": system + messages,
         "max_completion_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
@@ -170,6 +166,10 @@ def to_chat(req: ResponsesRequest, history: list[dict]) -> ChatCompletionRequest
 
 def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepared:
     """Validate against the model, as chat (the server renames the fields its 400s name)."""
+    if req.conversation is not None:
+        raise unsupported("conversation", "conversation objects (continue with previous_response_id)")
+    if req.background:
+        raise unsupported("background", "background responses")
     history = []
     if req.previous_response_id is not None:
         history = store.messages(req.previous_response_id)
@@ -180,11 +180,11 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
                 "previous_response_id",
                 "previous_response_not_found",
             )
-    chat = to_chat(req, history)
-    prepared = prepare_chat(chat, llm)
+    messages = _messages(req, history)
+    prepared = prepare_chat(to_chat(req, messages), llm)
     prepared.include_usage = False  # the usage travels in response.completed
     if req.store is not False:
-        prepared.history = _messages(req, history)
+        prepared.history = messages
     prepared.request_fields = {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
