@@ -336,7 +336,7 @@ class EngineCore:
         """Whether a running request still prefilling will hold at least a block more of this
         prompt than is cached now (n > 1 choices, prompts with a common start arriving together):
         the request then waits for that prefill and copies it instead of computing it again."""
-        if self.prefix is None or req.params.prompt_logprobs is not None:
+        if self.prefix is None or req.scores_prompt:
             return False
         have = (hit.length if (hit := self.prefix.match(req.prompt_ids)) else 0) + self.prefix.block
         limit = len(req.prompt_ids) - 1
@@ -353,7 +353,7 @@ class EngineCore:
         p, s = self.prefix, self.scheduler
         if p is None:
             return None
-        hit = p.match(req.prompt_ids) if req.params.prompt_logprobs is None else None  # cached cells have no logits
+        hit = None if req.scores_prompt else p.match(req.prompt_ids)
         if len(s.running) >= s.limits.max_num_seqs or s.reserved + req.reserve > s.cache_tokens:
             return hit  # it waits for running requests, not for the cache
         mine = hit.held if hit is not None and hit.entry else 0  # may go once copied (see _reused)
@@ -416,7 +416,10 @@ class EngineCore:
 
     def _run(self, plan: StepPlan):
         inputs = [SeqInput(r.seq, r.step_tokens(), "all") for r in plan.decode]
-        inputs += [SeqInput(r.seq, r.prompt_ids[r.cached : r.cached + n], _prefill_rows(r)) for r, n in plan.prefill]
+        inputs += [
+            SeqInput(r.seq, r.prompt_ids[r.cached : r.cached + n], "all" if r.scores_prompt else "none")
+            for r, n in plan.prefill
+        ]
         try:
             return self.target.forward(inputs)
         except Exception as e:  # noqa: BLE001 - every request of this pass fails; the engine lives on
@@ -500,8 +503,3 @@ class EngineCore:
             self.cache_used,
             waiting,
         )
-
-
-def _prefill_rows(r: Request) -> str:
-    """A prefill chunk's logits rows: all of them when the request wants prompt logprobs."""
-    return "all" if r.params.prompt_logprobs is not None else "none"

@@ -88,6 +88,12 @@ class Request:
         return min(self.max_context, len(self.prompt_ids) + self.params.max_tokens)
 
     @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt's own logprobs are wanted: every prefill row comes back, and no
+        prompt token may come from the prefix cache, whose cells hold no logits."""
+        return self.params.prompt_logprobs is not None
+
+    @property
     def prefill_remaining(self) -> int:
         """Prompt tokens still to enter the cache (all but the last, which is the first pending)."""
         return len(self.prompt_ids) - 1 - self.cached
@@ -113,9 +119,8 @@ class Request:
         self.tokens = list(self.prompt_ids)
         self.sources: list[str] = []
         self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
-        self.prompt_logprobs: list[TokenLogprob | None] | None = None
-        if self.params.prompt_logprobs is not None:
-            self.prompt_logprobs = [None]  # the first prompt token follows nothing
+        # the prompt's scores: none for its first token, which follows nothing
+        self.prompt_logprobs: list[TokenLogprob | None] | None = [None] if self.scores_prompt else None
         self.timeline: list[dict] = []
         self.draft: Draft | None = None
         self.draft_ids: list[int] = []

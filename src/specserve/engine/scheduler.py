@@ -109,7 +109,7 @@ class Scheduler:
         for r in self.running:
             if r.phase == PREFILL and budget > 0:
                 n = min(r.prefill_remaining, budget)
-                if r.params.prompt_logprobs is not None:  # every row comes back: 151k floats each
+                if r.scores_prompt:  # every row comes back: 151k floats each
                     n = min(n, PROMPT_LOGPROBS_CHUNK)
                 chunks.append((r, n))
                 budget -= n
