@@ -94,9 +94,15 @@ def _messages(req: ResponsesRequest, history: list[dict]) -> list[dict]:
 
 
 def _call(item: dict, i: int) -> dict:
+    """Input item i, a function_call, checked and in chat's shape."""
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
             raise bad_request(f"input[{i}].{key} must be a string", f"input[{i}].{key}")
+    return _chat_call(item)
+
+
+def _chat_call(item: dict) -> dict:
+    """A function_call item as chat's tool call."""
     return {
         "id": item["call_id"],
         "type": "function",
@@ -261,7 +267,7 @@ def _answer_message(items: list[dict]) -> dict:
     """The answer's output items as the chat message that continues the conversation."""
     text = "".join(p["text"] for i in items if i["type"] == "message" for p in i["content"])
     message = {"role": "assistant", "content": text or None}
-    calls = [_call(i, 0) for i in items if i["type"] == "function_call"]
+    calls = [_chat_call(i) for i in items if i["type"] == "function_call"]
     if calls:
         message["tool_calls"] = calls
     return message
