@@ -142,6 +142,7 @@ class EngineCore:
                 req.draft_runner,
                 req.noise,
                 prices=lambda: self._prices,
+                prompt_ids=req.prompt_ids,
             )
         )
         return req

@@ -8,7 +8,7 @@ After every step each proposer hears what was committed, so it can adapt K and r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,6 +75,7 @@ class ProposerContext:
     draft_runner: object | None
     noise: Noise  # the request's random numbers, keyed by token position
     prices: Callable[[], object] | None = None  # () -> the engine's CostModel, or None while unmeasured
+    prompt_ids: Sequence[int] = ()  # the prompt itself (prompt drafting reads its code)
 
 
 Factory = Callable[[ProposerContext], "Proposer | None"]

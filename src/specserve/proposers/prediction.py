@@ -97,6 +97,8 @@ def _grid(k_max: int) -> list[int]:
 
 class PredictionProposer:
     name = "prediction"
+    prior = PRIOR  # (divergences, followed tokens) before the request has shown any, for runs YOUNG_RUN or older
+    prior_young = PRIOR_YOUNG  # the same for younger runs
 
     def __init__(
         self,
@@ -177,9 +179,9 @@ class PredictionProposer:
         if max_k <= 0:
             return 0
         if self.age < YOUNG_RUN:  # the output came back lately: edits cluster
-            follow = _follow_odds(*self.young, PRIOR_YOUNG)
+            follow = _follow_odds(*self.young, self.prior_young)
         else:
-            follow = _follow_odds(*self.old, PRIOR)
+            follow = _follow_odds(*self.old, self.prior)
         k = priced_k(prices, follow, min(self.k_max, max_k))
         return k if self.trusted else min(k, probe_length(prices, self.k_init))
 
