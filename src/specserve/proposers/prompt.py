@@ -60,22 +60,12 @@ class PromptProposer(PredictionProposer):
     ):
         super().__init__(tokenizer, "", prompt_len, k_init, k_max, min_anchor_chars, prices, learn_edits)
         self.anchored = False  # nothing to follow until the output matches the prompt's code
-        self.loaded = False
-        if prompt_ids:
-            # Now, where the request is made (the server's prep thread), not on the engine's
-            # worker at the first step: for a 3.5k-token prompt this takes about 10 ms, which
-            # would stall every request in the batch.
-            self._load(prompt_ids)
-
-    def _load(self, tokens: Sequence[int]) -> None:
-        """Take the prompt's code (in tokens[:prompt_len]) as the reference text."""
-        self.loaded = True
-        code = prompt_code(self.tok.decode(list(tokens[: self.prompt_len]), skip_special_tokens=True))
+        # The prompt's code is read here, where the request is made (the server's prep thread),
+        # not on the engine's worker at the first step: for a 3.5k-token prompt this takes about
+        # 10 ms, which would stall every request in the batch. Without it there is nothing to draft.
+        code = prompt_code(self.tok.decode(list(prompt_ids), skip_special_tokens=True)) if prompt_ids else ""
         if code:
             self.set_text(code)
-
-    def propose(self, tokens: list[int], max_k: int) -> Draft | None:
-        return super().propose(tokens, max_k) if self.loaded else None
 
     def draft_length(self, max_k: int) -> int:
         """No probe of an unconfirmed anchor where drafts are priced: in code written anew (an
@@ -86,8 +76,6 @@ class PromptProposer(PredictionProposer):
         return super().draft_length(max_k)
 
     def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
-        if not self.loaded:
-            self._load(tokens)
         if self.text:
             super().observe(tokens, draft, num_accepted)
 
