@@ -133,17 +133,25 @@ def test_a_forced_function_call_is_a_function_call_item_and_its_output_goes_back
     ]
     kw["max_output_tokens"] = 40
     again = client.responses.create(input=follow, tool_choice="none", **kw)
+    assert again.output_text == chat_after_call(client, "Weather in Paris?", call, "sunny", max_tokens=40)
+
+
+def chat_after_call(client, question: str, call, result: str, max_tokens: int) -> str:
+    """Chat completions' answer (greedy, no further call) to `question`, then the model's call
+    of WEATHER and its `result`: what a Responses turn that sends the call's output must equal."""
     messages = [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [_chat_call(call)]},
-        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"},
+        {"role": "user", "content": question},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": result},
     ]
     tools = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
-    assert again.output_text == chat_text(client, messages, tools=tools, tool_choice="none", max_tokens=40)
-
-
-def _chat_call(call) -> dict:
-    return {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return chat_text(client, messages, tools=tools, tool_choice="none", max_tokens=max_tokens)
 
 
 def test_a_json_schema_text_format_is_enforced(client):
@@ -191,13 +199,7 @@ def test_a_function_call_is_continued_with_its_output_by_id(client):
     after = client.responses.create(
         previous_response_id=call_resp.id, input=[output], tool_choice="none", max_output_tokens=30, **kw
     )
-    messages = [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": None, "tool_calls": [_chat_call(call)]},
-        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"},
-    ]
-    tools = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
-    assert after.output_text == chat_text(client, messages, tools=tools, tool_choice="none", max_tokens=30)
+    assert after.output_text == chat_after_call(client, "Weather?", call, "sunny", max_tokens=30)
 
 
 def test_stored_responses_are_read_and_deleted_and_store_false_keeps_nothing(client):

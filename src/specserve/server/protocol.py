@@ -215,7 +215,7 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
         raise bad_request("messages must contain at least one message", "messages", "empty_array")
     tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
     spec = tool_guide(tools) or response_format_guide(req.response_format) or extension_guide(_extension_fields(req))
-    prompt_ids = chat_prompt_ids(req.messages, tools, _continues(req), llm)
+    prompt_ids = chat_prompt_ids(req.messages, tools, continues_final_message(req), llm)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")
     top_n = (req.top_logprobs or 0) if req.logprobs else None
@@ -244,7 +244,7 @@ def chat_prompt_ids(messages: list[ChatMessage], tools: ToolSetup, go_on: bool, 
         raise bad_request(f"messages: the model's chat template rejected them: {e}", "messages") from None
 
 
-def _continues(req: ChatCompletionRequest) -> bool:
+def continues_final_message(req: ChatCompletionRequest) -> bool:
     """Whether the model goes on writing the last message (vLLM's `continue_final_message`; the
     template step refuses it after a message that is not the assistant's); `add_generation_prompt`
     is accepted only where it agrees (no new turn when continuing)."""

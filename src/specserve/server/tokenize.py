@@ -7,7 +7,7 @@ tokenizer and chat template the server uses, instead of guessing with another on
 from __future__ import annotations
 
 from .errors import bad_request
-from .protocol import _continues, chat_prompt_ids
+from .protocol import chat_prompt_ids, continues_final_message
 from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import tool_setup
 
@@ -19,7 +19,7 @@ def tokenize(req: TokenizeRequest, llm) -> dict:
     if req.messages is not None:
         if not req.messages:
             raise bad_request("messages must contain at least one message", "messages", "empty_array")
-        ids = chat_prompt_ids(req.messages, tool_setup(req.tools, None, None), _continues(req), llm)
+        ids = chat_prompt_ids(req.messages, tool_setup(req.tools, None, None), continues_final_message(req), llm)
     elif req.add_special_tokens is False:
         ids = llm.encode(req.prompt)
     else:
