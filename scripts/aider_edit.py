@@ -37,17 +37,39 @@ def metric_sum(metrics: str, name: str) -> float:
     return total
 
 
-def run_aider(aider: str, base_url: str, model: str, file: Path, message: str, log: Path) -> float:
+def model_metadata(model: str, context: int, path: Path) -> Path:
+    """The litellm metadata file aider's docs ask for when a local model is unknown to it.
+
+    Without it aider assumes a small context window and, after each answer, sends the chat
+    history back to be summarized: extra requests whose prefill both modes pay alike."""
+    entry = {
+        "max_input_tokens": context,
+        "max_tokens": context,
+        "max_output_tokens": context,
+        "input_cost_per_token": 0.0,
+        "output_cost_per_token": 0.0,
+        "litellm_provider": "openai",
+        "mode": "chat",
+    }
+    path.write_text(json.dumps({f"openai/{model}": entry}, indent=2))
+    return path
+
+
+def run_aider(
+    aider: str, base_url: str, model: str, file: Path, message: str, log: Path, metadata: Path | None
+) -> float:
     """One aider run on `file` (edited in place); its wall time in seconds."""
     cmd = [
         aider,
         "--model", f"openai/{model}",
+        *(["--model-metadata-file", str(metadata)] if metadata else []),
         "--openai-api-base", base_url,
         "--openai-api-key", "none",
         "--edit-format", "whole",
         "--no-git", "--no-auto-lint", "--no-auto-test", "--no-auto-commits",
         "--map-tokens", "0", "--yes-always", "--no-show-model-warnings", "--no-check-update",
         "--no-analytics", "--no-pretty", "--no-stream",
+        "--llm-history-file", str(log.with_name("llm-history.txt")),
         "--message", message,
         str(file),
     ]  # fmt: skip
@@ -66,11 +88,13 @@ def main() -> None:
     ap.add_argument("--modes", default="none,auto", help="speculation modes, one server each")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=Path("aider-out"))
+    ap.add_argument("--context", type=int, default=32768, help="the context window aider is told (0: tell it nothing)")
     ap.add_argument(
         "--exact", action="store_true", help="serve with --exact: every mode writes plain decoding's answer bit for bit"
     )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    metadata = model_metadata(args.model, args.context, args.out / "model-metadata.json") if args.context else None
     rows = []
     for mode in args.modes.split(","):
         work = args.out / mode
@@ -82,12 +106,17 @@ def main() -> None:
         serve += ["--threads", str(args.threads)] if args.threads else []
         serve += ["--exact"] if args.exact else []
         with ServerProcess(serve, log_path=work / "server.log", startup_timeout=600) as srv:
-            seconds = run_aider(args.aider, srv.base_url, args.model, target, args.message, work / "aider.log")
+            seconds = run_aider(
+                args.aider, srv.base_url, args.model, target, args.message, work / "aider.log", metadata
+            )
             metrics = srv.metrics()
         rows.append(
             {
                 "mode": mode,
                 "seconds": round(seconds, 2),
+                "requests": metric_sum(metrics, "specserve_requests_total"),
+                "server_seconds": round(metric_sum(metrics, "specserve_e2e_request_latency_seconds_sum"), 2),
+                "first_token_seconds": round(metric_sum(metrics, "specserve_time_to_first_token_seconds_sum"), 2),
                 "completion_tokens": metric_sum(metrics, "specserve_completion_tokens_total"),
                 "prompt_tokens": metric_sum(metrics, "specserve_prompt_tokens_total"),
                 "proposed": metric_sum(metrics, "specserve_spec_proposed_tokens_total"),
@@ -111,6 +140,7 @@ def main() -> None:
         "message": args.message,
         "model": args.model,
         "exact": args.exact,
+        "context_told": args.context,
         "same_file": same,
         "runs": rows,
     }
