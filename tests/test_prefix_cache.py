@@ -124,6 +124,30 @@ def test_copy_prefix_continues_like_a_cold_sequence(backend, tmp_path):
         assert (got - want).abs().max() < 1e-4 and (got.argmax(-1) == want.argmax(-1)).all()
 
 
+def test_relocate_moves_a_scattered_sequence_bit_for_bit(tmp_path):
+    """llama.cpp's `relocate` (save, remove, restore) keeps a sequence's keys and values: a
+    sequence whose cells were interleaved with two others' goes on exactly like one fed the same
+    tokens in one piece (batch-invariant kernels: bit for bit). An empty sequence is left alone."""
+    b = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=4, batch_invariant=True)
+    ids = tiny_tokenizer().encode(FILE)[:90]
+    first, seq, second, ref = b.new_sequence(), b.new_sequence(), b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(first, ids[:50], "none")])
+    b.forward([SeqInput(seq, ids[:40], "none")])
+    b.forward([SeqInput(second, ids[::-1][:50], "none")])
+    b.forward([SeqInput(seq, ids[40:60], "none")])  # its cells now lie in two runs
+    b.free_sequence(first)
+    b.free_sequence(second)
+    b.relocate(seq)
+    assert b.length(seq) == 60
+    (got,) = b.forward([SeqInput(seq, ids[60:90], "all")])  # [30, V]
+    b.forward([SeqInput(ref, ids[:60], "none")])
+    (want,) = b.forward([SeqInput(ref, ids[60:90], "all")])
+    assert (got == want).all()
+    empty = b.new_sequence()
+    b.relocate(empty)
+    assert b.length(empty) == 0
+
+
 # -- engines -----------------------------------------------------------------------------------
 def tiny_llm(
     backend: str, prefix_caching: bool = True, limits: EngineLimits = LIMITS, entries: int = 4, folder=None
@@ -233,6 +257,65 @@ def test_entries_pay_rent_on_llamacpp_alone(pair):
         assert (old in core.prefix.owners) is not llamacpp
     finally:
         core.prefix.rent_limit = saved
+
+
+def test_rent_counts_every_token_a_pass_verifies(pair):
+    """A speculative step feeds its pending token and its draft, and an entry's rent grows by all
+    of them: a request that writes its answer from a prediction in a few steps still charges
+    every token it verified. (Charged after the commit, the step used to count one token.)"""
+    warm, cold = pair
+    core = warm.engine.core
+    core.prefix.clear()
+    other = warm.encode("Something else entirely: " + FILE[::-1][:150])
+    want = cold.generate(other, GREEDY)
+    saved = core.prefix.rent_limit
+    try:
+        warm.generate(warm.encode(FILE + "Question one?"), GREEDY)
+        (old,) = [o.seq for o in core.prefix.owners.values()]
+        # fed: the prompt but its last token as prefill, then at least one token per output token
+        core.prefix.rent_limit = len(other) - 1 + len(want.token_ids) - 1
+        out = warm.generate(other, GREEDY, prediction=want.text, speculation="prediction")
+        same(out, want)
+        assert out.stats.steps < len(want.token_ids) - 2  # drafts were verified in bulk
+        assert old not in core.prefix.owners
+    finally:
+        core.prefix.rent_limit = saved
+
+
+def test_a_lone_request_moves_down_once_the_entry_below_it_goes(pair):
+    """llama.cpp: a request admitted beside an entry is placed above the entry's cells. While the
+    entry stays, nothing moves; once rent releases it mid-request, the request, alone in the
+    cache, is moved to its start (`relocate`) once, and still writes what a cold run writes.
+    Transformers keeps no shared cells and never moves anything."""
+    warm, cold = pair
+    core = warm.engine.core
+    llamacpp = isinstance(core.target, LlamaCppBackend)
+    assert core._compacts is llamacpp
+    moved = []
+    if llamacpp:
+        relocate = core.target.relocate
+
+        def spy(seq):
+            moved.append(core.target.length(seq))
+            relocate(seq)
+
+        core.target.relocate = spy
+    saved = core.prefix.rent_limit
+    try:
+        other = warm.encode("Something else entirely: " + FILE[::-1][:150])  # nothing shared with the first
+        for rent in (None, 60):  # entries stay (nothing moves), then go after 60 fed tokens
+            core.prefix.clear()
+            core.prefix.rent_limit = rent if llamacpp else None
+            warm.generate(warm.encode(FILE + "Question one?"), GREEDY)
+            same(warm.generate(other, GREEDY), cold.generate(other, GREEDY))
+            if rent is None:
+                assert moved == []
+    finally:
+        core.prefix.rent_limit = saved
+        if llamacpp:
+            del core.target.relocate
+    assert len(moved) == (1 if llamacpp else 0)
+    assert all(n > 0 for n in moved)
 
 
 def test_n_copies_prefill_once(pair):

@@ -2,6 +2,7 @@
 
     step():  retire    cancelled requests leave and free their caches
              admit     waiting requests join while the cache has room for them
+             compact   a lone request left above cells since freed moves down (llama.cpp)
              schedule  prefill chunks, each decoding request's draft, trimmed to what pays
              run       one target forward over all of it (ragged: 1 + K tokens per decoding
                        request, a chunk per prefilling one)
@@ -96,6 +97,8 @@ class EngineCore:
             if self.limits.prefix_caching and hasattr(target, "copy_prefix")
             else None
         )
+        # llama.cpp: a lone request left above cells since freed is moved down (see _compact)
+        self._compacts = getattr(target, "attends_every_cell", False) and hasattr(target, "relocate")
         shares_draft = self.prefix is not None and draft is not None and hasattr(draft, "copy_prefix")
         self.draft_prefixes = DraftPrefixes(draft) if shares_draft else None
         self._prices: CostModel | None = None
@@ -257,6 +260,8 @@ class EngineCore:
         with self.lock:
             self._retire()
             self._admit()
+            if self._compacts:
+                self._compact()
             self._draft()
             plan = self.scheduler.plan(self._prices if self.num_running > 1 else None)
             if plan.empty:
@@ -269,8 +274,8 @@ class EngineCore:
             if logits is not None:
                 self._commit(plan, logits, seconds)
             self._retire()
-            if self.prefix is not None:
-                self.prefix.charge(plan.tokens)
+            if self.prefix is not None:  # what the pass fed (the plan's drafts are cleared by the commit)
+                self.prefix.charge(info.tokens)
             if self.on_step is not None:
                 self.on_step(replace(info, seconds=seconds))
 
@@ -320,6 +325,7 @@ class EngineCore:
             sched.start(req)
             if self.prefix is not None:
                 self._reused(req, hit)
+            req.above_others = len(sched.running) > 1 or bool(self.prefix is not None and self.prefix.entries)
         sched.waiting.extendleft(reversed(held))
 
     # -- prefix caching (prefix_cache.py) ---------------------------------------------------------
@@ -372,6 +378,28 @@ class EngineCore:
         p.track(req.seq, req.tokens, req.cached, parent=hit.seq if hit else None)
         if hit is not None and hit.entry and (hit.whole or hit.sibling or s.reserved + p.cells > s.cache_tokens):
             p.release(hit.seq)
+
+    def _compact(self) -> None:
+        """Move a lone running request to the start of the cache once every sequence that held
+        cells when it was admitted has gone (llama.cpp's `relocate`).
+
+        On the unified cache a pass attends over every cell up to the highest one in use. A
+        request admitted beside a prefix-cache entry is placed above it, and when the entry is
+        released (rent, docs/design.md: "What an entry costs the others") the request would go on
+        attending over the freed span for the rest of its life. Moving it costs one copy of its
+        cache; it is done at most once per request, and only when no other sequence holds cells,
+        so the cache has room for the copy."""
+        running = self.scheduler.running
+        if len(running) != 1 or not running[0].above_others:
+            return
+        if self.prefix is not None and self.prefix.entries:
+            return
+        req = running[0]
+        req.above_others = False
+        try:
+            self.target.relocate(req.seq)
+        except Exception as e:  # noqa: BLE001 - its cache may be gone: this request fails, the engine lives on
+            self._fail(req, e)
 
     def _free_entry(self, seq: int) -> None:
         """A prefix-cache entry left: its target sequence and the draft sequence kept beside it."""

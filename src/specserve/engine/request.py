@@ -77,6 +77,7 @@ class Request:
         self.noise = Noise(params.seed if params.seed is not None else random.getrandbits(63))
         self.seq: int | None = None  # the target cache sequence, once admitted
         self.cached = 0  # prompt tokens in the target cache (prefill progress)
+        self.above_others = False  # admitted while other sequences held cells: its own may sit above theirs
         self.chain: list[Proposer] = []
         self.governor: Governor | None = None
         self.error: Exception | None = None  # set when the request failed
