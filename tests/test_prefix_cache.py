@@ -137,15 +137,31 @@ def test_relocate_moves_a_scattered_sequence_bit_for_bit(tmp_path):
     b.forward([SeqInput(seq, ids[40:60], "none")])  # its cells now lie in two runs
     b.free_sequence(first)
     b.free_sequence(second)
-    b.relocate(seq)
+    assert b.relocate(seq)
     assert b.length(seq) == 60
     (got,) = b.forward([SeqInput(seq, ids[60:90], "all")])  # [30, V]
     b.forward([SeqInput(ref, ids[:60], "none")])
     (want,) = b.forward([SeqInput(ref, ids[60:90], "all")])
     assert (got == want).all()
     empty = b.new_sequence()
-    b.relocate(empty)
+    assert not b.relocate(empty)
     assert b.length(empty) == 0
+
+
+def test_relocate_that_cannot_save_leaves_the_sequence_as_it_was(tmp_path, monkeypatch):
+    """If llama.cpp cannot save the sequence, nothing is removed: it goes on as before."""
+    b = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=2, batch_invariant=True)
+    ids = tiny_tokenizer().encode(FILE)[:50]
+    seq, ref = b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(seq, ids[:40], "none")])
+    monkeypatch.setattr(b._ll, "llama_state_seq_get_data", lambda *args: 0)
+    assert not b.relocate(seq)
+    monkeypatch.undo()
+    assert b.length(seq) == 40
+    (got,) = b.forward([SeqInput(seq, ids[40:50], "all")])
+    b.forward([SeqInput(ref, ids[:40], "none")])
+    (want,) = b.forward([SeqInput(ref, ids[40:50], "all")])
+    assert (got == want).all()
 
 
 # -- engines -----------------------------------------------------------------------------------

@@ -386,8 +386,9 @@ class LlamaCppBackend:
             self._ll.llama_memory_seq_cp(self._mem, src, dst, 0, length)
         self._lengths[dst] = length
 
-    def relocate(self, seq: int) -> None:
-        """Move `seq`'s cells to the lowest free ones, keys and values byte for byte.
+    def relocate(self, seq: int) -> bool:
+        """Move `seq`'s cells to the lowest free ones, keys and values byte for byte; False when
+        llama.cpp could not save the sequence (nothing is touched then, and it stays where it is).
 
         On the unified cache every pass attends over every cell up to the highest one in use, so
         a sequence placed above cells that have since been freed (a released prefix-cache entry)
@@ -402,15 +403,16 @@ class LlamaCppBackend:
         the sequence's cells apart from its own, as it has when no other sequence holds any."""
         ll, n = self._ll, self._lengths[seq]
         if not n:
-            return
+            return False
         size = ll.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         if ll.llama_state_seq_get_data(self._ctx, buf, size, seq) != size:
-            raise RuntimeError(f"llama.cpp could not save sequence {seq} to move it")
+            return False
         ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
         if ll.llama_state_seq_set_data(self._ctx, buf, size, seq) != size:
             self._lengths[seq] = 0
             raise RuntimeError(f"llama.cpp could not restore sequence {seq} ({n} cells) after moving it")
+        return True
 
     # -- the forward ------------------------------------------------------------------------
     def forward(self, inputs: Sequence[SeqInput]) -> list[torch.Tensor | None]:

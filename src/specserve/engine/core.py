@@ -398,7 +398,7 @@ class EngineCore:
         req.above_others = False
         try:
             self.target.relocate(req.seq)
-        except Exception as e:  # noqa: BLE001 - its cache may be gone: this request fails, the engine lives on
+        except Exception as e:  # noqa: BLE001 - its cache is gone (a failed save moves nothing): it fails
             self._fail(req, e)
 
     def _free_entry(self, seq: int) -> None:
