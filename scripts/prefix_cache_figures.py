@@ -32,7 +32,7 @@ print(
     f"{common_prefix(turn2, history)} of turn 1's {len(history)} prompt+output tokens "
     f"(output {len(o1.token_ids)} tokens, finish {o1.finish_reason})"
 )
-core.prefix.clear()
+llm.engine.clear_prefix_cache()
 o2c = llm.generate(turn2, params)
 print(f"turn1 ttft {o1.stats.time_to_first_token:.3f}s cached {o1.cached_tokens}")
 print(
@@ -52,7 +52,7 @@ one = SamplingParams(max_tokens=1)
 print("n-test prompt tokens", len(p2k), flush=True)
 res = {}
 for label, n, share in (("n1", 1, True), ("n4", 4, True), ("n4-nocache", 4, False), ("n1b", 1, True)):
-    core.prefix.clear()
+    llm.engine.clear_prefix_cache()
     saved = core.prefix
     if not share:
         core.prefix = None

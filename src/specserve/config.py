@@ -180,6 +180,9 @@ class EngineLimits:
     prefix_caching: a request whose prompt starts like a running or finished request's tokens
     reuses their cache and prefills only the rest (engine/prefix_cache.py); finished requests'
     prefixes stay cached until their cells are needed.
+    host_cache_bytes: host memory for finished requests' caches that leave the KV cache, where
+    the backend can copy a sequence out and back (llama.cpp; engine/host_cache.py). None: 4 GiB,
+    at most a quarter of the memory available at start-up; 0: off.
     """
 
     max_num_seqs: int = 8
@@ -188,6 +191,7 @@ class EngineLimits:
     prefill_slowdown: float = 2.0
     min_prefill_chunk: int = 4
     prefix_caching: bool = True
+    host_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -198,6 +202,8 @@ class EngineLimits:
             raise ValueError(
                 "max_num_batched_tokens must exceed max_num_seqs (one pending token each, plus room for prefill)"
             )
+        if self.host_cache_bytes is not None and self.host_cache_bytes < 0:
+            raise ValueError(f"host_cache_bytes must be at least 0, got {self.host_cache_bytes}")
         if self.prefill_slowdown < 1.0:
             raise ValueError(f"prefill_slowdown must be at least 1, got {self.prefill_slowdown}")
 

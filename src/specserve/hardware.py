@@ -1,4 +1,5 @@
-"""What machine a figure was measured on: CPU model and the SIMD flags that decide kernel speed.
+"""What machine a figure was measured on: CPU model and the SIMD flags that decide kernel speed
+(and the memory available, which sizes the default caches).
 
 Every benchmark and the `generate` stats line name the backend, the CPU and these flags, since
 the same model runs several times faster or slower across CPUs (AVX2 only vs AVX-512 / AMX).
@@ -35,6 +36,18 @@ def cpu_info() -> dict:
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
     return {"cpu": model, "cpu_flags": flags, "cores": cores}
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return None
 
 
 def describe(backend_name: str) -> str:

@@ -65,6 +65,26 @@ class Backend(Protocol):
         cells, transformers copies the cache slices. Optional: a backend without it (a one-sequence
         `RunnerBackend`) runs with the prefix cache off."""
 
+    # Optional, with copy_prefix: the prefix cache's host tier (engine/host_cache.py) keeps
+    # evicted entries in host memory through these two (llama.cpp has them).
+    #   save_sequence(seq) -> SavedSequence | None: a copy of seq's cache; None if it cannot
+    #   restore_sequence(seq, saved) -> bool: the empty seq holds the copy; False (seq left
+    #   empty) when the cache has no room
+
+
+@dataclass(frozen=True)
+class SavedSequence:
+    """A sequence's cache copied to host memory: `data` is the backend's own serialisation (a
+    ctypes byte array for llama.cpp), of `length` positions."""
+
+    data: object
+    length: int
+
+    @property
+    def size(self) -> int:
+        """Bytes of host memory it takes."""
+        return len(memoryview(self.data).cast("B"))
+
 
 class Runner(Protocol):
     """One sequence, as the engine and the draft proposer see it."""

@@ -117,6 +117,24 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 8) -> None:
         help="prefill every prompt in full (default: reuse the cache of running and finished "
         "requests whose tokens start the same way)",
     )
+    p.add_argument(
+        "--host-cache-gib",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="host memory for finished requests' KV caches once they leave the KV cache, restored "
+        "when a prompt starts the same way (llama.cpp; default 4, at most a quarter of free "
+        "memory; 0: off)",
+    )
+
+
+def gib_bytes(gib: float | None) -> int | None:
+    """A size in GiB as bytes (None stays None: the default)."""
+    if gib is None:
+        return None
+    if not gib >= 0:  # NaN too
+        raise InvalidRequestError(f"--host-cache-gib must be at least 0, got {gib}")
+    return int(gib * 2**30)
 
 
 def engine_limits(args) -> EngineLimits:
@@ -127,6 +145,7 @@ def engine_limits(args) -> EngineLimits:
             kv_cache_tokens=args.kv_cache_tokens,
             max_num_batched_tokens=args.max_num_batched_tokens,
             prefix_caching=not getattr(args, "no_prefix_cache", False),
+            host_cache_bytes=gib_bytes(getattr(args, "host_cache_gib", None)),
         )
     except ValueError as e:
         raise InvalidRequestError(str(e)) from None

@@ -62,10 +62,13 @@ class Engine:
         return self.core.measured_context_cost
 
     def clear_prefix_cache(self) -> None:
-        """Free every cached prefix of finished requests (benchmark runs start cold)."""
+        """Free every cached prefix of finished requests, in the cache and in host memory
+        (benchmark runs start cold)."""
         with self.core.lock:
             if self.core.prefix is not None:
                 self.core.prefix.clear()
+            if self.core.host is not None:
+                self.core.host.clear()
 
     def use_prices(self, prices) -> None:
         """Price steps with this CostModel instead of measuring (the replay simulates a backend

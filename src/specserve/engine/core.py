@@ -25,10 +25,12 @@ from ..backends import Backend, SeqInput, SequenceRunner
 from ..backends.compute import on_compute_thread
 from ..config import AGREEMENT_TEXT, SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, InvalidRequestError, ModelLoadError
+from ..hardware import available_memory
 from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
 from .governor import ContextCost, CostModel, Governor, measure_context_cost
-from .prefix_cache import ENTRY_RENT_TOKENS, Hit, PrefixCache, common_prefix
+from .host_cache import HostCache, default_budget
+from .prefix_cache import ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS, Hit, Owner, PrefixCache, common_prefix
 from .prices import measured
 from .request import DECODE, FINISHED, PREFILL, Request
 from .scheduler import Scheduler, StepPlan
@@ -90,11 +92,22 @@ class EngineCore:
         # Prefix caching: sequence ids beyond the running requests' and the spare one hold
         # finished requests' prefixes (entries); running requests are shared in any case.
         entries = max(0, target.max_sequences - 1 - self.limits.max_num_seqs)
-        # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent
-        rent = ENTRY_RENT_TOKENS if getattr(target, "attends_every_cell", False) else None
+        caching = self.limits.prefix_caching and hasattr(target, "copy_prefix")
+        # entries leaving the cells are saved to host memory where the backend can copy them out
+        budget = self.limits.host_cache_bytes
+        budget = default_budget(available_memory()) if budget is None else budget
+        saves = caching and budget > 0 and hasattr(target, "save_sequence")
+        self.host = HostCache(budget) if saves else None
+        # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent.
+        # With --exact it stays long: cells freed below a running request take its next tokens,
+        # and the attention sum, run in cell order, then rounds differently (docs/design.md)
+        rent = None
+        if getattr(target, "attends_every_cell", False):
+            short = saves and not getattr(target, "batch_invariant", False)
+            rent = SAVED_ENTRY_RENT_TOKENS if short else ENTRY_RENT_TOKENS
         self.prefix = (
-            PrefixCache(self._free_entry, entries, rent_limit=rent)
-            if self.limits.prefix_caching and hasattr(target, "copy_prefix")
+            PrefixCache(self._free_entry, entries, rent_limit=rent, spill=self._spill if saves else None)
+            if caching
             else None
         )
         # llama.cpp: a lone request left above cells since freed is moved down (see _compact)
@@ -177,8 +190,14 @@ class EngineCore:
         return s.reserved / s.cache_tokens if s.cache_tokens else 0.0
 
     def prefix_stats(self) -> dict | None:
-        """The prefix cache's entries, cells, hit rate and prompt tokens saved (None: off)."""
-        return None if self.prefix is None else self.prefix.stats()
+        """The prefix cache's entries, cells, hit rate and prompt tokens saved, and its host
+        tier's (None: off)."""
+        if self.prefix is None:
+            return None
+        stats = self.prefix.stats()
+        if self.host is not None:
+            stats["host"] = self.host.stats()
+        return stats
 
     def has_work(self) -> bool:
         return bool(self._incoming or self.scheduler.waiting or self.scheduler.running)
@@ -305,18 +324,8 @@ class EngineCore:
                         governor = Governor(prices, prompt_len=len(req.prompt_ids))
                         req.chain = [q for q in req.chain if not governor.never_pays(q.name, largest_draft(q))]
                 seq = self.target.new_sequence()
-                if hit is not None:
-                    self.target.copy_prefix(hit.seq, seq, hit.length)
-                    if self.draft_prefixes is not None:
-                        self.draft_prefixes.share(req, hit, sched.running)
-                req.admit(
-                    seq,
-                    governor,
-                    self.tokenizer,
-                    self.eos_token_ids,
-                    self.target.vocab_size,
-                    cached=hit.length if hit else 0,
-                )
+                cached, hit = self._start_from(req, seq, hit)
+                req.admit(seq, governor, self.tokenizer, self.eos_token_ids, self.target.vocab_size, cached=cached)
             except Exception as e:  # noqa: BLE001 - this request fails; the others run on
                 self._fail(req, e)
                 if seq is not None:  # the request never ran: its sequence goes back
@@ -369,6 +378,35 @@ class EngineCore:
                 break
         return hit
 
+    def _start_from(self, req: Request, seq: int, hit: Hit | None) -> tuple[int, Hit | None]:
+        """Give the new request's empty sequence the longest cached prefix of its prompt: the
+        cells of a running request or an entry (`hit`, shared), or a saved entry's cells restored
+        from the host tier when that holds at least a block more. Returns (tokens cached, the
+        cell hit used: None for a restore or nothing)."""
+        have = hit.length if hit is not None else 0
+        saved = self.host.match(req.prompt_ids) if self.host is not None and not req.scores_prompt else None
+        if saved is not None and saved.length >= have + self.host.block:
+            ok = self.target.restore_sequence(seq, saved.saved.copy)
+            self.host.restored(saved, ok)
+            if ok:  # the saved entry's answer may go on past this prompt's share
+                self.target.truncate(seq, saved.length)
+                if self.draft_prefixes is not None and saved.saved.draft is not None:
+                    self.draft_prefixes.restore(req, saved.saved.draft, saved.length)
+                return saved.length, None
+        if hit is None:
+            return 0, None
+        self.target.copy_prefix(hit.seq, seq, hit.length)
+        if self.draft_prefixes is not None:
+            self.draft_prefixes.share(req, hit, self.scheduler.running)
+        return hit.length, hit
+
+    def _spill(self, owner: Owner) -> None:
+        """An entry leaves the cells by rent or LRU: a copy of them goes to the host tier first."""
+        copy = self.target.save_sequence(owner.seq)
+        if copy is not None:
+            draft = self.draft_prefixes.save(owner.seq) if self.draft_prefixes is not None else None
+            self.host.put(owner.tokens[: owner.length], copy, draft)
+
     def _reused(self, req: Request, hit: Hit | None) -> None:
         """Book an admitted request's reuse; an entry it copied entirely (a conversation's next
         turn) or as its sibling (prefix_cache.py), or one whose cells are needed, goes: the
@@ -377,7 +415,7 @@ class EngineCore:
         p.record(req.cached)
         p.track(req.seq, req.tokens, req.cached, parent=hit.seq if hit else None)
         if hit is not None and hit.entry and (hit.whole or hit.sibling or s.reserved + p.cells > s.cache_tokens):
-            p.release(hit.seq)
+            p.release(hit.seq, spill=not (hit.whole or hit.sibling))  # cells needed: save the rest
 
     def _compact(self) -> None:
         """Move a lone running request to the start of the cache once every sequence that held

@@ -10,11 +10,14 @@ a prefix-cache entry, its draft sequence is kept beside it (cut to the committed
 holds) and freed with it. When a request starts from a cached prefix, its draft sequence takes
 over the same prefix of the entry's (or of the running source request's) draft sequence with
 the backend's `copy_prefix`, and its draft proposer is told which tokens it already holds; only
-the rest is fed. Drafts only: verification decides every token either way.
+the rest is fed. When the target entry leaves the cells for the host tier, a copy of its draft
+sequence goes with it and is restored beside it. Drafts only: verification decides every token
+either way.
 """
 
 from __future__ import annotations
 
+from ..backends.base import SavedSequence
 from ..proposers.draft_model import DraftModelProposer
 from .prefix_cache import Hit, common_prefix
 
@@ -47,6 +50,29 @@ class DraftPrefixes:
         held = self.held.pop(target_seq, None)
         if held is not None:
             self.backend.free_sequence(held[0])
+
+    def save(self, target_seq: int) -> tuple[SavedSequence, list[int]] | None:
+        """A copy of the draft sequence kept beside a target entry that leaves the cells for the
+        host tier (host_cache.py), with the tokens it holds; None when there is none to save."""
+        held = self.held.get(target_seq)
+        if held is None or not hasattr(self.backend, "save_sequence"):
+            return None
+        copy = self.backend.save_sequence(held[0])
+        return None if copy is None else (copy, held[1])
+
+    def restore(self, req, saved: tuple[SavedSequence, list[int]], limit: int) -> int:
+        """Before `req` is admitted from a restored host entry: give its draft sequence the saved
+        draft cells, cut to the prompt's share (at most `limit` tokens). Returns the tokens given."""
+        proposer, runner = draft_proposer(req), getattr(req, "draft_runner", None)
+        copy, tokens = saved
+        n = common_prefix(tokens, req.prompt_ids, limit)
+        if proposer is None or runner is None or n == 0:
+            return 0
+        if not self.backend.restore_sequence(runner._seq(), copy):
+            return 0
+        runner.truncate(n)
+        proposer.adopt_prefix(req.prompt_ids[:n])
+        return n
 
     def share(self, req, hit: Hit, running) -> int:
         """Before `req` is admitted from `hit`: give its draft sequence the prefix the source's

@@ -19,7 +19,10 @@ target cache sequence already holds, and prefills only the rest.
     rent     on such a backend an entry no request has used while the engine fed `rent_limit`
              tokens is released: its cells have by then slowed the other requests about as
              much as prefilling it again would cost (rent or buy: never worse than twice the
-             better choice in hindsight)
+             better choice in hindsight), or, with a host tier, as saving and restoring it
+    spill    an entry leaving by rent or LRU is first handed to the `spill` callback, which
+             saves it to the host tier (host_cache.py); one a request copied, or that `clear`
+             drops, is not
 
 The engine core asks `match`, copies the prefix into the new request's sequence with the
 backend's `copy_prefix` (llama.cpp: the cells are shared, nothing is computed; transformers: the
@@ -40,6 +43,10 @@ SIBLING_SHARE = 0.5  # a hit covering this share of an entry's prompt makes the 
 # one-token step, and prefilling a token costs 8-13 ms: an entry has cost about its own prefill
 # after 2,600-6,500 fed tokens. The ratio, not the CPU's speed, sets this, so one figure serves.
 ENTRY_RENT_TOKENS = 4096
+# The same with a host tier (host_cache.py), where an entry leaving the cells is saved and restored
+# at about 60 us a token instead of prefilled again: its held cells cost the others that much after
+# ~20-40 fed tokens (2.8 us a held cell per token of a 64-token pass, measured on the same CPU).
+SAVED_ENTRY_RENT_TOKENS = 64
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
@@ -94,12 +101,19 @@ class PrefixCache:
     free: releases an evicted entry's sequence in the backend. max_entries: finished requests'
     sequences kept at most (the backend's spare sequence ids; 0 keeps none, and then only running
     requests are shared). rent_limit: see `charge` (None: entries cost the others nothing, as
-    with per-sequence caches)."""
+    with per-sequence caches). spill: called with an entry evicted by rent or LRU before its
+    sequence is freed (None: it is just freed)."""
 
     def __init__(
-        self, free: Callable[[int], None], max_entries: int, block: int = BLOCK, rent_limit: int | None = None
+        self,
+        free: Callable[[int], None],
+        max_entries: int,
+        block: int = BLOCK,
+        rent_limit: int | None = None,
+        spill: Callable[[Owner], None] | None = None,
     ):
         self.free, self.max_entries, self.block, self.rent_limit = free, max_entries, block, rent_limit
+        self.spill = spill
         self.owners: dict[int, Owner] = {}
         self._index: dict[int, dict[int, None]] = {}  # block hash -> owner seqs (insertion ordered)
         self._clock = itertools.count(1)
@@ -187,13 +201,14 @@ class PrefixCache:
         entries = [o for o in self.owners.values() if not o.live and o.seq != keep]
         if not entries:
             return False
-        self.release(min(entries, key=lambda o: o.used).seq)
+        self.release(min(entries, key=lambda o: o.used).seq, spill=True)
         return True
 
     def clear(self) -> None:
-        """Free every entry (running requests' sequences stay indexed)."""
-        while self.evict():
-            pass
+        """Free every entry, saving none (running requests' sequences stay indexed)."""
+        for o in self._owners_now():
+            if not o.live:
+                self.release(o.seq)
 
     # -- lookup -----------------------------------------------------------------------------------
     def match(self, prompt: list[int]) -> Hit | None:
@@ -233,11 +248,15 @@ class PrefixCache:
                 if o.rent >= self.rent_limit:
                     due.append(o.seq)
         for seq in due:
-            self.release(seq)
+            self.release(seq, spill=True)
         return len(due)
 
-    def release(self, seq: int) -> None:
-        """Forget an entry and free its sequence (its cells stay with whoever shares them)."""
+    def release(self, seq: int, spill: bool = False) -> None:
+        """Forget an entry and free its sequence (its cells stay with whoever shares them).
+        spill: hand it to the `spill` callback first (rent and LRU evictions)."""
+        owner = self.owners.get(seq)
+        if spill and self.spill is not None and owner is not None:
+            self.spill(owner)
         self.drop(seq)
         self.free(seq)
 

@@ -558,8 +558,9 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     async def metrics():
         core = server.llm.engine.core
         cached_cells = core.prefix.cells if core.prefix is not None else 0
+        host = core.host.stats() if core.host is not None else None
         server.metrics.set_engine_state(
-            server.engine.num_waiting, server.engine.num_running, core.cache_used, cached_cells
+            server.engine.num_waiting, server.engine.num_running, core.cache_used, cached_cells, host
         )
         content, content_type = server.metrics.render()
         return Response(content, media_type=content_type)

@@ -70,6 +70,16 @@ class Metrics:
             "KV cache cells held by cached prefixes of finished requests (evicted first when a request needs room)",
             registry=r,
         )
+        self.host_bytes = Gauge(
+            "specserve_prefix_cache_host_bytes",
+            "Host memory held by cached prefixes saved out of the KV cache (restored when a prompt starts like one)",
+            registry=r,
+        )
+        self.host_restored = Gauge(
+            "specserve_prefix_cache_host_restored_tokens",
+            "Prompt tokens restored from host memory instead of prefilled, since start (a total)",
+            registry=r,
+        )
         self.completion_tokens = Counter("specserve_completion_tokens", "Output tokens generated", registry=r)
         self.queue_depth = Gauge(
             "specserve_queue_depth", "Requests waiting for a place in the running batch", registry=r
@@ -118,13 +128,18 @@ class Metrics:
         self.step_draft_tokens.inc(info.draft_tokens)
         self.step_seconds.observe(info.seconds)
 
-    def set_engine_state(self, waiting: int, running: int, cache_used: float, cached_cells: int) -> None:
+    def set_engine_state(
+        self, waiting: int, running: int, cache_used: float, cached_cells: int, host: dict | None = None
+    ) -> None:
         """The gauges, read from the engine when /metrics is scraped (not from the last step: after
-        it the engine may have emptied, failed or died, and the gauges must say so)."""
+        it the engine may have emptied, failed or died, and the gauges must say so). host: the
+        prefix cache's host tier stats (engine/host_cache.py), if it has one."""
         self.queue_depth.set(waiting)
         self.active.set(running)
         self.kv_usage.set(cache_used)
         self.prefix_cells.set(cached_cells)
+        self.host_bytes.set(host["bytes"] if host else 0)
+        self.host_restored.set(host["tokens_restored"] if host else 0)
 
     def request(self, endpoint: str, status: int | str) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()

@@ -1,0 +1,240 @@
+"""The prefix cache's host tier (engine/host_cache.py): entries leaving llama.cpp's cells are
+saved to host memory and restored, exactly, when a prompt starts like them.
+
+- The store alone: the longest prefix, bounded by bytes (least recently used out), an earlier
+  turn superseded by the next, a copy larger than the budget refused.
+- The backend: a saved sequence, freed and restored under another id, goes on bit for bit like
+  one fed the same tokens (the tiny f32 GGUF with batch-invariant kernels); a restore without
+  room leaves the sequence empty.
+- The engine: a conversation's next turn after its entry was evicted by rent prefills only the
+  new part and writes what a cold run writes; without the tier it prefills everything; a failed
+  restore falls back to prefilling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+from test_prefix_cache import FILE, GREEDY, LIMITS, fed_to, prefilled_tokens, same
+from tiny import tiny_tokenizer
+from tiny_gguf import write_tiny_gguf
+
+from specserve.backends import SeqInput
+from specserve.backends.base import SavedSequence
+from specserve.backends.llamacpp import LlamaCppBackend
+from specserve.config import EngineLimits
+from specserve.engine.host_cache import GIB, HostCache, default_budget
+from specserve.engine.prefix_cache import BLOCK, ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS
+from specserve.llm import LLM
+
+
+def copy_of(n_bytes: int, length: int) -> SavedSequence:
+    return SavedSequence((ctypes.c_uint8 * n_bytes)(), length)
+
+
+# -- the store alone ---------------------------------------------------------------------------
+def test_the_longest_saved_prefix_is_found_and_the_budget_holds():
+    host = HostCache(budget=1000)
+    a, b = list(range(100)), list(range(40)) + [999] * 60
+    assert host.put(a, copy_of(400, 100)) and host.put(b, copy_of(400, 100))
+    hit = host.match(list(range(90)) + [5])
+    assert hit.saved.tokens == a and hit.length == 90
+    assert host.match(a).length == 99  # never the last prompt token
+    assert host.match(list(range(40)) + [999] * 3 + [1]).saved.tokens == b
+    assert host.match([7] + list(range(1, 50))) is None  # shares nothing
+    assert host.match(list(range(BLOCK - 1)) + [5]) is None  # less than a block
+    host.restored(host.match(a + [1]), ok=True)  # a was used last: b is the least recent
+    assert host.put(list(range(500, 600)), copy_of(400, 100))  # 1200 bytes > 1000: b goes
+    assert [s.tokens[0] for s in host.saved] == [0, 500] and host.bytes == 800
+    assert not host.put(list(range(700, 800)), copy_of(1001, 100))  # larger than the whole budget
+    assert host.stats()["restores"] == 1 and host.stats()["tokens_restored"] == 100
+
+
+def test_a_later_turn_supersedes_the_earlier_one():
+    host = HostCache(budget=10**6)
+    turn1 = list(range(50))
+    turn2 = turn1 + list(range(1000, 1030))
+    assert host.put(turn1, copy_of(10, 50))
+    assert host.put(turn2, copy_of(10, 80))
+    assert [s.tokens for s in host.saved] == [turn2]  # it serves every prompt turn 1 served
+    assert not host.put(turn1, copy_of(10, 50))  # already held, whole, by turn 2
+    assert host.put(list(range(30)) + [5] * 30, copy_of(10, 60))  # a branch: both stay
+    assert len(host.saved) == 2
+
+
+def test_the_default_budget_is_a_quarter_of_free_memory_at_most():
+    assert default_budget(None) == 4 * GIB
+    assert default_budget(64 * GIB) == 4 * GIB
+    assert default_budget(8 * GIB) == 2 * GIB
+
+
+# -- the backend -------------------------------------------------------------------------------
+def test_a_saved_sequence_restores_bit_for_bit(tmp_path):
+    b = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=4, batch_invariant=True)
+    ids = tiny_tokenizer().encode(FILE)[:90]
+    seq, other, ref = b.new_sequence(), b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(seq, ids[:60], "none")])
+    b.forward([SeqInput(other, ids[::-1][:40], "none")])
+    saved = b.save_sequence(seq)
+    assert saved.length == 60 and saved.size > 0 and b.length(seq) == 60  # the sequence stays
+    b.free_sequence(seq)
+    again = b.new_sequence()
+    with pytest.raises(ValueError):
+        b.restore_sequence(other, saved)  # not empty
+    assert b.restore_sequence(again, saved) and b.length(again) == 60
+    (got,) = b.forward([SeqInput(again, ids[60:90], "all")])  # [30, V]
+    b.forward([SeqInput(ref, ids[:60], "none")])
+    (want,) = b.forward([SeqInput(ref, ids[60:90], "all")])
+    assert (got == want).all()
+    assert b.save_sequence(b.new_sequence()) is None  # an empty sequence has nothing to save
+
+
+def test_a_restore_without_room_leaves_the_sequence_empty(tmp_path):
+    b = LlamaCppBackend(
+        write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=3, cache_tokens=256, batch_invariant=True
+    )
+    cells = b._ll.llama_n_ctx(b._ctx)
+    ids = tiny_tokenizer().encode(FILE * 8)
+    assert len(ids) >= cells + 80
+    seq, filler, dst = b.new_sequence(), b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(seq, ids[:80], "none")])
+    saved = b.save_sequence(seq)
+    b.free_sequence(seq)
+    b.forward([SeqInput(filler, ids[80 : 80 + cells - 40], "none")])  # 40 cells left: no room for 80
+    assert not b.restore_sequence(dst, saved)
+    assert b.length(dst) == 0 and b._ll.llama_memory_seq_pos_max(b._mem, dst) == -1
+    b.free_sequence(filler)
+    assert b.restore_sequence(dst, saved) and b.length(dst) == 80
+
+
+# -- the engine --------------------------------------------------------------------------------
+def llamacpp_llm(folder, host_cache_bytes: int | None = None) -> LLM:
+    limits = EngineLimits(**{**LIMITS.__dict__, "host_cache_bytes": host_cache_bytes})
+    target = LlamaCppBackend(
+        write_tiny_gguf(folder / "t.gguf", 0),
+        max_sequences=limits.max_num_seqs + 1,
+        batch_invariant=True,
+        prefix_sequences=4,
+    )
+    return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+
+
+@pytest.fixture(scope="module")
+def llms(tmp_path_factory):
+    """(with the host tier, without it, no prefix cache at all) on the same tiny GGUF."""
+    folder = tmp_path_factory.mktemp("gguf")
+    cold = llamacpp_llm(folder)
+    cold.engine.core.prefix = cold.engine.core.host = None
+    return llamacpp_llm(folder), llamacpp_llm(folder, host_cache_bytes=0), cold
+
+
+def evicted_turns(llm):
+    """Turn 1, then an unrelated request that feeds more than the rent: turn 1's entry leaves
+    the cells. Returns (turn 1's prompt + answer, turn 2's prompt)."""
+    llm.engine.clear_prefix_cache()
+    llm.engine.core.prefix.rent_limit = SAVED_ENTRY_RENT_TOKENS  # the tier's rent, also without it
+    turn1 = llm.encode(FILE + "Question one?")
+    out1 = llm.generate(turn1, GREEDY)
+    other = llm.encode("Something else entirely: " + FILE[::-1][:400])
+    assert len(other) > SAVED_ENTRY_RENT_TOKENS
+    llm.generate(other, GREEDY)
+    assert not any(o.tokens[: len(turn1)] == turn1 for o in llm.engine.core.prefix.owners.values())
+    return turn1 + out1.token_ids, turn1 + out1.token_ids + llm.encode("\nAnd a follow-up question:")
+
+
+def test_the_next_turn_restores_an_evicted_entry(llms):
+    warm, _, cold = llms
+    held, turn2 = evicted_turns(warm)
+    host = warm.engine.core.host
+    assert host.stats()["entries"] >= 1
+    before = host.stats()
+    fed = prefilled_tokens(warm)
+    out = warm.generate(turn2, GREEDY)
+    same(out, cold.generate(turn2, GREEDY))
+    assert out.cached_tokens in (len(held) - 1, len(held))  # the last answer token may never be fed
+    assert fed[0] == len(turn2) - 1 - out.cached_tokens  # only the new part was prefilled
+    after = warm.engine.core.prefix_stats()["host"]
+    assert after["restores"] - before["restores"] == 1
+    assert after["tokens_restored"] - before["tokens_restored"] == out.cached_tokens
+
+
+def test_without_the_tier_an_evicted_entry_is_prefilled_again(llms):
+    _, off, cold = llms
+    assert off.engine.core.host is None
+    _, turn2 = evicted_turns(off)
+    out = off.generate(turn2, GREEDY)
+    same(out, cold.generate(turn2, GREEDY))
+    assert out.cached_tokens == 0
+
+
+def test_a_failed_restore_prefills_instead(llms, monkeypatch):
+    warm, _, cold = llms
+    _, turn2 = evicted_turns(warm)
+    core = warm.engine.core
+    restore, calls = core.target.restore_sequence, []
+
+    def fails_first(seq, saved):  # the host tier's restore fails; a later move (relocate) works
+        calls.append(seq)
+        return len(calls) > 1 and restore(seq, saved)
+
+    monkeypatch.setattr(core.target, "restore_sequence", fails_first)
+    failed = core.host.failed_restores
+    fed = prefilled_tokens(warm)
+    out = warm.generate(turn2, GREEDY)
+    same(out, cold.generate(turn2, GREEDY))
+    assert out.cached_tokens == 0 and fed[0] == len(turn2) - 1
+    assert core.host.failed_restores == failed + 1
+
+
+def test_a_branch_restores_only_the_shared_part(llms):
+    """A prompt sharing the first half of a saved entry (an earlier turn edited) gets that half:
+    the rest of the restored cells are cut before it prefills its own tokens."""
+    warm, _, cold = llms
+    held, _ = evicted_turns(warm)
+    branch = held[: len(held) // 2] + warm.encode(" something else entirely")
+    out = warm.generate(branch, GREEDY)
+    same(out, cold.generate(branch, GREEDY))
+    assert out.cached_tokens == len(held) // 2 >= BLOCK
+
+
+def test_the_draft_models_cache_is_saved_and_restored_beside_it(tmp_path):
+    """With a draft model, a saved entry carries the draft model's sequence too: the next turn,
+    restored from host memory, feeds the draft model only the new part, and writes what a run
+    without any cache writes."""
+
+    def make(prefix_caching: bool) -> LLM:
+        limits = EngineLimits(**{**LIMITS.__dict__, "prefix_caching": prefix_caching})
+        t, d = (
+            LlamaCppBackend(
+                write_tiny_gguf(tmp_path / f"{name}-{prefix_caching}.gguf", seed),
+                max_sequences=limits.max_num_seqs + 1,
+                batch_invariant=True,
+                prefix_sequences=4,
+            )
+            for name, seed in (("t", 0), ("d", 1))
+        )
+        return LLM.from_backends(t, tiny_tokenizer(), d, name="tiny", speculation="draft", limits=limits)
+
+    warm, cold = make(True), make(False)
+    held, turn2 = evicted_turns(warm)
+    (saved,) = [s for s in warm.engine.core.host.saved if s.tokens[:10] == held[:10]]
+    assert saved.draft is not None and saved.size > saved.copy.size
+    fed, cold_fed = fed_to(warm.engine.core.draft), fed_to(cold.engine.core.draft)
+    out = warm.generate(turn2, GREEDY)
+    assert out.stats.by_source["draft"].proposed > 0  # the draft model drafted
+    same(out, cold.generate(turn2, GREEDY))
+    assert out.cached_tokens >= len(held) - 1
+    assert cold_fed[0] >= len(turn2) - 1  # without a cache the draft model is fed the whole prompt
+    assert fed[0] < cold_fed[0] - out.cached_tokens + BLOCK  # restored, it was not fed turn 1 again
+
+
+def test_the_short_rent_is_for_the_default_kernels_only(tmp_path):
+    """An entry leaving the cells is cheap to bring back, so with the default kernels it pays
+    rent for 64 tokens; with --exact's batch-invariant kernels it keeps the long rent, because
+    freeing cells below a running request changes the order its attention sums in."""
+    path = write_tiny_gguf(tmp_path / "t.gguf", 0)
+    for exact, rent in ((False, SAVED_ENTRY_RENT_TOKENS), (True, ENTRY_RENT_TOKENS)):
+        target = LlamaCppBackend(path, max_sequences=3, batch_invariant=exact, prefix_sequences=2)
+        llm = LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=LIMITS)
+        assert llm.engine.core.host is not None and llm.engine.core.prefix.rent_limit == rent
