@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
@@ -128,5 +129,12 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
     )
     llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation, engine_limits(args))
+    host = llm.engine.core.host
+    if host is not None:
+        print(
+            f"prefix cache: entries leaving the KV cache are kept in host memory, up to "
+            f"{host.budget / 2**30:.1f} GiB (--host-cache-gib)",
+            file=sys.stderr,
+        )
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
     return 0
