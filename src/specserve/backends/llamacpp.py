@@ -394,8 +394,7 @@ class LlamaCppBackend:
         `seq` is left empty."""
         if self._lengths[seq]:
             raise ValueError(f"sequence {seq} is not empty")
-        size = ctypes.sizeof(saved.data)
-        if self._ll.llama_state_seq_set_data(self._ctx, saved.data, size, seq) != size:
+        if self._ll.llama_state_seq_set_data(self._ctx, saved.data, saved.size, seq) != saved.size:
             self._ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
             return False
         self._lengths[seq] = saved.length

@@ -384,15 +384,16 @@ class EngineCore:
         from the host tier when that holds at least a block more. Returns (tokens cached, the
         cell hit used: None for a restore or nothing)."""
         have = hit.length if hit is not None else 0
-        saved = self.host.match(req.prompt_ids) if self.host is not None and not req.scores_prompt else None
-        if saved is not None and saved.length >= have + self.host.block:
-            ok = self.target.restore_sequence(seq, saved.saved.copy)
-            self.host.restored(saved, ok)
+        host = self.host.match(req.prompt_ids) if self.host is not None and not req.scores_prompt else None
+        if host is not None and host.length >= have + self.host.block:
+            stored = host.saved
+            ok = self.target.restore_sequence(seq, stored.copy)
+            self.host.restored(host, ok)
             if ok:  # the saved entry's answer may go on past this prompt's share
-                self.target.truncate(seq, saved.length)
-                if self.draft_prefixes is not None and saved.saved.draft is not None:
-                    self.draft_prefixes.restore(req, saved.saved.draft, saved.length)
-                return saved.length, None
+                self.target.truncate(seq, host.length)
+                if self.draft_prefixes is not None and stored.draft is not None:
+                    self.draft_prefixes.restore(req, stored.draft, host.length)
+                return host.length, None
         if hit is None:
             return 0, None
         self.target.copy_prefix(hit.seq, seq, hit.length)

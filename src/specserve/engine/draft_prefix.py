@@ -63,31 +63,40 @@ class DraftPrefixes:
     def restore(self, req, saved: tuple[SavedSequence, list[int]], limit: int) -> int:
         """Before `req` is admitted from a restored host entry: give its draft sequence the saved
         draft cells, cut to the prompt's share (at most `limit` tokens). Returns the tokens given."""
-        proposer, runner = draft_proposer(req), getattr(req, "draft_runner", None)
         copy, tokens = saved
-        n = common_prefix(tokens, req.prompt_ids, limit)
-        if proposer is None or runner is None or n == 0:
-            return 0
-        if not self.backend.restore_sequence(runner._seq(), copy):
-            return 0
-        runner.truncate(n)
-        proposer.adopt_prefix(req.prompt_ids[:n])
-        return n
+
+        def fill(seq: int, n: int) -> bool:
+            if not self.backend.restore_sequence(seq, copy):
+                return False
+            self.backend.truncate(seq, n)
+            return True
+
+        return self._give(req, tokens, limit, fill)
 
     def share(self, req, hit: Hit, running) -> int:
         """Before `req` is admitted from `hit`: give its draft sequence the prefix the source's
         draft sequence holds. Returns the tokens shared (0 when there is nothing to share)."""
-        proposer, runner = draft_proposer(req), getattr(req, "draft_runner", None)
-        if proposer is None or runner is None:
-            return 0
         source = self._source(hit.seq, running)
         if source is None:
             return 0
-        seq, fed = source
-        n = common_prefix(fed, req.prompt_ids, hit.length)
-        if n == 0:
+        src, fed = source
+
+        def fill(seq: int, n: int) -> bool:
+            self.backend.copy_prefix(src, seq, n)
+            return True
+
+        return self._give(req, fed, hit.length, fill)
+
+    def _give(self, req, tokens: list[int], limit: int, fill) -> int:
+        """Give req's (empty) draft sequence the first n tokens it shares with `tokens` (at most
+        `limit`): `fill(seq, n)` puts their cells there, False when it could not; the proposer
+        then feeds only the rest. Returns n (0: nothing given)."""
+        proposer, runner = draft_proposer(req), getattr(req, "draft_runner", None)
+        if proposer is None or runner is None:
             return 0
-        self.backend.copy_prefix(seq, runner._seq(), n)
+        n = common_prefix(tokens, req.prompt_ids, limit)
+        if n == 0 or not fill(runner._seq(), n):
+            return 0
         proposer.adopt_prefix(req.prompt_ids[:n])
         return n
 

@@ -53,9 +53,13 @@ class Saved:
 
     tokens: list[int]
     copy: SavedSequence
-    size: int  # bytes, the draft copy's included
     used: int  # LRU clock
     draft: tuple[SavedSequence, list[int]] | None = None  # the draft model's copy, and its tokens
+
+    @property
+    def size(self) -> int:
+        """Bytes of host memory it takes, the draft copy's included."""
+        return self.copy.size + (self.draft[0].size if self.draft else 0)
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,13 @@ class HostCache:
         """Keep the copy of a sequence holding `tokens` (and of the draft model's sequence beside
         it). False: not kept (larger than the budget, or a saved entry already starts with every
         one of these tokens)."""
-        size = copy.size + (draft[0].size if draft else 0)
-        tokens = list(tokens[: copy.length])
-        if size > self.budget or len(tokens) < self.block:
+        entry = Saved(list(tokens[: copy.length]), copy, next(self._clock), draft)
+        if entry.size > self.budget or len(entry.tokens) < self.block:
             return False
-        if any(starts(s.tokens, tokens) for s in self.saved):
+        if any(starts(s.tokens, entry.tokens) for s in self.saved):
             return False
-        self.saved = [s for s in self.saved if not starts(tokens, s.tokens)]
-        self.saved.append(Saved(tokens, copy, size, next(self._clock), draft))
+        self.saved = [s for s in self.saved if not starts(entry.tokens, s.tokens)]
+        self.saved.append(entry)
         self.saves += 1
         while self.bytes > self.budget:
             self.saved.remove(min(self.saved, key=lambda s: s.used))
