@@ -7,7 +7,8 @@
 # (scripts/llama_cpp_switch.py): that kernel is the fastest for prefill and long verification
 # passes, but it takes batches of 2+ tokens only, so a verified chunk would round differently
 # from one-token decoding (docs/design.md, "Exactness on llama.cpp"). The default mode runs it;
-# `--exact` sets GGML_CPU_LLAMAFILE=0. The wheel is kept under $SPECSERVE_WHEELS (default
+# `--exact` sets GGML_CPU_LLAMAFILE=0. The same script adds LLAMA_KV_CELL_ORDER, which `--exact`
+# sets to keep each sequence's cache cells in position order. The wheel is kept under $SPECSERVE_WHEELS (default
 # ~/.cache/specserve/wheels), keyed by version, flags, patch and CPU, so a second virtualenv or a
 # fresh clone on the same machine installs it in seconds.
 set -euo pipefail

@@ -18,5 +18,6 @@ if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
 # breaks --exact is tested in child processes with their own environment (test_exact_check.py).
 os.environ["GGML_CPU_TILED_MM"] = "0"
 os.environ["GGML_CPU_LLAMAFILE"] = "0"  # the same for llamafile's sgemm (scripts/llama_cpp_switch.py)
+os.environ["LLAMA_KV_CELL_ORDER"] = "1"  # each sequence's cells in position order, as exact mode sets it
 
 pytest_plugins = ["fixtures_packs"]  # the session fixture that pulls the SmolLM2 pack

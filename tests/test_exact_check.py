@@ -1,11 +1,11 @@
-"""`--exact` is checked at load, not hoped for: a stock llama.cpp build with llamafile's sgemm
-and no switch, or a kernel switch (GGML_CPU_TILED_MM, GGML_CPU_LLAMAFILE) the user set to
-something ggml-cpu does not read as 0, is refused with a one-line error naming the fix
-(docs/design.md, "Exactness on llama.cpp").
+"""`--exact` is checked at load, not hoped for: a stock llama.cpp build (llamafile's sgemm with no
+switch, or no switch to keep a sequence's cells in position order), or a switch (GGML_CPU_TILED_MM,
+GGML_CPU_LLAMAFILE, LLAMA_KV_CELL_ORDER) the user set to something that breaks exactness, is
+refused with a one-line error naming the fix (docs/design.md, "Exactness on llama.cpp").
 
-conftest.py sets both switches to 0 for the whole test process (exact and fast llama.cpp models
-then load in any order), so the environment check is tested here in child processes that get
-their own environment, and the build check with llama.cpp's system info faked.
+conftest.py sets every switch as exact mode does for the whole test process (exact and fast
+llama.cpp models then load in any order), so the environment check is tested here in child
+processes that get their own environment, and the build check with llama.cpp's system info faked.
 """
 
 from __future__ import annotations
@@ -19,28 +19,44 @@ import pytest
 from tiny_gguf import save_tiny_gguf
 
 from specserve.backends import llamacpp
-from specserve.backends.llamacpp import KERNEL_SWITCHES, LlamaCppBackend, exactness_problem, switch_off
+from specserve.backends.llamacpp import (
+    CELL_ORDER_SWITCH,
+    EXACT_ENV,
+    KERNEL_SWITCHES,
+    LlamaCppBackend,
+    exactness_problem,
+    switch_off,
+    switch_on,
+)
 from specserve.errors import ModelLoadError
 
 BUILT_IN = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
-COMPILED_OUT = BUILT_IN.replace("LLAMAFILE = 1 | ", "")
-SWITCHED = BUILT_IN.replace("LLAMAFILE = 1 | ", "LLAMAFILE = 1 | LLAMAFILE_SWITCH = 1 | ")
-OFF = dict.fromkeys(KERNEL_SWITCHES, "0")
+COMPILED_OUT = BUILT_IN.replace("LLAMAFILE = 1 | ", "")  # a stock build with -DGGML_LLAMAFILE=OFF
+ORDERED = "KV_CELL_ORDER_SWITCH = 1 | "
+SWITCHED = ORDERED + BUILT_IN.replace("LLAMAFILE = 1 | ", "LLAMAFILE = 1 | LLAMAFILE_SWITCH = 1 | ")  # ours
+OURS_COMPILED_OUT = ORDERED + COMPILED_OUT  # our patch, built without the sgemm
 
 
 def test_the_check_reads_the_build_and_the_variables_as_llama_cpp_does():
-    assert exactness_problem(COMPILED_OUT, OFF) is None and exactness_problem(SWITCHED, OFF) is None
-    assert "scripts/install_llama_cpp.sh" in exactness_problem(BUILT_IN, OFF)  # stock: no switch to turn
+    assert exactness_problem(OURS_COMPILED_OUT, EXACT_ENV) is None and exactness_problem(SWITCHED, EXACT_ENV) is None
+    for stock in (BUILT_IN, COMPILED_OUT, SWITCHED.replace(ORDERED, "")):  # no switch to turn, or no cell order
+        assert "scripts/install_llama_cpp.sh" in exactness_problem(stock, EXACT_ENV), stock
     for value in ("1", "2", " 1", "-1", "1x", None):
         for name in KERNEL_SWITCHES:
-            problem = exactness_problem(SWITCHED, {**OFF, name: value})
+            problem = exactness_problem(SWITCHED, {**EXACT_ENV, name: value})
             assert f"{name}=0" in problem, (name, value)
+    for value in ("0", "", "off", None):  # the cell order is off unless set to what atoi reads as non-zero
+        problem = exactness_problem(SWITCHED, {**EXACT_ENV, CELL_ORDER_SWITCH: value})
+        assert f"{CELL_ORDER_SWITCH}=1" in problem, value
+    for value in ("1", "2", " 1", "1x"):
+        assert switch_on(value) and exactness_problem(SWITCHED, {**EXACT_ENV, CELL_ORDER_SWITCH: value}) is None
     # a build without the sgemm does not care what its (absent) switch says
-    assert exactness_problem(COMPILED_OUT, {**OFF, "GGML_CPU_LLAMAFILE": "1"}) is None
+    assert exactness_problem(OURS_COMPILED_OUT, {**EXACT_ENV, "GGML_CPU_LLAMAFILE": "1"}) is None
     for value in ("0", "00", " 0", "", "off", "0x1"):  # ggml-cpu: atoi(value) == 0 turns a kernel off
-        assert switch_off(value) and exactness_problem(SWITCHED, dict.fromkeys(KERNEL_SWITCHES, value)) is None
+        switches = EXACT_ENV | dict.fromkeys(KERNEL_SWITCHES, value)
+        assert switch_off(value) and exactness_problem(SWITCHED, switches) is None
     assert not switch_off(None)  # unset: on (exact mode sets 0 itself when the user did not)
-    assert "\n" not in exactness_problem(BUILT_IN, {})
+    assert "\n" not in exactness_problem(BUILT_IN, {}) and "\n" not in exactness_problem(SWITCHED, {})
 
 
 def test_the_installed_build_is_the_one_exact_mode_needs():
@@ -49,7 +65,8 @@ def test_the_installed_build_is_the_one_exact_mode_needs():
     info = llama_cpp.llama_print_system_info().decode()
     assert "CPU : " in info and " = 1 | " in info, info
     assert "LLAMAFILE = 1" in info and "LLAMAFILE_SWITCH = 1" in info, info
-    assert exactness_problem(info, OFF) is None, info
+    assert "KV_CELL_ORDER_SWITCH = 1" in info, info
+    assert exactness_problem(info, EXACT_ENV) is None, info
 
 
 def test_a_build_with_llamafile_is_refused_at_load(tmp_path, monkeypatch):
@@ -62,8 +79,8 @@ def test_a_build_with_llamafile_is_refused_at_load(tmp_path, monkeypatch):
 
 
 def generate(gguf: str, switches: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
-    """`specserve generate` in a fresh process whose kernel switches are `switches` (absent: unset)."""
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_SWITCHES} | switches
+    """`specserve generate` in a fresh process whose switches are `switches` (absent: unset)."""
+    env = {k: v for k, v in os.environ.items() if k not in EXACT_ENV} | switches
     return subprocess.run(
         [
             sys.executable,
@@ -91,12 +108,13 @@ def gguf(tmp_path_factory) -> str:
     return save_tiny_gguf(tmp_path_factory.mktemp("exact-check"))
 
 
-@pytest.mark.parametrize("name", KERNEL_SWITCHES)
-def test_a_user_setting_of_a_kernel_switch_is_refused_by_the_cli(gguf, name):
-    r = generate(gguf, {name: "1"}, "--exact")
+@pytest.mark.parametrize("name", EXACT_ENV)
+def test_a_user_setting_of_a_switch_is_refused_by_the_cli(gguf, name):
+    wrong = "0" if EXACT_ENV[name] == "1" else "1"
+    r = generate(gguf, {name: wrong}, "--exact")
     assert r.returncode != 0 and not r.stdout
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"{name}=0" in lines[0] and f"{name}=1" in lines[0], r.stderr
+    assert len(lines) == 1 and f"{name}={EXACT_ENV[name]}" in lines[0] and f"{name}={wrong}" in lines[0], r.stderr
 
 
 def test_exact_mode_sets_the_variables_itself_when_the_user_did_not(gguf):
@@ -111,7 +129,7 @@ def test_fast_mode_runs_whatever_the_variable_says(gguf):
         "from specserve.backends import SeqInput; b = B(sys.argv[1]); s = b.new_sequence(); "
         "print(b.forward([SeqInput(s, [1, 2, 3])])[0].shape)"
     )
-    env = {**os.environ, "GGML_CPU_TILED_MM": "1", "GGML_CPU_LLAMAFILE": "1"}
+    env = {**os.environ, "GGML_CPU_TILED_MM": "1", "GGML_CPU_LLAMAFILE": "1", CELL_ORDER_SWITCH: "0"}
     r = subprocess.run([sys.executable, "-c", code, gguf], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and "torch.Size([3, " in r.stdout, r.stderr
 
@@ -145,3 +163,41 @@ def test_the_sgemm_switch_turns_the_kernel_off(gguf):
         assert r.returncode == 0, r.stderr
         seen[value] = r.stdout.strip().splitlines()[-1]
     assert seen == {"1": "DIFFERS", "0": "EQUAL"}
+
+
+ORDER_PROBE = """
+import sys, torch
+from specserve.backends import SeqInput, llamacpp
+llamacpp.exactness_problem = lambda info, switches: None  # every other setting exact: the switch decides
+b = llamacpp.LlamaCppBackend(sys.argv[1], max_context=512, max_sequences=3, batch_invariant=True)
+g = torch.Generator().manual_seed(0)
+ids_a, ids_b = (torch.randint(1, b.vocab_size, (40,), generator=g).tolist() for _ in range(2))
+solo = b.new_sequence()  # the reference: b's tokens alone in an empty cache
+b.forward([SeqInput(solo, ids_b[:24], "none")])
+alone = b.forward([SeqInput(solo, ids_b[24:32])])[0]  # [8, V]
+b.free_sequence(solo)
+sa, sb = b.new_sequence(), b.new_sequence()
+b.forward([SeqInput(sa, ids_a[:20], "none"), SeqInput(sb, ids_b[:20], "none")])
+# both draft 16 tokens in one pass (a's land below b's), then keep 4: a frees cells below b's
+b.forward([SeqInput(sa, ids_a[20:36]), SeqInput(sb, ids_b[20:36])])
+b.truncate(sa, 24)
+b.truncate(sb, 24)
+together = b.forward([SeqInput(sb, ids_b[24:32])])[0]  # [8, V]: upstream puts these in a's freed cells
+print("EQUAL" if torch.equal(alone, together) else "DIFFERS")
+"""
+
+
+def test_the_cell_order_switch_keeps_a_sequence_rounding_as_it_does_alone(gguf):
+    """The patched switch is what makes concurrent speculation exact: a sequence whose next tokens
+    would land in cells another sequence freed below its own gives logits that differ in their last
+    bits from the same tokens run alone (flash attention sums in cell order), and identical ones
+    once LLAMA_KV_CELL_ORDER=1 places them above its cells."""
+    seen = {}
+    for value in ("0", "1"):
+        env = {k: v for k, v in os.environ.items() if k not in EXACT_ENV} | EXACT_ENV | {CELL_ORDER_SWITCH: value}
+        r = subprocess.run(
+            [sys.executable, "-c", ORDER_PROBE, gguf], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert r.returncode == 0, r.stderr
+        seen[value] = r.stdout.strip().splitlines()[-1]
+    assert seen == {"0": "DIFFERS", "1": "EQUAL"}

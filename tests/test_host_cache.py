@@ -14,6 +14,7 @@ saved to host memory and restored, exactly, when a prompt starts like them.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import pytest
 from test_prefix_cache import FILE, GREEDY, LIMITS, fed_to, prefilled_tokens, same
@@ -229,12 +230,18 @@ def test_the_draft_models_cache_is_saved_and_restored_beside_it(tmp_path):
     assert fed[0] < cold_fed[0] - out.cached_tokens + BLOCK  # restored, it was not fed turn 1 again
 
 
-def test_the_short_rent_is_for_the_default_kernels_only(tmp_path):
-    """An entry leaving the cells is cheap to bring back, so with the default kernels it pays
-    rent for 64 tokens; with --exact's batch-invariant kernels it keeps the long rent, because
-    freeing cells below a running request changes the order its attention sums in."""
+def test_the_short_rent_comes_with_the_tier(tmp_path):
+    """An entry leaving the cells is cheap to bring back, so with the tier it pays rent for 64
+    tokens, with --exact too (freed cells no longer take a running request's next tokens below its
+    own: LLAMA_KV_CELL_ORDER); without the tier it keeps the long rent."""
     path = write_tiny_gguf(tmp_path / "t.gguf", 0)
-    for exact, rent in ((False, SAVED_ENTRY_RENT_TOKENS), (True, ENTRY_RENT_TOKENS)):
+    for exact, budget, rent in (
+        (False, None, SAVED_ENTRY_RENT_TOKENS),
+        (True, None, SAVED_ENTRY_RENT_TOKENS),
+        (True, 0, ENTRY_RENT_TOKENS),
+    ):
         target = LlamaCppBackend(path, max_sequences=3, batch_invariant=exact, prefix_sequences=2)
-        llm = LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=LIMITS)
-        assert llm.engine.core.host is not None and llm.engine.core.prefix.rent_limit == rent
+        limits = dataclasses.replace(LIMITS, host_cache_bytes=budget)
+        llm = LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+        assert (llm.engine.core.host is not None) == (budget is None)
+        assert llm.engine.core.prefix.rent_limit == rent, (exact, budget)

@@ -263,10 +263,9 @@ def test_entries_pay_rent_on_llamacpp_alone(pair):
     core = warm.engine.core
     warm.engine.clear_prefix_cache()
     llamacpp = isinstance(core.target, LlamaCppBackend)
-    # with a host tier an entry leaving the cells is saved, not lost, and its rent is far shorter,
-    # but not with batch-invariant kernels (--exact), where freeing cells below a running request
-    # changes the order its attention sums in (engine/core.py)
-    assert core.prefix.rent_limit == (prefix_cache.ENTRY_RENT_TOKENS if llamacpp else None)
+    # with a host tier an entry leaving the cells is saved, not lost, and its rent is far shorter
+    # (with --exact too: its sequences keep their cells in position order, engine/core.py)
+    assert core.prefix.rent_limit == (prefix_cache.SAVED_ENTRY_RENT_TOKENS if llamacpp else None)
     assert (core.host is not None) is llamacpp
     saved, core.prefix.rent_limit = core.prefix.rent_limit, (60 if llamacpp else None)
     try:

@@ -86,3 +86,26 @@ def test_non_ascii_stream_is_exact(llm):
     text = "".join(e.text for e in gen)
     assert gen.output.token_ids == base.token_ids and text == base.text
     assert "\ufffd" not in text
+
+
+ASKS = [
+    "Write a Python function that reverses a linked list, with comments.",
+    "Explain what a hash table is, and give a short example in Python.",
+    "List five ways to speed up a slow SQL query.",
+    "Write a bash script that counts the lines of every .py file in a folder.",
+]
+
+
+def test_requests_speculating_together_answer_as_they_do_alone(llm):
+    """Four greedy requests drafting by n-gram in one batch: their drafts are rejected at
+    different steps, so on llama.cpp each frees cells between the others' (before 2026-12-04, 2 to
+    3 of these 4 answers left their solo runs there: tokens landed in freed cells below their own,
+    and flash attention sums in cell order; LLAMA_KV_CELL_ORDER places them above)."""
+    prompts = [llm.apply_chat_template([{"role": "user", "content": ask}]) for ask in ASKS]
+    params = SamplingParams(max_tokens=160, temperature=0)
+    alone = [llm.generate(p, params, speculation="ngram") for p in prompts]
+    together = llm.generate(prompts, [params] * len(prompts), speculation="ngram")
+    rejected = sum(s.proposed - s.accepted for out in together for s in out.stats.by_source.values())
+    assert rejected > 0  # drafts were rejected, so cells were freed while others ran
+    for ask, a, t in zip(ASKS, alone, together):
+        assert t.token_ids == a.token_ids, ask

@@ -18,7 +18,10 @@ than a near-tie. Four choices, each measured on the Qwen Q4_K_M and SmolLM2 Q4_1
 - llamafile's sgemm takes passes of 2+ tokens (upstream it is compiled in or out; our install
   script adds `GGML_CPU_LLAMAFILE=0` to turn it off at run time, scripts/llama_cpp_switch.py).
 `batch_invariant=True` sets all four, and then a chunk, token-by-token passes, and a chunk
-sharing its batch with other sequences give bit-identical logits. A stock build with llamafile's
+sharing its batch with other sequences give bit-identical logits. One more thing decides the
+rounding: flash attention sums over the cache in cell order, so each sequence's cells must lie in
+position order, which llama.cpp's own placement breaks when several sequences speculate at once
+(our install script's `LLAMA_KV_CELL_ORDER` switch keeps them in order; `exact` sets it). A stock build with llamafile's
 sgemm and no switch, or a switch the user set to anything atoi does not read as 0, is refused at
 load with a one-line error naming the fix (`exactness_problem`), not run inexactly. It costs throughput on
 a CPU (Qwen 1.5B Q4_K_M, 2 AVX-512 cores: prefill 42 instead of 101 tok/s, a 128-token
@@ -49,6 +52,11 @@ _initialised = False
 # ggml-cpu kernels that break batch invariance, each with a switch read once per process (off when
 # atoi reads 0): the tiled K-quant matmul (upstream) and llamafile's sgemm (our install script's patch)
 KERNEL_SWITCHES = ("GGML_CPU_TILED_MM", "GGML_CPU_LLAMAFILE")
+# our install script's patch: with this set (atoi not 0), a pass's tokens take cells above every cell
+# their sequence holds, so each sequence's cells stay in position order (read once per process)
+CELL_ORDER_SWITCH = "LLAMA_KV_CELL_ORDER"
+# what `exact` sets in the environment when the user has not: the kernels off, the cells in order
+EXACT_ENV = dict.fromkeys(KERNEL_SWITCHES, "0") | {CELL_ORDER_SWITCH: "1"}
 _switches: dict[str, str | None] = {}  # what the first model in this process left them at
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
@@ -88,22 +96,38 @@ def switch_off(value: str | None) -> bool:
     return value is not None and _atoi(value) == 0
 
 
-def exactness_problem(system_info: str, switches: dict[str, str | None]) -> str | None:
-    """Why this llama.cpp build and environment cannot give the batch-invariant kernels `exact`
-    relies on, as a one-line error naming the fix; None when they can.
+def switch_on(value: str | None) -> bool:
+    """Whether a llama.cpp switch that is off unless set (LLAMA_KV_CELL_ORDER) is on: set, and not
+    read as 0 by atoi."""
+    return value is not None and _atoi(value) != 0
 
-    system_info: `llama_print_system_info()` ("CPU : SSE3 = 1 | ... | LLAMAFILE = 1 | ..."): it
-    lists llamafile's sgemm when it is compiled in, and `LLAMAFILE_SWITCH = 1` when our install
-    script gave it a run-time switch (scripts/llama_cpp_switch.py). switches: the values of
-    KERNEL_SWITCHES that ggml-cpu reads (or read) on its first matmul. The other two causes (KV
-    cache type and repacked weights) are set per model by this backend."""
+
+def exactness_problem(system_info: str, switches: dict[str, str | None]) -> str | None:
+    """Why this llama.cpp build and environment cannot give the batch-invariant kernels and the
+    in-order cells `exact` relies on, as a one-line error naming the fix; None when they can.
+
+    system_info: `llama_print_system_info()` ("KV_CELL_ORDER_SWITCH = 1 | CPU : SSE3 = 1 | ... |
+    LLAMAFILE = 1 | ..."): it lists llamafile's sgemm when it is compiled in, and our install
+    script's two switches when it built them in (scripts/llama_cpp_switch.py). switches: the
+    values of EXACT_ENV's variables that llama.cpp reads (or read) on its first pass. The other
+    two causes (KV cache type and repacked weights) are set per model by this backend."""
+    reinstall = "reinstall it with scripts/install_llama_cpp.sh (or `make venv`)"
+    if "KV_CELL_ORDER_SWITCH = 1" not in system_info:
+        return (
+            "--exact needs llama.cpp to keep each sequence's cache cells in position order, which a "
+            f"stock llama-cpp-python does not: {reinstall}"
+        )
+    if not switch_on(switches.get(CELL_ORDER_SWITCH)):
+        return (
+            f"--exact needs {CELL_ORDER_SWITCH}=1, but the environment sets "
+            f"{CELL_ORDER_SWITCH}={switches.get(CELL_ORDER_SWITCH)}: unset it (exact mode then sets 1) or set it to 1"
+        )
     needed = ["GGML_CPU_TILED_MM"]
     if "LLAMAFILE = 1" in system_info:
         if "LLAMAFILE_SWITCH = 1" not in system_info:
             return (
                 "--exact needs llama.cpp's llamafile sgemm off, but this llama-cpp-python compiles it in "
-                "with no switch (LLAMAFILE = 1): reinstall it with scripts/install_llama_cpp.sh "
-                "(or `make venv`), or build it with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF"
+                f"with no switch (LLAMAFILE = 1): {reinstall}"
             )
         needed.append("GGML_CPU_LLAMAFILE")
     for name in needed:
@@ -138,10 +162,10 @@ def _init_backend(batch_invariant: bool) -> None:
     with _init_lock:
         first = not _initialised
         if first:
-            if batch_invariant:  # read by ggml-cpu on its first matmul; a user's own setting wins (or is refused)
-                for name in KERNEL_SWITCHES:
-                    os.environ.setdefault(name, "0")
-            _switches.update({name: os.environ.get(name) for name in KERNEL_SWITCHES})
+            if batch_invariant:  # read by llama.cpp on its first pass; a user's own setting wins (or is refused)
+                for name, value in EXACT_ENV.items():
+                    os.environ.setdefault(name, value)
+            _switches.update({name: os.environ.get(name) for name in EXACT_ENV})
             ll = _lib()
 
             @ll.llama_log_callback
@@ -157,10 +181,10 @@ def _init_backend(batch_invariant: bool) -> None:
         if batch_invariant:  # checked before any model runs a matmul (when ggml reads the switches)
             info = system_info()
             problem = exactness_problem(info, _switches)
-            if problem and not first and exactness_problem(info, dict.fromkeys(KERNEL_SWITCHES, "0")) is None:
+            if problem and not first and exactness_problem(info, EXACT_ENV) is None:
                 problem = (  # the build is fine: a fast model came first and left the switches on
                     "batch-invariant (exact) llama.cpp models must be loaded before any other "
-                    "llama.cpp model in a process (its kernel switches are read once); start a "
+                    "llama.cpp model in a process (its switches are read once); start a "
                     "fresh process"
                 )
             if problem:
@@ -280,7 +304,7 @@ class LlamaCppBackend:
     @property
     def kernels(self) -> str:
         """The kernel choices a pass's cost depends on (part of the price cache's key): the
-        llama-cpp-python release, flash attention, and the ggml switches this process read."""
+        llama-cpp-python release, flash attention, and the llama.cpp switches this process read."""
         fa = True if self.batch_invariant else FAST_MODE_FLASH_ATTENTION
         switches = ",".join(f"{k}={v}" for k, v in sorted(_switches.items()))
         return f"llama-cpp-python {getattr(self._ll, '__version__', '?')}; flash_attn={fa}; {switches}"

@@ -98,13 +98,10 @@ class EngineCore:
         budget = default_budget(available_memory()) if budget is None else budget
         saves = caching and budget > 0 and hasattr(target, "save_sequence")
         self.host = HostCache(budget) if saves else None
-        # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent.
-        # With --exact it stays long: cells freed below a running request take its next tokens,
-        # and the attention sum, run in cell order, then rounds differently (docs/design.md)
+        # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent
         rent = None
         if getattr(target, "attends_every_cell", False):
-            short = saves and not getattr(target, "batch_invariant", False)
-            rent = SAVED_ENTRY_RENT_TOKENS if short else ENTRY_RENT_TOKENS
+            rent = SAVED_ENTRY_RENT_TOKENS if saves else ENTRY_RENT_TOKENS
         self.prefix = (
             PrefixCache(self._free_entry, entries, rent_limit=rent, spill=self._spill if saves else None)
             if caching
