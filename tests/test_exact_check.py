@@ -16,9 +16,10 @@ import sys
 
 import llama_cpp
 import pytest
+import torch
 from tiny_gguf import save_tiny_gguf
 
-from specserve.backends import llamacpp
+from specserve.backends import SeqInput, llamacpp
 from specserve.backends.llamacpp import (
     CELL_ORDER_SWITCH,
     EXACT_ENV,
@@ -201,3 +202,19 @@ def test_the_cell_order_switch_keeps_a_sequence_rounding_as_it_does_alone(gguf):
         assert r.returncode == 0, r.stderr
         seen[value] = r.stdout.strip().splitlines()[-1]
     assert seen == {"0": "DIFFERS", "1": "EQUAL"}
+
+
+def test_a_pass_with_no_free_cell_above_its_sequence_is_placed_as_upstream_does(gguf):
+    """A fragmented cache (free cells only below the sequence's) is not a failed pass: llama.cpp
+    places it as upstream would, and says so in its log."""
+    b = LlamaCppBackend(gguf, max_context=256, max_sequences=2, cache_tokens=256, batch_invariant=True)
+    ids = torch.randint(1, b.vocab_size, (170,), generator=torch.Generator().manual_seed(0)).tolist()
+    sa, sb = b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(sa, ids[:100], "none")])  # cells 0-99
+    b.forward([SeqInput(sb, ids[:150], "none")])  # cells 100-249
+    b.free_sequence(sa)  # 100 free cells below b's, 6 above
+    llamacpp._log_tail.clear()
+    assert b.forward([SeqInput(sb, ids[150:170])])[0].shape == (20, b.vocab_size)
+    assert b.length(sb) == 170
+    assert any("no free cell above sequence" in line for line in llamacpp._log_tail), llamacpp._log_tail
+    b.close()
