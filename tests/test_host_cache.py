@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 
 import pytest
 from test_prefix_cache import FILE, GREEDY, LIMITS, fed_to, prefilled_tokens, same
@@ -25,7 +26,9 @@ from specserve.backends import SeqInput
 from specserve.backends.base import SavedSequence
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.config import EngineLimits
+from specserve.engine.client import EngineWorker
 from specserve.engine.host_cache import GIB, HostCache, default_budget
+from specserve.engine.host_store import HostStore, StoredEntry
 from specserve.engine.prefix_cache import BLOCK, ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS
 from specserve.llm import LLM
 
@@ -245,3 +248,71 @@ def test_the_short_rent_comes_with_the_tier(tmp_path):
         llm = LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
         assert (llm.engine.core.host is not None) == (budget is None)
         assert llm.engine.core.prefix.rent_limit == rent, (exact, budget)
+
+
+# -- on disk, across restarts (--host-cache-dir) ---------------------------------------------------
+def stored(start: int, n: int, draft: bool = False) -> StoredEntry:
+    """An entry of n tokens with random bytes as its copy (and a draft copy)."""
+    tokens = list(range(start, start + n))
+    copy = SavedSequence(bytearray(os.urandom(100 * n)), n)
+    return StoredEntry(tokens, copy, (SavedSequence(bytearray(os.urandom(10 * n)), n), tokens) if draft else None)
+
+
+def test_the_store_reads_back_what_it_wrote_newest_first_within_the_budget(tmp_path):
+    store = HostStore(tmp_path, "key")
+    old, mid, new = stored(0, 20), stored(100, 30, draft=True), stored(200, 40)  # 2000, 3300, 4000 bytes
+    assert store.save([old, mid, new]) == 3
+    back = store.load(budget=10**9)
+    assert [e.tokens for e in back] == [old.tokens, mid.tokens, new.tokens]  # least recently used first
+    assert bytes(back[1].copy.data) == bytes(mid.copy.data) and back[1].copy.length == 30
+    assert bytes(back[1].draft[0].data) == bytes(mid.draft[0].data) and back[1].draft[1] == mid.tokens
+    assert back[0].draft is None
+    assert [e.tokens for e in store.load(budget=7300)] == [mid.tokens, new.tokens]
+    assert [e.tokens for e in store.load(budget=6500)] == [old.tokens, new.tokens]  # mid does not fit
+    # the folder holds exactly what was saved last; a damaged file is skipped, not fatal
+    store.save([mid, new])
+    files = sorted(store.folder.glob("*.kv"))
+    assert len(files) == 2
+    damaged = files[0]
+    damaged.write_bytes(damaged.read_bytes()[:-7])
+    assert len(store.load(budget=10**9)) == 1
+    assert HostStore(tmp_path, "another key").load(budget=10**9) == []
+
+
+def test_a_restarted_engine_serves_the_next_turn_from_disk(tmp_path):
+    """The engine writes its entries (those still in the cells included) when asked, as the
+    server does when it stops; a new engine on the same model file reads them back, and the next
+    turn prefills only its new part and answers as a cold run does. Another model file, or
+    --exact against the default kernels, gets a folder of its own."""
+    gguf = write_tiny_gguf(tmp_path / "t.gguf", 0)
+    folder = tmp_path / "kv"
+
+    def start(path=gguf, exact=True, host_cache_dir=str(folder)) -> LLM:
+        limits = dataclasses.replace(LIMITS, host_cache_dir=host_cache_dir)
+        target = LlamaCppBackend(path, max_sequences=limits.max_num_seqs + 1, batch_invariant=exact, prefix_sequences=4)
+        return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+
+    first = start()
+    turn1 = first.encode(FILE + "Question one?")
+    out1 = first.generate(turn1, GREEDY)
+    worker = EngineWorker(first.engine.core, max_queue=1)  # the server's worker writes it when it stops
+    worker.start()
+    worker.stop()
+    assert [len(e.tokens) for e in HostStore(folder, first.engine.core.host_store.folder.name).load(GIB)] == [
+        len(turn1) + len(out1.token_ids) - 1  # the entry that was still in the cells (its last token never fed)
+    ]
+    first.engine.core.target.close()
+
+    second = start()
+    assert len(second.engine.core.host.saved) == 1
+    turn2 = turn1 + out1.token_ids + second.encode("\nAnd a follow-up question:")
+    fed = prefilled_tokens(second)
+    out2 = second.generate(turn2, GREEDY)
+    assert out2.cached_tokens >= len(turn1) and fed[0] <= len(turn2) - len(turn1)
+    cold = start(host_cache_dir=None)
+    cold.engine.core.prefix = cold.engine.core.host = None
+    same(out2, cold.generate(turn2, GREEDY))
+
+    assert start(write_tiny_gguf(tmp_path / "u.gguf", 1)).engine.core.host.saved == []
+    assert start(exact=False).engine.core.host.saved == []
+    assert start().engine.save_prefix_cache() == 1  # an engine that served nothing keeps what it read

@@ -183,6 +183,8 @@ class EngineLimits:
     host_cache_bytes: host memory for finished requests' caches that leave the KV cache, where
     the backend can copy a sequence out and back (llama.cpp; engine/host_cache.py). None: 4 GiB,
     at most a quarter of the memory available at start-up; 0: off.
+    host_cache_dir: a folder the host tier is written to when the engine stops and read back
+    from when it starts (engine/host_store.py); None: kept in memory only.
     """
 
     max_num_seqs: int = 8
@@ -192,6 +194,7 @@ class EngineLimits:
     min_prefill_chunk: int = 4
     prefix_caching: bool = True
     host_cache_bytes: int | None = None
+    host_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -204,6 +207,8 @@ class EngineLimits:
             )
         if self.host_cache_bytes is not None and self.host_cache_bytes < 0:
             raise ValueError(f"host_cache_bytes must be at least 0, got {self.host_cache_bytes}")
+        if self.host_cache_dir and self.host_cache_bytes == 0:
+            raise ValueError("a host cache folder needs the host tier: host_cache_bytes is 0")
         if self.prefill_slowdown < 1.0:
             raise ValueError(f"prefill_slowdown must be at least 1, got {self.prefill_slowdown}")
 

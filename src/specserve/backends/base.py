@@ -75,7 +75,8 @@ class Backend(Protocol):
 @dataclass(frozen=True)
 class SavedSequence:
     """A sequence's cache copied to host memory: `data` is the backend's own serialisation (a
-    ctypes byte array for llama.cpp), of `length` positions."""
+    ctypes byte array for llama.cpp, or a bytearray of the same bytes read back from disk), of
+    `length` positions."""
 
     data: object
     length: int

@@ -418,7 +418,10 @@ class LlamaCppBackend:
         `seq` is left empty."""
         if self._lengths[seq]:
             raise ValueError(f"sequence {seq} is not empty")
-        if self._ll.llama_state_seq_set_data(self._ctx, saved.data, saved.size, seq) != saved.size:
+        data = saved.data  # our own copy, or a writable buffer read back from disk (host_store.py)
+        if not isinstance(data, ctypes.Array):
+            data = (ctypes.c_uint8 * saved.size).from_buffer(data)
+        if self._ll.llama_state_seq_set_data(self._ctx, data, saved.size, seq) != saved.size:
             self._ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
             return False
         self._lengths[seq] = saved.length

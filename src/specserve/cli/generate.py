@@ -146,6 +146,7 @@ def engine_limits(args) -> EngineLimits:
             max_num_batched_tokens=args.max_num_batched_tokens,
             prefix_caching=not getattr(args, "no_prefix_cache", False),
             host_cache_bytes=gib_bytes(getattr(args, "host_cache_gib", None)),
+            host_cache_dir=getattr(args, "host_cache_dir", None),
         )
     except ValueError as e:
         raise InvalidRequestError(str(e)) from None

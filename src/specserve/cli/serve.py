@@ -63,6 +63,13 @@ def add_parser(subparsers) -> None:
         metavar="BYTES",
         help="refuse request bodies larger than this with 413 (default: 2 x 64 B x context + 1 MiB)",
     )
+    p.add_argument(
+        "--host-cache-dir",
+        default=None,
+        metavar="DIR",
+        help="write the prefix cache's host tier to DIR when the server stops, and read it back "
+        "when it starts, so conversations stay warm across restarts (llama.cpp; default: off)",
+    )
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_ray.add_arguments(p)
@@ -129,11 +136,23 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
     )
     llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation, engine_limits(args))
-    host = llm.engine.core.host
-    if host is not None:
+    core = llm.engine.core
+    if core.host is not None:
         print(
             f"prefix cache: entries leaving the KV cache are kept in host memory, up to "
-            f"{host.budget / 2**30:.1f} GiB (--host-cache-gib)",
+            f"{core.host.budget / 2**30:.1f} GiB (--host-cache-gib)",
+            file=sys.stderr,
+        )
+    if core.host_store is not None:
+        print(
+            f"prefix cache: {len(core.host.saved)} entries read from {core.host_store.folder}; "
+            "the host tier is written there when the server stops (--host-cache-dir)",
+            file=sys.stderr,
+        )
+    elif args.host_cache_dir:
+        print(
+            "prefix cache: --host-cache-dir ignored: there is no host tier (--no-prefix-cache, "
+            f"--host-cache-gib 0, or {llm.backend_name}, which cannot copy a cache out)",
             file=sys.stderr,
         )
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)

@@ -70,6 +70,12 @@ class Engine:
             if self.core.host is not None:
                 self.core.host.clear()
 
+    def save_prefix_cache(self) -> int | None:
+        """Write the host tier, with the entries still in the KV cache, to `limits.host_cache_dir`
+        (the server does it when it stops). Returns the entries saved; None without a folder."""
+        with self.core.lock:
+            return self.core.save_host_cache()
+
     def use_prices(self, prices) -> None:
         """Price steps with this CostModel instead of measuring (the replay simulates a backend
         whose curve was measured elsewhere; a price cache restores one)."""

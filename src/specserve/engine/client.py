@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -102,6 +103,26 @@ class EngineWorker:
         if self._thread is not None:
             self._thread.join(timeout)
         self.core.abort_all()
+        self._save_host_cache()
+
+    def _save_host_cache(self) -> None:
+        """Write the prefix cache's host tier to its folder, if one was given (a full disk is a
+        warning: the server still stops, and starts cold next time)."""
+        if self.core.host_store is None:
+            return
+        start = time.perf_counter()
+        try:
+            with self.core.lock:
+                n = self.core.save_host_cache()
+        except OSError as e:
+            log.warning("could not save the prefix cache to %s: %s", self.core.host_store.folder, e)
+            return
+        log.info(
+            "saved %d prefix-cache entries to %s in %.1f s",
+            n,
+            self.core.host_store.folder,
+            time.perf_counter() - start,
+        )
 
     def submit(self, requests: Sequence[Request]) -> None:
         with self._cond:

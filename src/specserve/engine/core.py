@@ -30,10 +30,12 @@ from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
 from .governor import ContextCost, CostModel, Governor, measure_context_cost
 from .host_cache import HostCache, default_budget
+from .host_store import HostStore, StoredEntry, store_key
 from .prefix_cache import ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS, Hit, Owner, PrefixCache, common_prefix
 from .prices import measured
 from .request import DECODE, FINISHED, PREFILL, Request
 from .scheduler import Scheduler, StepPlan
+from .tokenizer import warm
 
 log = logging.getLogger("specserve.engine")
 
@@ -79,6 +81,8 @@ class EngineCore:
                 f"({target.vocab_size}); pick a draft model of the same family"
             )
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        warm(tokenizer)  # the thread that makes requests (the LLM API's caller)
+        warm(tokenizer, on_compute_thread)  # where steps detokenize
         self.eos_token_ids = set(eos_token_ids or ())
         limits = limits or EngineLimits()
         # One sequence stays spare for measuring prices while others run (a one-sequence
@@ -98,6 +102,11 @@ class EngineCore:
         budget = default_budget(available_memory()) if budget is None else budget
         saves = caching and budget > 0 and hasattr(target, "save_sequence")
         self.host = HostCache(budget) if saves else None
+        self.host_store = None  # the host tier's folder on disk, where one is given
+        if self.host is not None and self.limits.host_cache_dir:
+            self.host_store = HostStore(self.limits.host_cache_dir, store_key(target, draft))
+            for e in self.host_store.load(budget):
+                self.host.put(e.tokens, e.copy, e.draft)
         # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent
         rent = None
         if getattr(target, "attends_every_cell", False):
@@ -404,6 +413,17 @@ class EngineCore:
         if copy is not None:
             draft = self.draft_prefixes.save(owner.seq) if self.draft_prefixes is not None else None
             self.host.put(owner.tokens[: owner.length], copy, draft)
+
+    def save_host_cache(self) -> int | None:
+        """Write the host tier to its folder, after copying in the entries still in the cells
+        (the most recent ones). Returns the entries the folder holds; None without a folder."""
+        if self.host_store is None:
+            return None
+        for owner in list(self.prefix.owners.values()) if self.prefix is not None else ():
+            if not owner.live:
+                self._spill(owner)
+        by_age = sorted(self.host.saved, key=lambda s: s.used)
+        return self.host_store.save([StoredEntry(s.tokens, s.copy, s.draft) for s in by_age])
 
     def _reused(self, req: Request, hit: Hit | None) -> None:
         """Book an admitted request's reuse; an entry it copied entirely (a conversation's next

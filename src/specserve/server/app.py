@@ -35,6 +35,7 @@ from .. import __version__
 from ..engine.client import EngineClient, EngineDead, EngineWorker, QueueFull, ShuttingDown
 from ..engine.constrain import PendingGuide
 from ..engine.core import EngineFault
+from ..engine.tokenizer import warm
 from . import faults
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .errors import APIError, engine_error, parse_body
@@ -180,6 +181,7 @@ class Server:
         self.max_body_bytes = options.max_body_bytes or default_max_body_bytes(llm.max_context)
 
     def start(self) -> None:
+        warm(self.llm.tokenizer, lambda fn: self.prep.submit(fn).result())  # where requests are prepared
         self.engine.start()
 
     def stop(self) -> None:

@@ -1,0 +1,146 @@
+"""The host tier kept on disk between runs (`--host-cache-dir`; off unless a folder is given).
+
+A server that restarts (an upgrade, a reboot, a laptop closed for the night) used to begin cold:
+the next turn of every conversation it had served prefilled its whole prompt again, 10-12 ms a
+token of the 1.5B model on 2 CPU cores. With a folder, the server writes its saved entries there
+when it stops (those still in the KV cache are copied out first), and reads them back into the
+host tier when it starts, newest first, up to the tier's budget.
+
+    one folder per model set-up  named by a hash of what the saved bytes depend on: each model
+                                 file (path, size, modification time), the llama.cpp release and
+                                 kernel switches, the cache's cell size (f16 or q8_0). Another
+                                 model or `--exact` reads a folder of its own and never another's
+    one file per entry           a header line (tokens, sizes) and the backend's own bytes: the
+                                 target's, then the draft model's; written whole to a temporary
+                                 name and renamed, so a crash leaves the old file or the new one
+    index.json                   the entries' files, least recently used first
+
+A file that cannot be read (truncated, another format) is skipped with a warning; llama.cpp also
+checks each copy when it restores it, and a copy it refuses is prefilled instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..backends.base import SavedSequence
+
+log = logging.getLogger("specserve.host_store")
+
+MAGIC = b"specserve-kv 1\n"
+INDEX = "index.json"
+
+
+def _identity(backend) -> dict:
+    """What one backend's saved bytes depend on."""
+    path = Path(getattr(backend, "path", ""))
+    stat = path.stat() if path.is_file() else None
+    return {
+        "file": str(path.resolve()) if stat else None,
+        "bytes": stat.st_size if stat else None,
+        "mtime_ns": stat.st_mtime_ns if stat else None,
+        "kernels": getattr(backend, "kernels", None),
+        "cell_bytes": backend.cell_bytes() if hasattr(backend, "cell_bytes") else None,
+    }
+
+
+def store_key(target, draft=None) -> str:
+    """The folder name for this target and draft model as loaded: equal only when a saved copy
+    means the same cells to both runs."""
+    ident = {"target": _identity(target), "draft": _identity(draft) if draft is not None else None}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class StoredEntry:
+    """One entry as read back: the tokens its cells hold, its copy, and the draft model's."""
+
+    tokens: list[int]
+    copy: SavedSequence
+    draft: tuple[SavedSequence, list[int]] | None = None
+
+
+def _file_name(tokens: list[int]) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24] + ".kv"
+
+
+def _write_atomic(path: Path, chunks: list) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+    os.replace(tmp, path)
+
+
+class HostStore:
+    """A folder of saved entries for one model set-up."""
+
+    def __init__(self, root: str | Path, key: str):
+        self.folder = Path(root).expanduser() / key
+
+    def save(self, entries: list[StoredEntry]) -> int:
+        """Make the folder hold exactly these entries (least recently used first), writing only
+        the files it lacks. Returns how many entries it holds."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        names = []
+        for e in entries:
+            name = _file_name(e.tokens)
+            names.append(name)
+            if (self.folder / name).exists():
+                continue  # the same tokens: the same cells
+            header = {"tokens": e.tokens, "length": e.copy.length, "size": e.copy.size}
+            chunks = [memoryview(e.copy.data).cast("B")]
+            if e.draft is not None:
+                header |= {"draft_tokens": e.draft[1], "draft_length": e.draft[0].length, "draft_size": e.draft[0].size}
+                chunks.append(memoryview(e.draft[0].data).cast("B"))
+            _write_atomic(self.folder / name, [MAGIC, json.dumps(header).encode() + b"\n", *chunks])
+        _write_atomic(self.folder / INDEX, [json.dumps({"entries": names}).encode()])
+        for stale in self.folder.glob("*.kv"):
+            if stale.name not in names:
+                stale.unlink(missing_ok=True)
+        return len(names)
+
+    def load(self, budget: int) -> list[StoredEntry]:
+        """The saved entries, most recently used ones first until `budget` bytes, returned least
+        recently used first (the order to put them in the host tier)."""
+        try:
+            names = json.loads((self.folder / INDEX).read_text())["entries"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        kept, total = [], 0
+        for name in reversed(names):
+            entry = self._read(self.folder / str(name))
+            if entry is None:
+                continue
+            size = entry.copy.size + (entry.draft[0].size if entry.draft else 0)
+            if total + size > budget:
+                continue
+            total += size
+            kept.append(entry)
+        return kept[::-1]
+
+    @staticmethod
+    def _read(path: Path) -> StoredEntry | None:
+        try:
+            with open(path, "rb") as f:
+                if f.readline() != MAGIC:
+                    raise ValueError("not a specserve KV file")
+                h = json.loads(f.readline())
+                copy = SavedSequence(bytearray(f.read(h["size"])), h["length"])
+                if copy.size != h["size"]:
+                    raise ValueError("truncated")
+                draft = None
+                if "draft_size" in h:
+                    dcopy = SavedSequence(bytearray(f.read(h["draft_size"])), h["draft_length"])
+                    if dcopy.size != h["draft_size"]:
+                        raise ValueError("truncated")
+                    draft = (dcopy, list(h["draft_tokens"]))
+            return StoredEntry(list(h["tokens"]), copy, draft)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("skipping saved KV file %s: %s", path.name, e)
+            return None
