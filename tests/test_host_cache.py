@@ -316,3 +316,8 @@ def test_a_restarted_engine_serves_the_next_turn_from_disk(tmp_path):
     assert start(write_tiny_gguf(tmp_path / "u.gguf", 1)).engine.core.host.saved == []
     assert start(exact=False).engine.core.host.saved == []
     assert start().engine.save_prefix_cache() == 1  # an engine that served nothing keeps what it read
+
+
+def test_a_folder_without_the_tier_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"--host-cache-dir.*--host-cache-gib 0"):
+        EngineLimits(host_cache_dir="kv", host_cache_bytes=0)

@@ -208,7 +208,10 @@ class EngineLimits:
         if self.host_cache_bytes is not None and self.host_cache_bytes < 0:
             raise ValueError(f"host_cache_bytes must be at least 0, got {self.host_cache_bytes}")
         if self.host_cache_dir and self.host_cache_bytes == 0:
-            raise ValueError("a host cache folder needs the host tier: host_cache_bytes is 0")
+            raise ValueError(
+                "host_cache_dir (--host-cache-dir) needs the host tier, which host_cache_bytes=0 "
+                "(--host-cache-gib 0) turns off"
+            )
         if self.prefill_slowdown < 1.0:
             raise ValueError(f"prefill_slowdown must be at least 1, got {self.prefill_slowdown}")
 
