@@ -27,8 +27,8 @@ from specserve.backends.base import SavedSequence
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.config import EngineLimits
 from specserve.engine.client import EngineWorker
-from specserve.engine.host_cache import GIB, HostCache, default_budget
-from specserve.engine.host_store import HostStore, StoredEntry
+from specserve.engine.host_cache import GIB, HostCache, Saved, default_budget
+from specserve.engine.host_store import HostStore
 from specserve.engine.prefix_cache import BLOCK, ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS
 from specserve.llm import LLM
 
@@ -251,11 +251,11 @@ def test_the_short_rent_comes_with_the_tier(tmp_path):
 
 
 # -- on disk, across restarts (--host-cache-dir) ---------------------------------------------------
-def stored(start: int, n: int, draft: bool = False) -> StoredEntry:
+def stored(start: int, n: int, draft: bool = False) -> Saved:
     """An entry of n tokens with random bytes as its copy (and a draft copy)."""
     tokens = list(range(start, start + n))
     copy = SavedSequence(bytearray(os.urandom(100 * n)), n)
-    return StoredEntry(tokens, copy, (SavedSequence(bytearray(os.urandom(10 * n)), n), tokens) if draft else None)
+    return Saved(tokens, copy, 0, (SavedSequence(bytearray(os.urandom(10 * n)), n), tokens) if draft else None)
 
 
 def test_the_store_reads_back_what_it_wrote_newest_first_within_the_budget(tmp_path):

@@ -21,9 +21,10 @@ than a near-tie. Four choices, each measured on the Qwen Q4_K_M and SmolLM2 Q4_1
 sharing its batch with other sequences give bit-identical logits. One more thing decides the
 rounding: flash attention sums over the cache in cell order, so each sequence's cells must lie in
 position order, which llama.cpp's own placement breaks when several sequences speculate at once
-(our install script's `LLAMA_KV_CELL_ORDER` switch keeps them in order; `exact` sets it). A stock build with llamafile's
-sgemm and no switch, or a switch the user set to anything atoi does not read as 0, is refused at
-load with a one-line error naming the fix (`exactness_problem`), not run inexactly. It costs throughput on
+(our install script's `LLAMA_KV_CELL_ORDER` switch keeps them in order; `exact` sets it). A stock
+build (no cell-order switch, or llamafile's sgemm with no switch), or a switch the user set
+against exact mode, is refused at load with a one-line error naming the fix
+(`exactness_problem`), not run inexactly. It costs throughput on
 a CPU (Qwen 1.5B Q4_K_M, 2 AVX-512 cores: prefill 42 instead of 101 tok/s, a 128-token
 verification 27 instead of 73 tok/s, decoding 21 instead of 26 tok/s), so it is opt-in
 (`--exact`); the default runs llama.cpp's fastest kernels and the benchmark reports every

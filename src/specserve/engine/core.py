@@ -30,7 +30,7 @@ from ..proposers.base import ProposerContext, build_chain, largest_draft
 from .draft_prefix import DraftPrefixes
 from .governor import ContextCost, CostModel, Governor, measure_context_cost
 from .host_cache import HostCache, default_budget
-from .host_store import HostStore, StoredEntry, store_key
+from .host_store import HostStore, store_key
 from .prefix_cache import ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS, Hit, Owner, PrefixCache, common_prefix
 from .prices import measured
 from .request import DECODE, FINISHED, PREFILL, Request
@@ -419,11 +419,10 @@ class EngineCore:
         (the most recent ones). Returns the entries the folder holds; None without a folder."""
         if self.host_store is None:
             return None
-        for owner in list(self.prefix.owners.values()) if self.prefix is not None else ():
+        for owner in list(self.prefix.owners.values()):  # a host tier implies a prefix cache
             if not owner.live:
                 self._spill(owner)
-        by_age = sorted(self.host.saved, key=lambda s: s.used)
-        return self.host_store.save([StoredEntry(s.tokens, s.copy, s.draft) for s in by_age])
+        return self.host_store.save(sorted(self.host.saved, key=lambda s: s.used))
 
     def _reused(self, req: Request, hit: Hit | None) -> None:
         """Book an admitted request's reuse; an entry it copied entirely (a conversation's next

@@ -25,10 +25,10 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends.base import SavedSequence
+from .host_cache import Saved
 
 log = logging.getLogger("specserve.host_store")
 
@@ -56,15 +56,6 @@ def store_key(target, draft=None) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@dataclass
-class StoredEntry:
-    """One entry as read back: the tokens its cells hold, its copy, and the draft model's."""
-
-    tokens: list[int]
-    copy: SavedSequence
-    draft: tuple[SavedSequence, list[int]] | None = None
-
-
 def _file_name(tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24] + ".kv"
 
@@ -83,7 +74,7 @@ class HostStore:
     def __init__(self, root: str | Path, key: str):
         self.folder = Path(root).expanduser() / key
 
-    def save(self, entries: list[StoredEntry]) -> int:
+    def save(self, entries: list[Saved]) -> int:
         """Make the folder hold exactly these entries (least recently used first), writing only
         the files it lacks. Returns how many entries it holds."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -105,42 +96,43 @@ class HostStore:
                 stale.unlink(missing_ok=True)
         return len(names)
 
-    def load(self, budget: int) -> list[StoredEntry]:
+    def load(self, budget: int) -> list[Saved]:
         """The saved entries, most recently used ones first until `budget` bytes, returned least
-        recently used first (the order to put them in the host tier)."""
+        recently used first (the order to put them in the host tier). A file that does not fit
+        is not read past its header."""
         try:
             names = json.loads((self.folder / INDEX).read_text())["entries"]
         except (OSError, ValueError, KeyError, TypeError):
             return []
-        kept, total = [], 0
+        kept, room = [], budget
         for name in reversed(names):
-            entry = self._read(self.folder / str(name))
-            if entry is None:
-                continue
-            size = entry.copy.size + (entry.draft[0].size if entry.draft else 0)
-            if total + size > budget:
-                continue
-            total += size
-            kept.append(entry)
+            entry = self._read(self.folder / str(name), room)
+            if entry is not None:
+                room -= entry.size
+                kept.append(entry)
         return kept[::-1]
 
     @staticmethod
-    def _read(path: Path) -> StoredEntry | None:
+    def _read(path: Path, room: int) -> Saved | None:
+        """The entry in `path` (its LRU clock left at 0), or None when its copies take more than
+        `room` bytes or the file cannot be read."""
         try:
             with open(path, "rb") as f:
                 if f.readline() != MAGIC:
                     raise ValueError("not a specserve KV file")
                 h = json.loads(f.readline())
+                if h["size"] + h.get("draft_size", 0) > room:
+                    return None
                 copy = SavedSequence(bytearray(f.read(h["size"])), h["length"])
-                if copy.size != h["size"]:
-                    raise ValueError("truncated")
                 draft = None
                 if "draft_size" in h:
-                    dcopy = SavedSequence(bytearray(f.read(h["draft_size"])), h["draft_length"])
-                    if dcopy.size != h["draft_size"]:
-                        raise ValueError("truncated")
-                    draft = (dcopy, list(h["draft_tokens"]))
-            return StoredEntry(list(h["tokens"]), copy, draft)
+                    draft = (
+                        SavedSequence(bytearray(f.read(h["draft_size"])), h["draft_length"]),
+                        list(h["draft_tokens"]),
+                    )
+                if copy.size != h["size"] or (draft is not None and draft[0].size != h["draft_size"]):
+                    raise ValueError("truncated")
+            return Saved(list(h["tokens"]), copy, 0, draft)
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("skipping saved KV file %s: %s", path.name, e)
             return None
