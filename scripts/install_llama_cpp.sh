@@ -11,6 +11,9 @@
 # sets to keep each sequence's cache cells in position order. The wheel is kept under $SPECSERVE_WHEELS (default
 # ~/.cache/specserve/wheels), keyed by version, flags, patch and CPU, so a second virtualenv or a
 # fresh clone on the same machine installs it in seconds.
+#
+# For a GPU, add llama.cpp's own CMake flags: SPECSERVE_LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON
+# -DCMAKE_CUDA_ARCHITECTURES=90" make venv (docs/gpu.md; they are part of the wheel's key).
 set -euo pipefail
 PY=${1:?usage: install_llama_cpp.sh PYTHON}
 VERSION=0.3.36
@@ -24,6 +27,7 @@ if grep -q -m1 -w amx_int8 /proc/cpuinfo 2>/dev/null; then
     NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     ARGS="$ARGS -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
 fi
+[ -z "${SPECSERVE_LLAMA_CMAKE_ARGS:-}" ] || ARGS="$ARGS $SPECSERVE_LLAMA_CMAKE_ARGS"
 CPU=$( (grep -m1 -o -w -E 'flags.*' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-8)
 HERE=$(cd "$(dirname "$0")" && pwd)
 PATCH=$(md5sum <"$HERE/llama_cpp_switch.py" | cut -c1-8)

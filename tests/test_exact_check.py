@@ -218,3 +218,30 @@ def test_a_pass_with_no_free_cell_above_its_sequence_is_placed_as_upstream_does(
     assert b.length(sb) == 170
     assert any("no free cell above sequence" in line for line in llamacpp._log_tail), llamacpp._log_tail
     b.close()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_exact_mode_keeps_the_model_on_the_cpu_of_a_gpu_build(tmp_path, monkeypatch, exact):
+    """A GPU's matmuls change with the batch size (on an H200, a prediction run left plain
+    decoding at its second token), so `--exact` keeps every layer, the cache and long passes'
+    matmuls on the CPU kernels it was made batch-invariant on; the default mode offloads all."""
+    seen = {}
+    load, init = llama_cpp.llama_model_load_from_file, llama_cpp.llama_init_from_model
+
+    def spy_load(path, params):
+        seen["layers"] = params.n_gpu_layers
+        return load(path, params)
+
+    def spy_init(model, params):
+        seen["kv"], seen["ops"] = params.offload_kqv, params.op_offload
+        return init(model, params)
+
+    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)  # as a CUDA build answers
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", spy_load)
+    monkeypatch.setattr(llama_cpp, "llama_init_from_model", spy_init)
+    backend = LlamaCppBackend(save_tiny_gguf(tmp_path), batch_invariant=exact)
+    backend.close()
+    if exact:
+        assert seen == {"layers": 0, "kv": False, "ops": False} and not backend.on_gpu
+    else:
+        assert seen == {"layers": -1, "kv": True, "ops": True} and backend.on_gpu

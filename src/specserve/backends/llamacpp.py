@@ -274,8 +274,11 @@ class LlamaCppBackend:
     def _load_model(self, gpu_layers: int | None):
         ll = self._ll
         params = ll.llama_model_default_params()
-        offload = ll.llama_supports_gpu_offload()
+        # Every layer on the GPU where the build has one; exact mode keeps them on the CPU, whose
+        # kernels are the ones made batch-invariant (a GPU's matmuls change with the batch size).
+        offload = ll.llama_supports_gpu_offload() and not self.batch_invariant
         params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
+        self.on_gpu = params.n_gpu_layers != 0 and ll.llama_supports_gpu_offload()
         # repacked weights: not batch-invariant, and on builds with AMX kernels a crash (amx_repacks)
         params.use_extra_bufts = not self.batch_invariant and not amx_repacks(system_info())
         _log_tail.clear()
@@ -326,6 +329,7 @@ class LlamaCppBackend:
         if self.batch_invariant:  # see the module docstring
             p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
             p.type_k = p.type_v = ll.GGML_TYPE_Q8_0
+            p.offload_kqv = p.op_offload = False  # a GPU build would take long passes' matmuls there
         elif not FAST_MODE_FLASH_ATTENTION:
             p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
 

@@ -428,7 +428,7 @@ def environment(llm, opts: BenchOptions) -> dict:
     if llm.backend_name == "llama.cpp":
         import llama_cpp
 
-        weights, device, threads = "GGUF as is", "cpu", backend.threads
+        weights, device, threads = "GGUF as is", "cuda" if backend.on_gpu else "cpu", backend.threads
         versions = {"llama_cpp_python": llama_cpp.__version__, "batch_invariant": backend.batch_invariant}
     else:
         weights, device, threads = (
@@ -442,7 +442,7 @@ def environment(llm, opts: BenchOptions) -> dict:
         "draft_model": llm.draft_model_name,
         "backend": llm.backend_name,
         "dtype": weights,
-        "device": device,
+        "device": _named(device),
         "threads": threads,
         **cpu_info(),
         "max_tokens": opts.max_tokens,
@@ -461,6 +461,15 @@ def environment(llm, opts: BenchOptions) -> dict:
         "context_cost": asdict(cc) if (cc := llm.engine.measured_context_cost) is not None else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def _named(device: str) -> str:
+    """The device as the report shows it: a GPU by its name ("cuda (NVIDIA H200)")."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name()})"
+    return device
 
 
 def _f(v, spec: str = ".2f", suffix: str = "") -> str:
