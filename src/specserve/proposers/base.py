@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from ..config import SamplingParams, SpeculationConfig
-from ..engine.sampling import Noise
 from ..errors import InvalidRequestError
+
+if TYPE_CHECKING:  # the engine imports the proposers: a run-time import here would be a cycle
+    from ..engine.sampling import Noise
 
 
 @dataclass

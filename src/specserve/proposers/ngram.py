@@ -37,7 +37,7 @@ class NgramProposer:
                 continue
             start = self.index.get(tuple(tokens[-n:]))
             if start is not None:
-                cont = tokens[start : start + k]
+                cont = continuation(tokens, start, k)
                 if cont:
                     return Draft(cont, self.name)
         return None
@@ -45,6 +45,18 @@ class NgramProposer:
     def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
         if draft is not None and draft.source == self.name:
             self.k.update(len(draft.token_ids), num_accepted)
+
+
+def continuation(tokens: list[int], start: int, k: int) -> list[int]:
+    """Up to k tokens copied from `start` on. A copy that reaches the end stops there, unless the
+    text is looping: when the tokens from `start` on already came twice in a row, the copy goes
+    round the loop again. Otherwise a loop of period p could only be drafted p tokens at a time,
+    however cheap a long pass is (a small model's "```\n" loop: 2 tokens a step on a GPU)."""
+    cont = tokens[start : start + k]
+    period = len(tokens) - start
+    if len(cont) < k and len(tokens) >= 2 * period and tokens[-2 * period : -period] == tokens[-period:]:
+        cont = [tokens[start + i % period] for i in range(k)]
+    return cont
 
 
 @register("ngram")
