@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import time
 
 import pytest
 from test_prefix_cache import FILE, GREEDY, LIMITS, fed_to, prefilled_tokens, same
@@ -113,8 +114,8 @@ def test_a_restore_without_room_leaves_the_sequence_empty(tmp_path):
 
 
 # -- the engine --------------------------------------------------------------------------------
-def llamacpp_llm(folder, host_cache_bytes: int | None = None) -> LLM:
-    limits = EngineLimits(**{**LIMITS.__dict__, "host_cache_bytes": host_cache_bytes})
+def llamacpp_llm(folder, host_cache_bytes: int | None = None, host_cache_dir: str | None = None) -> LLM:
+    limits = EngineLimits(**{**LIMITS.__dict__, "host_cache_bytes": host_cache_bytes, "host_cache_dir": host_cache_dir})
     target = LlamaCppBackend(
         write_tiny_gguf(folder / "t.gguf", 0),
         max_sequences=limits.max_num_seqs + 1,
@@ -321,3 +322,25 @@ def test_a_restarted_engine_serves_the_next_turn_from_disk(tmp_path):
 def test_a_folder_without_the_tier_is_a_clear_error():
     with pytest.raises(ValueError, match=r"--host-cache-dir.*--host-cache-gib 0"):
         EngineLimits(host_cache_dir="kv", host_cache_bytes=0)
+
+
+def test_the_folder_is_written_while_the_server_runs(tmp_path):
+    """A server killed without stopping (a crash, SIGKILL, a power cut) used to lose the whole
+    tier: it was written only at shutdown. The worker's writer puts each entry that leaves the
+    cells on disk within its interval, and writes nothing while the tier is unchanged."""
+    llm = llamacpp_llm(tmp_path, host_cache_dir=str(tmp_path / "kv"))
+    store = llm.engine.core.host_store
+    held, _ = evicted_turns(llm)  # turn 1's entry is in the tier, not in the cells
+    worker = EngineWorker(llm.engine.core, max_queue=1, save_every=0.02)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (store.folder / "index.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        written = HostStore(store.folder.parent, store.folder.name).load(GIB)  # what a restart would read
+        assert [e.tokens for e in written] == [held[: len(e.tokens)] for e in written] and len(written) == 1
+        index = (store.folder / "index.json").stat().st_mtime_ns
+        time.sleep(0.2)  # ten intervals with nothing new: nothing rewritten
+        assert (store.folder / "index.json").stat().st_mtime_ns == index
+    finally:
+        worker.stop()

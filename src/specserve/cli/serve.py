@@ -67,8 +67,9 @@ def add_parser(subparsers) -> None:
         "--host-cache-dir",
         default=None,
         metavar="DIR",
-        help="write the prefix cache's host tier to DIR when the server stops, and read it back "
-        "when it starts, so conversations stay warm across restarts (llama.cpp; default: off)",
+        help="write the prefix cache's host tier to DIR as it changes (every 30 s) and when the server "
+        "stops, and read it back when it starts, so conversations stay warm across restarts and "
+        "crashes (llama.cpp; default: off)",
     )
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if core.host_store is not None:
         print(
             f"prefix cache: {len(core.host.saved)} entries read from {core.host_store.folder}; "
-            "the host tier is written there when the server stops (--host-cache-dir)",
+            "the host tier is written there every 30 s while it changes and when the server stops",
             file=sys.stderr,
         )
     elif args.host_cache_dir:

@@ -18,6 +18,8 @@ from .request import Request
 
 log = logging.getLogger("specserve.engine")
 
+HOST_SAVE_EVERY_S = 30.0  # how much of the on-disk host tier a crash can lose (engine/host_store.py)
+
 
 class QueueFull(Exception):
     """More requests are waiting than the client accepts."""
@@ -70,14 +72,19 @@ class EngineWorker:
 
     An exception in a step fails that step's requests and the worker goes on. If the thread
     itself dies (an error outside the step's handler, or a BaseException), it fails every request
-    in flight with EngineDead on its way out, and `submit` refuses from then on."""
+    in flight with EngineDead on its way out, and `submit` refuses from then on.
 
-    def __init__(self, core: EngineCore, max_queue: int):
-        self.core, self.max_queue = core, max_queue
+    With a host-tier folder, a second thread writes the tier there every `save_every` seconds
+    while it changes, so a crash or a kill loses at most that much; `stop` writes the rest."""
+
+    def __init__(self, core: EngineCore, max_queue: int, save_every: float = HOST_SAVE_EVERY_S):
+        self.core, self.max_queue, self.save_every = core, max_queue, save_every
         self._cond = threading.Condition()
         self._stopping = False
         self._dead: EngineDead | None = None  # set when the thread died
         self._thread: threading.Thread | None = None
+        self._saver: threading.Thread | None = None
+        self._saver_stop = threading.Event()
 
     @property
     def num_waiting(self) -> int:
@@ -94,6 +101,9 @@ class EngineWorker:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="specserve-worker", daemon=True)
         self._thread.start()
+        if self.core.host_store is not None:
+            self._saver = threading.Thread(target=self._save_loop, name="specserve-kv-writer", daemon=True)
+            self._saver.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Abort everything in flight (each request reports "abort"), then end the thread."""
@@ -102,8 +112,27 @@ class EngineWorker:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._saver_stop.set()
+        if self._saver is not None:
+            self._saver.join()  # one writer at a time: the last write below is the whole tier
         self.core.abort_all()
         self._save_host_cache()
+
+    def _save_loop(self) -> None:
+        """Write the host tier to its folder while it changes. The entries are copied under the
+        engine's lock; the files are written outside it, so steps go on meanwhile (a saved
+        entry's bytes are never changed, only dropped)."""
+        written = None
+        while not self._saver_stop.wait(self.save_every):
+            mark, entries = self.core.host_snapshot()
+            if mark == written:
+                continue
+            try:
+                self.core.host_store.save(entries)
+            except OSError as e:  # a full disk: the tier in memory still serves
+                log.warning("could not write the prefix cache to %s: %s", self.core.host_store.folder, e)
+                continue
+            written = mark
 
     def _save_host_cache(self) -> None:
         """Write the prefix cache's host tier to its folder, if one was given (a full disk is a

@@ -414,6 +414,13 @@ class EngineCore:
             draft = self.draft_prefixes.save(owner.seq) if self.draft_prefixes is not None else None
             self.host.put(owner.tokens[: owner.length], copy, draft)
 
+    def host_snapshot(self) -> tuple[tuple[int, int, int], list]:
+        """The host tier as it stands, least recently used first, and a mark that changes
+        whenever its entries or their order do (the periodic writer skips an unchanged tier)."""
+        with self.lock:
+            h = self.host
+            return (h.saves, h.restores, len(h.saved)), sorted(h.saved, key=lambda s: s.used)
+
     def save_host_cache(self) -> int | None:
         """Write the host tier to its folder, after copying in the entries still in the cells
         (the most recent ones). Returns the entries the folder holds; None without a folder."""
@@ -422,7 +429,7 @@ class EngineCore:
         for owner in list(self.prefix.owners.values()):  # a host tier implies a prefix cache
             if not owner.live:
                 self._spill(owner)
-        return self.host_store.save(sorted(self.host.saved, key=lambda s: s.used))
+        return self.host_store.save(self.host_snapshot()[1])
 
     def _reused(self, req: Request, hit: Hit | None) -> None:
         """Book an admitted request's reuse; an entry it copied entirely (a conversation's next

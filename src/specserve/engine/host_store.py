@@ -3,8 +3,9 @@
 A server that restarts (an upgrade, a reboot, a laptop closed for the night) used to begin cold:
 the next turn of every conversation it had served prefilled its whole prompt again, 10-12 ms a
 token of the 1.5B model on 2 CPU cores. With a folder, the server writes its saved entries there
-when it stops (those still in the KV cache are copied out first), and reads them back into the
-host tier when it starts, newest first, up to the tier's budget.
+as they change (engine/client.py's writer thread, every HOST_SAVE_EVERY_S) and when it stops
+(those still in the KV cache are copied out first), and reads them back into the host tier when
+it starts, newest first, up to the tier's budget.
 
     one folder per model set-up  named by a hash of what the saved bytes depend on: each model
                                  file (path, size, modification time), the llama.cpp release and
