@@ -25,9 +25,20 @@ class Verdict:
     next_token: int  # recovered token (after a rejection) or bonus token (all accepted)
 
 
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """The first highest entry of each row: [..., V] -> a list (or an int for one row [V]).
+
+    float32 rows in host memory (every llama.cpp step, transformers on a CPU) go through numpy:
+    torch's argmax over one 151,936-wide row took 144 us against numpy's 12 (49,152 wide: 55
+    against 3), paid on every decoding step. Both take the first of equal maxima."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.detach().numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> Verdict:
     """target_logits: [K+1, V], row i scores the token after draft[:i]. Exact argmax match."""
-    choice = target_logits.argmax(dim=-1).tolist()  # [K+1]
+    choice = argmax_rows(target_logits)  # [K+1]
     n = 0
     while n < len(draft) and draft[n] == choice[n]:
         n += 1

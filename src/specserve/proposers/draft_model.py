@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..engine.sampling import DRAFT, Noise, bias_vector, probs_from_logits, sample_at
+from ..engine.verify import argmax_rows
 from .base import AdaptiveK, Draft, ProposerContext, register
 
 
@@ -79,7 +80,7 @@ class DraftModelProposer:
         probs: list[torch.Tensor] = []
         for i in range(k):
             if self.params.greedy:
-                tok = int(logits.argmax())
+                tok = argmax_rows(logits)
             else:
                 q = probs_from_logits(logits.unsqueeze(0), self.params)[0]  # [V]
                 tok = sample_at(q, self.noise.u(len(tokens) + i, DRAFT))
