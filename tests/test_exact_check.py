@@ -214,9 +214,11 @@ def test_a_pass_with_no_free_cell_above_its_sequence_is_placed_as_upstream_does(
     b.forward([SeqInput(sb, ids[:150], "none")])  # cells 100-249
     b.free_sequence(sa)  # 100 free cells below b's, 6 above
     llamacpp._log_tail.clear()
+    before = b.cells_out_of_order
     assert b.forward([SeqInput(sb, ids[150:170])])[0].shape == (20, b.vocab_size)
     assert b.length(sb) == 170
     assert any("no free cell above sequence" in line for line in llamacpp._log_tail), llamacpp._log_tail
+    assert b.cells_out_of_order == before + 1  # counted, for /health (exact_cells_out_of_order)
     b.close()
 
 

@@ -75,10 +75,12 @@ def with_inserted_line(text: str) -> str:
 
 
 # -- basics -------------------------------------------------------------------------------------
-def test_models_and_health(server, client):
+def test_models_and_health(server, client, request):
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = server.health()
     assert health["status"] == "ok" and health["worker_alive"] and health["active"] == 0
+    exact = request.node.callspec.params["server"] == "llama.cpp"  # served with --exact: out-of-order passes counted
+    assert ("exact_cells_out_of_order" in health) == exact and health.get("exact_cells_out_of_order", 0) == 0
 
 
 def test_chat_stream_equals_nonstream(client):

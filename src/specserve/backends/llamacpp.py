@@ -34,6 +34,7 @@ divergence from plain decoding with its logit gap.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -48,6 +49,8 @@ from .base import SavedSequence, SeqInput
 from .compute import on_compute_thread
 from .row_buffers import RowBuffers
 
+log = logging.getLogger("specserve.llamacpp")
+
 _init_lock = threading.Lock()
 _initialised = False
 # ggml-cpu kernels that break batch invariance, each with a switch read once per process (off when
@@ -61,6 +64,10 @@ EXACT_ENV = dict.fromkeys(KERNEL_SWITCHES, "0") | {CELL_ORDER_SWITCH: "1"}
 _switches: dict[str, str | None] = {}  # what the first model in this process left them at
 _log_tail: list[str] = []  # recent llama.cpp log lines, quoted in load errors
 _LOG_KEEP = 40
+# The cell-order switch's fallback (scripts/llama_cpp_switch.py): a pass with no free cell above
+# its sequence's cells is placed as upstream does, and that answer may leave its solo run.
+_BELOW = "no free cell above sequence"
+_placed_below = [0]  # such passes in this process (the log callback counts them)
 # The default mode runs attention without flash attention (f16 KV cache), as llama-cpp-python's `Llama`
 # does by default. Qwen 1.5B Q4_K_M, 2 AVX2 cores, 2048 cached tokens (two alternating runs each):
 # one-token decoding 117/110 ms a step without it against 135/130 with llama.cpp's AUTO (which turns it
@@ -175,6 +182,15 @@ def _init_backend(batch_invariant: bool) -> None:
                 if len(line) > 1:  # skip the progress dots
                     _log_tail.append(line)
                     del _log_tail[:-_LOG_KEEP]
+                if _BELOW in line:
+                    _placed_below[0] += 1
+                    if _placed_below[0] == 1:
+                        log.warning(
+                            "--exact: a pass found no free KV cell above its sequence and was placed "
+                            "below it, so that answer may differ from the same request run alone; "
+                            "give the cache more room (--kv-cache-tokens) or fewer requests "
+                            "(--max-num-seqs). /health counts such passes (exact_cells_out_of_order)"
+                        )
 
             ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
             ll.llama_backend_init()
@@ -286,6 +302,11 @@ class LlamaCppBackend:
         if not model:
             raise ModelLoadError(f"cannot load {self.path.name} with llama.cpp: {_load_error(self.path)}")
         return model
+
+    @property
+    def cells_out_of_order(self) -> int:
+        """Passes in this process that `exact` could not place above their sequence's cells."""
+        return _placed_below[0]
 
     def cell_bytes(self) -> int:
         """Bytes one cache cell takes: keys and values of every layer, in the cache's type (f16,

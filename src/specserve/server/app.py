@@ -434,11 +434,20 @@ class Server:
             "max_queue": s.max_queue,
             "kv_cache_usage": round(self.llm.engine.core.cache_used, 4),
             "prefix_cache": self.llm.engine.core.prefix_stats(),
+            **self._exactness(),
             "worker_alive": s.alive,
             "threads": threading.active_count(),
             "thread_names": sorted(t.name for t in threading.enumerate()),
         }
         return body, 200 if s.alive else 503
+
+    def _exactness(self) -> dict:
+        """With `--exact` on llama.cpp: passes placed below their sequence's cells since start
+        (each may have left its solo answer; docs/design.md, "The order of a sequence's cells")."""
+        target = self.llm.engine.core.target
+        if not getattr(target, "batch_invariant", False):
+            return {}
+        return {"exact_cells_out_of_order": target.cells_out_of_order}
 
 
 def _no_response(response_id: str) -> APIError:
