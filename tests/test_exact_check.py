@@ -241,9 +241,34 @@ def test_exact_mode_keeps_the_model_on_the_cpu_of_a_gpu_build(tmp_path, monkeypa
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)  # as a CUDA build answers
     monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", spy_load)
     monkeypatch.setattr(llama_cpp, "llama_init_from_model", spy_init)
-    backend = LlamaCppBackend(save_tiny_gguf(tmp_path), batch_invariant=exact)
+    gguf = save_tiny_gguf(tmp_path)
+    backend = LlamaCppBackend(gguf, batch_invariant=exact)
     backend.close()
     if exact:
         assert seen == {"layers": 0, "kv": False, "ops": False} and not backend.on_gpu
+        with pytest.raises(ModelLoadError, match="gpu_layers must be 0"):
+            LlamaCppBackend(gguf, batch_invariant=True, gpu_layers=4)
     else:
         assert seen == {"layers": -1, "kv": True, "ops": True} and backend.on_gpu
+        LlamaCppBackend(gguf, gpu_layers=0).close()  # --gpu-layers 0: a GPU build kept to the CPU
+        assert seen["layers"] == 0
+        LlamaCppBackend(gguf, gpu_layers=1).close()  # part of the model there
+        assert seen["layers"] == 1
+
+
+def test_gpu_layers_is_checked_before_anything_loads(gguf):
+    """--gpu-layers with --exact, or on the transformers backend, is a one-line error."""
+    r = generate(gguf, {}, "--exact", "--gpu-layers", "8")
+    assert r.returncode != 0 and not r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--gpu-layers 8" in lines[0] and "--exact" in lines[0], r.stderr
+    r = generate(gguf, {}, "--gpu-layers", "-2")
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "gpu_layers" in r.stderr, r.stderr
+    r = generate(gguf, {}, "--backend", "transformers", "--gpu-layers", "2")
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        "specserve: error: --gpu-layers applies to the llama.cpp backend only; transformers takes --device"
+    ]
+    assert generate(gguf, {}, "--gpu-layers", "0").returncode == 0
+    r = generate(gguf, {}, "--gpu-layers", "2")  # on a build without a GPU: said, then run on the CPU
+    assert r.returncode == 0
+    assert ("--gpu-layers 2 ignored" in r.stderr) == (not llama_cpp.llama_supports_gpu_offload()), r.stderr

@@ -244,6 +244,8 @@ class LoadOptions:
     exact: llama.cpp's batch-invariant kernels, so that greedy speculation reproduces plain
     decoding bit for bit on quantized weights too, at about half the verification throughput
     on a CPU (docs/design.md, "Exactness on llama.cpp"). transformers in float32 is exact anyway.
+    gpu_layers: llama.cpp layers on the GPU of a GPU build (None: all of them, or none with
+    `exact`, which keeps to the CPU kernels it was made batch-invariant on; 0: CPU only).
     """
 
     backend: str = "auto"
@@ -253,11 +255,19 @@ class LoadOptions:
     max_context: int | None = None
     threads: int | None = None
     exact: bool = False
+    gpu_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.gpu_layers is not None and self.gpu_layers < 0:
+            raise ValueError(f"gpu_layers must be 0 or more (leave it out for all), got {self.gpu_layers}")
+        if self.exact and self.gpu_layers:
+            raise ValueError(
+                "--exact runs on the CPU kernels it was made batch-invariant on (a GPU's change with "
+                f"the batch size): leave out --gpu-layers {self.gpu_layers}, or give 0"
+            )
         if self.max_context is not None and self.max_context < MIN_MAX_CONTEXT:
             raise ValueError(f"max_context must be at least {MIN_MAX_CONTEXT} tokens, got {self.max_context}")

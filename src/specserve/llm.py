@@ -31,7 +31,8 @@ class LLM:
     backend: "auto" (GGUF packs and .gguf files on llama.cpp, unless a torch `dtype` is asked
     for; HF folders and hub ids on transformers), "llama.cpp" or "transformers".
     dtype: torch dtype for the transformers backend (None = bfloat16).
-    threads: llama.cpp CPU threads (None = every core this process may use).
+    threads: llama.cpp CPU threads (None = every core this process may use). gpu_layers: llama.cpp
+    layers on the GPU of a GPU build (None = all, 0 = CPU only; `exact` keeps them on the CPU).
     exact: llama.cpp's batch-invariant kernels: greedy speculation equals plain decoding bit for
     bit on quantized GGUFs too, at about half the verification throughput on a CPU.
     max_num_seqs / kv_cache_tokens: how many requests decode together, and the cache cells
@@ -49,13 +50,20 @@ class LLM:
         backend: str = "auto",
         threads: int | None = None,
         exact: bool = False,
+        gpu_layers: int | None = None,
         max_num_seqs: int = 8,
         kv_cache_tokens: int | None = None,
         options: LoadOptions | None = None,
         limits: EngineLimits | None = None,
     ):
         options = options or LoadOptions(
-            backend=backend, dtype=dtype, device=device, max_context=max_context, threads=threads, exact=exact
+            backend=backend,
+            dtype=dtype,
+            device=device,
+            max_context=max_context,
+            threads=threads,
+            exact=exact,
+            gpu_layers=gpu_layers,
         )
         limits = limits or EngineLimits(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens)
         target = load(model, "target", options, limits)

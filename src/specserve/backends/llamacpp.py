@@ -292,8 +292,11 @@ class LlamaCppBackend:
         params = ll.llama_model_default_params()
         # Every layer on the GPU where the build has one; exact mode keeps them on the CPU, whose
         # kernels are the ones made batch-invariant (a GPU's matmuls change with the batch size).
+        if self.batch_invariant and gpu_layers:
+            raise ModelLoadError("exact mode runs on the CPU kernels made batch-invariant: gpu_layers must be 0")
         offload = ll.llama_supports_gpu_offload() and not self.batch_invariant
         params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
+        self.gpu_layers: int = params.n_gpu_layers  # -1: all
         self.on_gpu = params.n_gpu_layers != 0 and ll.llama_supports_gpu_offload()
         # repacked weights: not batch-invariant, and on builds with AMX kernels a crash (amx_repacks)
         params.use_extra_bufts = not self.batch_invariant and not amx_repacks(system_info())

@@ -2,8 +2,8 @@
 
 transformers (the torch backend's model objects): plain `generate()`, prompt lookup, and
 assisted generation with our draft model. llama-cpp-python (the llama.cpp backend's GGUF, its
-own high-level `Llama` with its default settings, every layer offloaded on a GPU build as our
-backend does): plain decoding, and its prompt lookup (`LlamaPromptLookupDecoding`). Each returns
+own high-level `Llama` with its default settings, as many layers on a GPU as our backend
+put there): plain decoding, and its prompt lookup (`LlamaPromptLookupDecoding`). Each returns
 the new token ids and a clock fed as tokens come.
 """
 
@@ -79,7 +79,7 @@ def _llama(llm, lookup: bool, n_ctx: int):
                 model_path=str(backend.path),
                 n_ctx=n_ctx,
                 n_batch=512,
-                n_gpu_layers=-1,  # a GPU build runs every layer there, like our backend; a CPU build ignores it
+                n_gpu_layers=backend.gpu_layers,  # as many layers on a GPU as ours (a CPU build ignores it)
                 logits_all=lookup,
                 n_threads=backend.threads,
                 n_threads_batch=backend.threads,

@@ -77,6 +77,12 @@ def add_model_args(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
     p.add_argument("--device", help="cpu or cuda, transformers backend (default: cuda when available)")
     p.add_argument("--threads", type=int, help="llama.cpp CPU threads (default: every core)")
     p.add_argument(
+        "--gpu-layers",
+        type=int,
+        metavar="N",
+        help="llama.cpp built for a GPU: layers to put there (default: all; 0: CPU only; --exact: 0)",
+    )
+    p.add_argument(
         "--exact",
         action="store_true",
         help="llama.cpp: batch-invariant kernels, so speculative output equals plain decoding bit for "
@@ -175,6 +181,7 @@ def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
         max_context=args.max_context,
         threads=args.threads,
         exact=args.exact,
+        gpu_layers=args.gpu_layers,
     )
 
 

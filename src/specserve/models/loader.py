@@ -64,6 +64,8 @@ def choose_backend(source, options: LoadOptions) -> str:
             raise ModelLoadError(
                 "--dtype applies to the transformers backend only; llama.cpp runs the GGUF's own weights as they are"
             )
+    if options.backend == "transformers" and options.gpu_layers is not None:
+        raise ModelLoadError("--gpu-layers applies to the llama.cpp backend only; transformers takes --device")
     return options.backend
 
 
@@ -131,8 +133,11 @@ def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> Loaded
         cache_tokens=cache,
         threads=options.threads,
         batch_invariant=options.exact,
+        gpu_layers=options.gpu_layers,
         prefix_sequences=limits.max_num_seqs if limits.prefix_caching else 0,
     )
+    if options.gpu_layers and not backend.on_gpu:
+        print(f"warning: this llama.cpp build has no GPU: --gpu-layers {options.gpu_layers} ignored", file=sys.stderr)
     tokenizer = load_tokenizer(source)
     eos = backend.eog_token_ids()
     if tokenizer.eos_token_id is not None:
