@@ -115,7 +115,7 @@ def test_more_threads_than_cores_is_warned_about(capsys):
     from specserve.hardware import cpu_info
 
     cores = cpu_info()["cores"]
-    fields = dict(backend="auto", dtype=None, device=None, max_context=None, exact=False)
+    fields = dict(backend="auto", dtype=None, device=None, max_context=None, exact=False, gpu_layers=None)
     assert load_options(argparse.Namespace(threads=cores + 1, **fields)).threads == cores + 1
     assert f"--threads {cores + 1} is more than the {cores} cores" in capsys.readouterr().err
     load_options(argparse.Namespace(threads=cores, **fields))

@@ -60,6 +60,7 @@ class ReplicaConfig:
     max_body_bytes: int | None = None
     threads: int = 1  # torch / llama.cpp threads per replica (= its CPUs)
     exact: bool = False  # llama.cpp batch-invariant kernels
+    gpu_layers: int | None = None  # llama.cpp layers on a GPU build's GPU (None: all)
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,12 @@ class SpecServeReplica:
         self.replica = serve.get_replica_context().replica_tag
         speculation = SpeculationConfig(method=config.speculation, num_speculative_tokens=config.num_speculative_tokens)
         options = LoadOptions(
-            backend=config.backend, dtype=config.dtype, device=config.device, threads=config.threads, exact=config.exact
+            backend=config.backend,
+            dtype=config.dtype,
+            device=config.device,
+            threads=config.threads,
+            exact=config.exact,
+            gpu_layers=config.gpu_layers,
         )
         self.llm = LLM(model=config.model, draft_model=config.draft_model, speculation=speculation, options=options)
 
@@ -361,6 +367,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ReplicaConfig, ScaleCon
         max_body_bytes=args.max_body_bytes,
         threads=args.threads or max(1, int(args.replica_cpus)),
         exact=args.exact,
+        gpu_layers=args.gpu_layers,
     )
     scale = ScaleConfig(
         replicas=args.replicas,
