@@ -264,6 +264,6 @@ def test_the_benchmark_peer_is_built_on_the_compute_thread(tmp_path, monkeypatch
 
     monkeypatch.setattr(llama_cpp, "Llama", Spy)
     monkeypatch.setattr(peers, "_LLAMAS", {})
-    backend = SimpleNamespace(path=tmp_path / "model.gguf", max_context=4096, threads=1)
+    backend = SimpleNamespace(path=tmp_path / "model.gguf", max_context=4096, threads=1, gpu_layers=0)
     peers._llama(SimpleNamespace(target_backend=backend), False, 100)
     assert len(seen) == 1 and seen[0].name.startswith("specserve-compute"), seen
