@@ -67,7 +67,7 @@ _LOG_KEEP = 40
 # The cell-order switch's fallback (scripts/llama_cpp_switch.py): a pass with no free cell above
 # its sequence's cells is placed as upstream does, and that answer may leave its solo run.
 _BELOW = "no free cell above sequence"
-_placed_below = [0]  # such passes in this process (the log callback counts them)
+_placed_below = 0  # such passes in this process (the log callback counts them)
 # The default mode runs attention without flash attention (f16 KV cache), as llama-cpp-python's `Llama`
 # does by default. Qwen 1.5B Q4_K_M, 2 AVX2 cores, 2048 cached tokens (two alternating runs each):
 # one-token decoding 117/110 ms a step without it against 135/130 with llama.cpp's AUTO (which turns it
@@ -178,13 +178,14 @@ def _init_backend(batch_invariant: bool) -> None:
 
             @ll.llama_log_callback
             def _log_callback(level, text, user_data):  # noqa: ARG001 - fixed C signature
+                global _placed_below
                 line = text.decode("utf-8", "replace").strip() if text else ""
                 if len(line) > 1:  # skip the progress dots
                     _log_tail.append(line)
                     del _log_tail[:-_LOG_KEEP]
                 if _BELOW in line:
-                    _placed_below[0] += 1
-                    if _placed_below[0] == 1:
+                    _placed_below += 1
+                    if _placed_below == 1:
                         log.warning(
                             "--exact: a pass found no free KV cell above its sequence and was placed "
                             "below it, so that answer may differ from the same request run alone; "
@@ -294,10 +295,10 @@ class LlamaCppBackend:
         # kernels are the ones made batch-invariant (a GPU's matmuls change with the batch size).
         if self.batch_invariant and gpu_layers:
             raise ModelLoadError("exact mode runs on the CPU kernels made batch-invariant: gpu_layers must be 0")
-        offload = ll.llama_supports_gpu_offload() and not self.batch_invariant
-        params.n_gpu_layers = (-1 if offload else 0) if gpu_layers is None else gpu_layers
+        gpu = ll.llama_supports_gpu_offload()
+        params.n_gpu_layers = (-1 if gpu and not self.batch_invariant else 0) if gpu_layers is None else gpu_layers
         self.gpu_layers: int = params.n_gpu_layers  # -1: all
-        self.on_gpu = params.n_gpu_layers != 0 and ll.llama_supports_gpu_offload()
+        self.on_gpu = gpu and params.n_gpu_layers != 0
         # repacked weights: not batch-invariant, and on builds with AMX kernels a crash (amx_repacks)
         params.use_extra_bufts = not self.batch_invariant and not amx_repacks(system_info())
         _log_tail.clear()
@@ -309,7 +310,7 @@ class LlamaCppBackend:
     @property
     def cells_out_of_order(self) -> int:
         """Passes in this process that `exact` could not place above their sequence's cells."""
-        return _placed_below[0]
+        return _placed_below
 
     def cell_bytes(self) -> int:
         """Bytes one cache cell takes: keys and values of every layer, in the cache's type (f16,
