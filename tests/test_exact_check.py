@@ -226,7 +226,9 @@ def test_a_pass_with_no_free_cell_above_its_sequence_is_placed_as_upstream_does(
 def test_exact_mode_keeps_the_model_on_the_cpu_of_a_gpu_build(tmp_path, monkeypatch, exact):
     """A GPU's matmuls change with the batch size (on an H200, a prediction run left plain
     decoding at its second token), so `--exact` keeps every layer, the cache and long passes'
-    matmuls on the CPU kernels it was made batch-invariant on; the default mode offloads all."""
+    matmuls on the CPU kernels it was made batch-invariant on; the default mode offloads all, and
+    runs flash attention wherever the cache is on the GPU (without it, saving scattered cells
+    there copied one value at a time: seconds per sequence on an H200)."""
     seen = {}
     load, init = llama_cpp.llama_model_load_from_file, llama_cpp.llama_init_from_model
 
@@ -236,6 +238,7 @@ def test_exact_mode_keeps_the_model_on_the_cpu_of_a_gpu_build(tmp_path, monkeypa
 
     def spy_init(model, params):
         seen["kv"], seen["ops"] = params.offload_kqv, params.op_offload
+        seen["flash"] = params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         return init(model, params)
 
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)  # as a CUDA build answers
@@ -245,15 +248,16 @@ def test_exact_mode_keeps_the_model_on_the_cpu_of_a_gpu_build(tmp_path, monkeypa
     backend = LlamaCppBackend(gguf, batch_invariant=exact)
     backend.close()
     if exact:
-        assert seen == {"layers": 0, "kv": False, "ops": False} and not backend.on_gpu
+        assert seen == {"layers": 0, "kv": False, "ops": False, "flash": True} and not backend.on_gpu
         with pytest.raises(ModelLoadError, match="gpu_layers must be 0"):
             LlamaCppBackend(gguf, batch_invariant=True, gpu_layers=4)
     else:
-        assert seen == {"layers": -1, "kv": True, "ops": True} and backend.on_gpu
+        # flash attention where the cache is on the GPU (GPU_FLASH_ATTENTION), as on the CPU without
+        assert seen == {"layers": -1, "kv": True, "ops": True, "flash": True} and backend.on_gpu
         LlamaCppBackend(gguf, gpu_layers=0).close()  # --gpu-layers 0: a GPU build kept to the CPU
-        assert seen["layers"] == 0
+        assert seen["layers"] == 0 and not seen["flash"]
         LlamaCppBackend(gguf, gpu_layers=1).close()  # part of the model there
-        assert seen["layers"] == 1
+        assert seen["layers"] == 1 and seen["flash"]
 
 
 def test_gpu_layers_is_checked_before_anything_loads(gguf):

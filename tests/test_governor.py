@@ -228,6 +228,63 @@ def test_one_stalled_pass_does_not_price_a_small_models_curve(monkeypatch):
     assert prices.target(64) < 1.7, prices.curve  # 1.64 ms / 1.01 ms, not 41.6 ms / 1.01 ms
 
 
+class CopyingBackend:
+    """Saves and restores a sequence at `per_cell` seconds a cell on the fake clock."""
+
+    def __init__(self, clock, per_cell: float):
+        self.clock, self.per_cell, self.length = clock, per_cell, 0
+
+    def save_sequence(self, seq):
+        self.clock.now += self.per_cell * self.length
+        return ("copy", self.length)
+
+    def truncate(self, seq, length):
+        self.length = length
+
+    def restore_sequence(self, seq, saved):
+        self.length = saved[1]
+        self.clock.now += self.per_cell * self.length
+        return True
+
+
+class CopyingRunner(StallingRunner):
+    """Passes as StallingRunner's (1 ms + 0.01 ms a token, no stall), over a backend that copies."""
+
+    seq = 0
+
+    def __init__(self, clock, per_cell: float):
+        super().__init__(clock, stall_at=-1)
+        self.backend = CopyingBackend(clock, per_cell)
+
+    def forward(self, ids, last_only=False):
+        super().forward(ids, last_only)
+        self.backend.length += len(ids)
+
+    def truncate(self, n):
+        self.backend.length = min(n, self.backend.length)
+
+    def reset(self):
+        self.backend.length = 0
+
+
+@pytest.mark.parametrize(("per_cell", "pays"), [(2e-6, True), (1e-4, False)])
+def test_the_price_of_copying_cells_out_and_back_is_measured(monkeypatch, per_cell, pays):
+    """calibrate times a save and a restore of a sequence (the host tier's copy) per cell, in
+    plain passes. Prefilling a token of a 128-token pass costs 0.018 here, and a copy pays at a
+    quarter of that: on a CPU a copy is a memcpy (here 2 us a cell each way: 0.004 passes), on a
+    GPU it crosses the bus (here 100 us each way: 0.2 passes). A runner whose backend cannot copy
+    has no such price."""
+    from specserve.engine import governor
+
+    clock = type("Clock", (), {"now": 0.0})()
+    monkeypatch.setattr(governor.time, "perf_counter", lambda: clock.now)
+    prices = CostModel.calibrate(CopyingRunner(clock, per_cell))
+    assert prices.copy == pytest.approx(2 * per_cell / 1.01e-3)
+    assert prices.copy_pays is pays
+    assert CostModel.calibrate(StallingRunner(clock, stall_at=-1)).copy is None
+    assert not CostModel(prices.curve).copy_pays  # unmeasured: not known to pay
+
+
 def test_cost_curve_interpolates_and_extrapolates():
     prices = CostModel(((1, 1.0), (8, 6.0), (128, 45.0)))
     assert prices.target(1) == 1.0 and prices.target(8) == 6.0

@@ -28,6 +28,7 @@ from specserve.backends.base import SavedSequence
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.config import EngineLimits
 from specserve.engine.client import EngineWorker
+from specserve.engine.governor import CostModel
 from specserve.engine.host_cache import GIB, HostCache, Saved, default_budget
 from specserve.engine.host_store import HostStore
 from specserve.engine.prefix_cache import BLOCK, ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS
@@ -249,6 +250,34 @@ def test_the_short_rent_comes_with_the_tier(tmp_path):
         llm = LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
         assert (llm.engine.core.host is not None) == (budget is None)
         assert llm.engine.core.prefix.rent_limit == rent, (exact, budget)
+
+
+def test_where_a_copy_costs_more_than_a_prefill_the_tier_sits_out(tmp_path, monkeypatch):
+    """On a GPU llama.cpp copies cells out over the bus row by row, dearer than prefilling them
+    there (docs/gpu.md). Where the measured price of a copy (CostModel.copy) does not pay, an entry
+    leaving the cells is dropped, not saved; the next turn prefills instead of restoring; entries
+    keep the long rent, and a lone request is not moved (relocate copies too). Priced cheap, the
+    tier is back. Unmeasured, a cache on a GPU is not trusted to copy cheaply."""
+    llm = llamacpp_llm(tmp_path)
+    core, curve = llm.engine.core, ((1, 1.0), (128, 45.0))  # prefilling a token: 0.35 plain passes
+    llm.engine.use_prices(CostModel(curve, copy=1.0))
+    assert core.prefix.rent_limit == ENTRY_RENT_TOKENS and not core._compacts
+    saves = core.host.saves
+    _, turn2 = evicted_turns(llm)
+    assert core.host.saves == saves  # dropped, not copied out
+    assert llm.generate(turn2, GREEDY).cached_tokens == 0
+
+    llm.engine.use_prices(CostModel(curve, copy=0.001))
+    assert core.prefix.rent_limit == SAVED_ENTRY_RENT_TOKENS and core._compacts
+    held, turn2 = evicted_turns(llm)
+    assert core.host.saves > saves
+    assert llm.generate(turn2, GREEDY).cached_tokens >= len(held) - 1
+
+    llm.engine.use_prices(None)
+    assert core._copies  # host memory: trusted until measured
+    monkeypatch.setattr(core.target, "on_gpu", True)
+    llm.engine.use_prices(None)
+    assert not core._copies and core.prefix.spill is None
 
 
 # -- on disk, across restarts (--host-cache-dir) ---------------------------------------------------

@@ -119,6 +119,7 @@ def test_the_engine_reads_its_prices_from_the_cache(home, monkeypatch):
     monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a, **k: pytest.fail("calibrated")))
     core = EngineCore.__new__(EngineCore)
     core.lock, core._prices, core.draft = __import__("threading").RLock(), None, None
+    core._relocates, core.host, core.prefix = False, None, None  # no cells to copy out
 
     class Target:
         batches_sequences = True
@@ -131,10 +132,10 @@ def test_the_engine_reads_its_prices_from_the_cache(home, monkeypatch):
 
 
 def test_the_draft_models_agreement_is_kept_and_the_reference_text_is_in_the_key(home, monkeypatch):
-    measured = CostModel(((1, 1.0), (8, 6.6)), 0.4, True, 0.83)
+    measured = CostModel(((1, 1.0), (8, 6.6)), 0.4, True, 0.83, copy=0.0021)
     assert prices.measured(FakeGGUFBackend(home), FakeGGUFBackend(home), True, lambda: measured) == measured
     again = prices.measured(FakeGGUFBackend(home), FakeGGUFBackend(home), True, lambda: pytest.fail("measured"))
-    assert again.agreement == 0.83
+    assert again.agreement == 0.83 and again.copy == 0.0021  # the price of a copy is kept too
     key = prices.cache_key(FakeGGUFBackend(home), FakeGGUFBackend(home))
     monkeypatch.setattr(prices, "AGREEMENT_TEXT", "another passage")
     assert prices.cache_key(FakeGGUFBackend(home), FakeGGUFBackend(home)) != key

@@ -73,6 +73,13 @@ _placed_below = 0  # such passes in this process (the log callback counts them)
 # one-token decoding 117/110 ms a step without it against 135/130 with llama.cpp's AUTO (which turns it
 # on), prefill 34.5/37.1 against 32.8/33.7 tok/s; 128-token passes within noise. scripts/profile_plain.py.
 FAST_MODE_FLASH_ATTENTION = False
+# On a GPU the default mode turns it on. Without it llama.cpp keeps V transposed, and saving or
+# restoring a sequence whose cells are scattered among others' (the prefix cache's host tier,
+# `relocate`) copies it one value at a time: on an H200 with SmolLM2, 200 such cells took 9.4 s
+# to save and 7.4 s to restore, against 112 and 85 ms with flash attention, and 4 batched chat
+# requests ran at 20-66 tok/s against 826-838. A one-token step was quicker with it too (1.28
+# against about 1.5 ms). docs/gpu.md.
+GPU_FLASH_ATTENTION = True
 DEFAULT_MAX_CONTEXT = 8192  # holds the demo's 3.8k-token prompt + 4k-token answer
 KV_MEMORY_SHARE = 0.25  # the default cache takes at most this share of the memory available at start-up
 
@@ -272,6 +279,7 @@ class LlamaCppBackend:
         self.threads = threads or default_threads()
         self.batch_invariant = batch_invariant
         self._model = self._load_model(gpu_layers)
+        self.flash_attention = batch_invariant or (GPU_FLASH_ATTENTION if self.on_gpu else FAST_MODE_FLASH_ATTENTION)
         vocab = ll.llama_model_get_vocab(self._model)
         self.vocab_size: int = ll.llama_vocab_n_tokens(vocab)
         self._vocab = vocab
@@ -334,9 +342,9 @@ class LlamaCppBackend:
     def kernels(self) -> str:
         """The kernel choices a pass's cost depends on (part of the price cache's key): the
         llama-cpp-python release, flash attention, and the llama.cpp switches this process read."""
-        fa = True if self.batch_invariant else FAST_MODE_FLASH_ATTENTION
         switches = ",".join(f"{k}={v}" for k, v in sorted(_switches.items()))
-        return f"llama-cpp-python {getattr(self._ll, '__version__', '?')}; flash_attn={fa}; {switches}"
+        release = getattr(self._ll, "__version__", "?")
+        return f"llama-cpp-python {release}; flash_attn={self.flash_attention}; {switches}"
 
     def describe_cache(self) -> str:
         """What the cache was sized to, for the start-up log."""
@@ -355,7 +363,9 @@ class LlamaCppBackend:
             p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
             p.type_k = p.type_v = ll.GGML_TYPE_Q8_0
             p.offload_kqv = p.op_offload = False  # a GPU build would take long passes' matmuls there
-        elif not FAST_MODE_FLASH_ATTENTION:
+        elif self.flash_attention:  # on a GPU
+            p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        else:
             p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
         p.no_perf = True

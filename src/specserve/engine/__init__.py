@@ -79,7 +79,9 @@ class Engine:
     def use_prices(self, prices) -> None:
         """Price steps with this CostModel instead of measuring (the replay simulates a backend
         whose curve was measured elsewhere; a price cache restores one)."""
-        self.core._prices = prices
+        with self.core.lock:
+            self.core._prices = prices
+            self.core._price_copies()
 
     @contextmanager
     def scratch(self) -> Iterator[SequenceRunner]:

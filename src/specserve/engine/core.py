@@ -117,7 +117,7 @@ class EngineCore:
             else None
         )
         # llama.cpp: a lone request left above cells since freed is moved down (see _compact)
-        self._compacts = getattr(target, "attends_every_cell", False) and hasattr(target, "relocate")
+        self._relocates = getattr(target, "attends_every_cell", False) and hasattr(target, "relocate")
         shares_draft = self.prefix is not None and draft is not None and hasattr(draft, "copy_prefix")
         self.draft_prefixes = DraftPrefixes(draft) if shares_draft else None
         self._prices: CostModel | None = None
@@ -125,6 +125,7 @@ class EngineCore:
         self._incoming: deque[Request] = deque()
         self.lock = threading.RLock()
         self.on_step = None  # optional callback(StepInfo), e.g. the server's metrics
+        self._price_copies()
 
     # -- requests in ------------------------------------------------------------------------------
     def make_request(
@@ -232,7 +233,34 @@ class EngineCore:
                     target.close()
                     if draft is not None:
                         draft.close()
+                self._price_copies()
             return self._prices
+
+    def _price_copies(self) -> None:
+        """Copy cells out and back (the host tier's saves and restores, `relocate`) only where
+        that costs less than prefilling them again (`CostModel.copy_pays`). Until the prices
+        are measured, a cache in host memory is trusted to copy cheaply and one on a GPU is not:
+        llama.cpp copies GPU cells over the bus row by row (docs/gpu.md). Without copies, an
+        entry leaving the cells is dropped, and pays the rent of an entry that cannot be saved."""
+        prices, before = self._prices, getattr(self, "_copies", None)
+        if prices is not None and prices.copy is not None:
+            self._copies = prices.copy_pays
+        else:
+            self._copies = not getattr(self.target, "on_gpu", False)
+        if self.host is not None and not self._copies and before is not False:
+            measured = (
+                f"{prices.copy:.3g} one-token passes a cell" if prices is not None and prices.copy else "unmeasured"
+            )
+            log.info(
+                "prefix cache: copying cells to host memory costs more than prefilling them here (%s): "
+                "the host tier sits out",
+                measured,
+            )
+        self._compacts = self._relocates and self._copies
+        if self.host is not None and self.prefix is not None:
+            self.prefix.spill = self._spill if self._copies else None
+            if self.prefix.rent_limit is not None:  # a unified cache (see __init__)
+                self.prefix.rent_limit = SAVED_ENTRY_RENT_TOKENS if self._copies else ENTRY_RENT_TOKENS
 
     def _agreement_ids(self) -> list[int]:
         """The reference passage the draft model's agreement is measured on, as token ids (at most
@@ -390,7 +418,8 @@ class EngineCore:
         from the host tier when that holds at least a block more. Returns (tokens cached, the
         cell hit used: None for a restore or nothing)."""
         have = hit.length if hit is not None else 0
-        host = self.host.match(req.prompt_ids) if self.host is not None and not req.scores_prompt else None
+        restores = self.host is not None and self._copies and not req.scores_prompt
+        host = self.host.match(req.prompt_ids) if restores else None
         if host is not None and host.length >= have + self.host.block:
             stored = host.saved
             ok = self.target.restore_sequence(seq, stored.copy)

@@ -58,6 +58,9 @@ from ..config import CALIBRATION_CONTEXT, CALIBRATION_SIZES  # the loader sizes 
 GOVERNED = ("ngram", "draft")
 SMALL_REPEATS = 3  # passes of <= 8 tokens are short and noisy: take the median of a few
 CHEAP_PASS_S = 0.05  # a longer pass this quick (a small model) is noisy too: take the median of SMALL_REPEATS
+# A saved prefix pays when saving and restoring a cell costs at most this share of prefilling
+# it: the saved entry then pays for itself if one in four is used again (CostModel.copy_pays).
+COPY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,17 @@ class CostModel:
     batched: whether the backend runs many sequences in one pass (llama.cpp) or one pass per
     sequence (transformers), which decides what a step of a batch costs. agreement: how often
     the draft model's greedy token is the target's, measured on a reference passage of prose and
-    code (config.AGREEMENT_TEXT); None when not measured (no draft model, no tokenizer)."""
+    code (config.AGREEMENT_TEXT); None when not measured (no draft model, no tokenizer).
+    copy: what saving one cache cell to host memory and restoring it costs (the prefix cache's
+    host tier, llama.cpp's `relocate`); None where the backend cannot copy its cells out. On a
+    CPU it is a memory copy, a few hundred times cheaper than prefilling the token again; on a
+    GPU llama.cpp copies the cells over the bus row by row, dearer than prefilling them there."""
 
     curve: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 1.0))
     draft: float = 0.0
     batched: bool = True
     agreement: float | None = None  # draft model's greedy token == target's, share of a reference text's positions
+    copy: float | None = None  # one cell saved and restored, in plain passes
 
     @classmethod
     def linear(cls, per_token: float, draft: float = 0.0, batched: bool = True) -> CostModel:
@@ -105,6 +113,13 @@ class CostModel:
         return sum(self.target(n) for n in sizes)
 
     @property
+    def copy_pays(self) -> bool:
+        """Whether saving and restoring a cell costs at most COPY_SHARE of prefilling it (per
+        token of the curve's longest pass); False where it was not measured."""
+        n, cost = self.curve[-1]
+        return self.copy is not None and self.copy <= COPY_SHARE * cost / n
+
+    @property
     def per_token(self) -> float:
         """The extra cost of each token of a 32-token pass (a one-number summary for reports)."""
         return (self.target(32) - 1.0) / 31
@@ -124,7 +139,8 @@ class CostModel:
             curve.append((n, last))
         d1 = _time_passes(draft, (1,), context)[0] / t1 if draft is not None else 0.0
         agreement = measure_agreement(target, draft, reference) if draft is not None else None
-        return cls(tuple(curve), d1, batched, agreement)
+        copy = _time_copy(target, context + sizes[-1])
+        return cls(tuple(curve), d1, batched, agreement, None if copy is None else copy / t1)
 
 
 @dataclass(frozen=True)
@@ -202,6 +218,30 @@ def _time_passes(runner, sizes: tuple[int, ...], context: int) -> list[float]:
         out.append(statistics.median(runs))
     runner.reset()
     return out
+
+
+def _time_copy(runner, cells: int) -> float | None:
+    """Seconds to save a sequence of `cells` cells to host memory and restore it, per cell (the
+    median of SMALL_REPEATS); None where the runner's backend cannot. The runner is reset."""
+    backend = getattr(runner, "backend", None)
+    if not hasattr(backend, "save_sequence") or not hasattr(backend, "restore_sequence"):
+        return None
+    runner.reset()
+    runner.forward([1] * cells, last_only=True)
+    runs: list[float] = []
+    try:
+        while len(runs) < SMALL_REPEATS:
+            t = time.perf_counter()
+            saved = backend.save_sequence(runner.seq)
+            if saved is None:
+                return None
+            backend.truncate(runner.seq, 0)
+            if not backend.restore_sequence(runner.seq, saved):
+                return None
+            runs.append(time.perf_counter() - t)
+    finally:
+        runner.reset()
+    return statistics.median(runs) / cells
 
 
 @dataclass

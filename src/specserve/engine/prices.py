@@ -34,8 +34,9 @@ from .. import hardware
 from ..config import AGREEMENT_TEXT
 from .governor import CALIBRATION_SIZES, CostModel
 
-CACHE_VERSION = 4  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
-# 4: logits rows in reused memory made passes of 64+ tokens cheaper (backends/row_buffers.py)
+CACHE_VERSION = 5  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
+# 4: logits rows in reused memory made passes of 64+ tokens cheaper (backends/row_buffers.py);
+# 5: the price of copying cells out and back (CostModel.copy)
 KEEP_FILES = 64  # setups whose prices stay on disk, the most recently used
 
 
@@ -116,7 +117,8 @@ def load(key: str) -> CostModel | None:
         os.utime(path)  # used now: the pruning keeps it
         agreement = None if d["agreement"] is None else float(d["agreement"])
         curve = tuple((int(n), float(c)) for n, c in d["curve"])
-        return CostModel(curve, float(d["draft"]), bool(d["batched"]), agreement)
+        copy = None if d["copy"] is None else float(d["copy"])
+        return CostModel(curve, float(d["draft"]), bool(d["batched"]), agreement, copy)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: measure again
 
