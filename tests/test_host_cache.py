@@ -278,6 +278,7 @@ def test_where_a_copy_costs_more_than_a_prefill_the_tier_sits_out(tmp_path, monk
     monkeypatch.setattr(core.target, "on_gpu", True)
     llm.engine.use_prices(None)
     assert not core._copies and core.prefix.spill is None
+    assert core.prefix_stats()["host"]["copying"] is False  # /health says so
 
 
 # -- on disk, across restarts (--host-cache-dir) ---------------------------------------------------

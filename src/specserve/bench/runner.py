@@ -458,6 +458,8 @@ def environment(llm, opts: BenchOptions) -> dict:
         "cost_curve": format_curve(prices) if (prices := llm.engine.measured_prices) is not None else None,
         "draft_price": prices.draft if prices is not None and llm.has_draft_model else None,  # of a 1-token target pass
         "draft_agreement": prices.agreement if prices is not None else None,  # governor.measure_agreement
+        # a cache cell saved to host memory and restored, in 1-token passes (the host tier's copy)
+        "copy_price": prices.copy if prices is not None else None,
         "context_cost": asdict(cc) if (cc := llm.engine.measured_context_cost) is not None else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

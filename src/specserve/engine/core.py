@@ -203,7 +203,8 @@ class EngineCore:
             return None
         stats = self.prefix.stats()
         if self.host is not None:
-            stats["host"] = self.host.stats()
+            # copying: False where a copy costs more than a prefill here (_price_copies)
+            stats["host"] = self.host.stats() | {"copying": self._copies}
         return stats
 
     def has_work(self) -> bool:
