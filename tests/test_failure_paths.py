@@ -82,6 +82,18 @@ def test_a_fault_in_a_step_is_an_engine_fault_and_only_that_step_fails():
     assert len(out.token_ids) == 8
 
 
+def test_a_leak_made_on_purpose_keeps_a_mib_a_pass_and_answers_as_before():
+    """The soak's memory check is seen to fail against this (scripts/soak.py --inject-leak-mb):
+    armed for N passes, each of them runs as usual and keeps 1 MiB, resident, for good."""
+    llm, backend = engine_llm()
+    plain = llm.generate(make(llm).prompt_ids, SamplingParams(max_tokens=6, temperature=0))
+    backend.arm("leak", 3)
+    out = llm.generate(make(llm).prompt_ids, SamplingParams(max_tokens=6, temperature=0))
+    assert out.token_ids == plain.token_ids  # the passes ran
+    assert [len(b) for b in backend._leaked] == [faults.LEAK_BYTES] * 3 and backend._leaking == 0
+    assert all(b[0] == 1 and b[-1] == 1 for b in backend._leaked)  # written, not lazily zero pages
+
+
 def test_a_validation_error_is_still_a_400():
     assert request_error(ValueError("bad value")).status == 400
 

@@ -4,8 +4,8 @@ Off unless the server process starts with SPECSERVE_FAULT_INJECT=1 in its enviro
 server reads the variable in one place only (`create_app`). When on:
 
 - the engine's target backend is wrapped in a `FaultyBackend`;
-- `POST /debug/fault {"kind": "step" | "worker", "after": N}` arms one fault: the N-th target
-  pass from now (N >= 1, default 1) raises instead of running.
+- `POST /debug/fault {"kind": "step" | "worker" | "leak", "after": N}` arms one fault: the N-th
+  target pass from now (N >= 1, default 1) raises instead of running (a leak: see below).
 
     step    an `InjectedFault` (a ValueError, on purpose: a backend fault whose type validation
             errors also use must still be a 500). The requests of that pass fail with a 500;
@@ -13,6 +13,8 @@ server reads the variable in one place only (`create_app`). When on:
     worker  an `InjectedWorkerDeath` (a BaseException): it escapes every handler in the step and
             kills the engine's worker thread. Requests in flight fail with a 503, new ones get a
             503, /health says unavailable (the server must be restarted).
+    leak    each of the next N passes runs, and keeps 1 MiB of memory for good: a leak made on
+            purpose, so that a soak's memory check is seen to fail once.
 
 Every injected error's message contains "injected", so a soak can tell them from real faults.
 Never set the variable on a server that serves users: anyone who can reach it can break it.
@@ -27,7 +29,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 ENV = "SPECSERVE_FAULT_INJECT"
-KINDS = ("step", "worker")
+KINDS = ("step", "worker", "leak")
+LEAK_BYTES = 2**20  # kept per pass by the "leak" fault
 
 
 def enabled() -> bool:
@@ -49,6 +52,8 @@ class FaultyBackend:
         self._inner = inner
         self._lock = threading.Lock()
         self._armed: list[tuple[int, str]] = []  # (passes left before it fires, kind)
+        self._leaking = 0  # passes left that each keep LEAK_BYTES
+        self._leaked: list[bytearray] = []
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -57,7 +62,10 @@ class FaultyBackend:
         if kind not in KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; choose one of {', '.join(KINDS)}")
         with self._lock:
-            self._armed.append((max(1, after), kind))
+            if kind == "leak":
+                self._leaking += max(1, after)
+            else:
+                self._armed.append((max(1, after), kind))
 
     def forward(self, inputs):
         fire = None
@@ -69,6 +77,9 @@ class FaultyBackend:
                 else:
                     armed.append((left - 1, kind))
             self._armed = armed
+            if self._leaking:
+                self._leaking -= 1
+                self._leaked.append(bytearray(b"\x01") * LEAK_BYTES)  # written: resident
         if fire == "worker":
             raise InjectedWorkerDeath("injected worker death (SPECSERVE_FAULT_INJECT)")
         if fire == "step":
