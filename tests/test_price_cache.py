@@ -119,7 +119,7 @@ def test_the_engine_reads_its_prices_from_the_cache(home, monkeypatch):
     monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, *a, **k: pytest.fail("calibrated")))
     core = EngineCore.__new__(EngineCore)
     core.lock, core._prices, core.draft = __import__("threading").RLock(), None, None
-    core._relocates, core.host, core.prefix = False, None, None  # no cells to copy out
+    core._relocates, core.host, core.prefix, core._copies = False, None, None, None  # no cells to copy out
 
     class Target:
         batches_sequences = True

@@ -125,6 +125,7 @@ class EngineCore:
         self._incoming: deque[Request] = deque()
         self.lock = threading.RLock()
         self.on_step = None  # optional callback(StepInfo), e.g. the server's metrics
+        self._copies: bool | None = None  # whether copying cells out pays here (_price_copies)
         self._price_copies()
 
     # -- requests in ------------------------------------------------------------------------------
@@ -243,7 +244,7 @@ class EngineCore:
         are measured, a cache in host memory is trusted to copy cheaply and one on a GPU is not:
         llama.cpp copies GPU cells over the bus row by row (docs/gpu.md). Without copies, an
         entry leaving the cells is dropped, and pays the rent of an entry that cannot be saved."""
-        prices, before = self._prices, getattr(self, "_copies", None)
+        prices, before = self._prices, self._copies
         if prices is not None and prices.copy is not None:
             self._copies = prices.copy_pays
         else:
@@ -257,11 +258,15 @@ class EngineCore:
                 "the host tier sits out",
                 measured,
             )
-        self._compacts = self._relocates and self._copies
         if self.host is not None and self.prefix is not None:
             self.prefix.spill = self._spill if self._copies else None
             if self.prefix.rent_limit is not None:  # a unified cache (see __init__)
                 self.prefix.rent_limit = SAVED_ENTRY_RENT_TOKENS if self._copies else ENTRY_RENT_TOKENS
+
+    @property
+    def _compacts(self) -> bool:
+        """Whether a lone request left above freed cells is moved down (`_compact`): a move is a copy."""
+        return self._relocates and self._copies
 
     def _agreement_ids(self) -> list[int]:
         """The reference passage the draft model's agreement is measured on, as token ids (at most
