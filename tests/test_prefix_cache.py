@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 from server_proc import ServerProcess, metric_value
@@ -523,14 +525,26 @@ def test_server_reports_cached_tokens(tmp_path):
         r3 = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
         assert r3.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1
         assert r3.choices[0].message.content == chunks_text(chunks)
-        health = srv.health()["prefix_cache"]
+        health, metrics = settled_views(srv)
         assert health["hits"] >= 4 and health["tokens_saved"] > 0 and health["entries"] >= 1
         assert health["host"]["restores"] >= 1 and health["host"]["bytes"] > 0
-        metrics = srv.metrics()
         assert metric_value(metrics, "specserve_prompt_tokens_cached_total") == health["tokens_saved"]
         assert metric_value(metrics, "specserve_prefix_cache_cells") > 0  # read when scraped
         assert metric_value(metrics, "specserve_prefix_cache_host_bytes") == health["host"]["bytes"]
         assert metric_value(metrics, "specserve_prefix_cache_host_restored_tokens") >= r1.usage.prompt_tokens - 1
+
+
+def settled_views(srv, tries: int = 50) -> tuple[dict, str]:
+    """/health's prefix cache and /metrics read at one settled moment. The engine finishes a
+    request's bookkeeping (its entry joins the cache and may push another out to host memory)
+    just after the answer has gone back, so a read straight after the answer can see either."""
+    for _ in range(tries):
+        before = srv.health()["prefix_cache"]
+        metrics = srv.metrics()
+        if srv.health()["prefix_cache"] == before:
+            return before, metrics
+        time.sleep(0.1)
+    raise AssertionError("the prefix cache never settled")
 
 
 def chunks_text(chunks) -> str:
