@@ -66,7 +66,7 @@ class Backend(Protocol):
         `RunnerBackend`) runs with the prefix cache off."""
 
     # Optional, with copy_prefix: the prefix cache's host tier (engine/host_cache.py) keeps
-    # evicted entries in host memory through these two (llama.cpp has them).
+    # evicted entries in host memory through these two (llama.cpp and transformers have them).
     #   save_sequence(seq) -> SavedSequence | None: a copy of seq's cache; None if it cannot
     #   restore_sequence(seq, saved) -> bool: the empty seq holds the copy; False (seq left
     #   empty) when the cache has no room
@@ -75,8 +75,8 @@ class Backend(Protocol):
 @dataclass(frozen=True)
 class SavedSequence:
     """A sequence's cache copied to host memory: `data` is the backend's own serialisation (a
-    ctypes byte array for llama.cpp, or a bytearray of the same bytes read back from disk), of
-    `length` positions."""
+    ctypes byte array for llama.cpp, safetensors bytes for transformers, or a bytearray of the
+    same bytes read back from disk), of `length` positions."""
 
     data: object
     length: int

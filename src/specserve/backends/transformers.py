@@ -3,6 +3,8 @@
 It runs each sequence of a forward separately (no padding or ragged attention), which keeps
 every sequence's numerics exactly those of running it alone: the exact f32 reference the tests
 compare against. Rolling back is `DynamicCache.crop`, which drops the tail without copying.
+A sequence's cache can be copied to host memory and back (the prefix cache's host tier,
+engine/host_cache.py) as safetensors bytes: restored, it holds the same keys and values bit for bit.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 from transformers import DynamicCache, PreTrainedModel
 
-from .base import SeqInput
+from .base import SavedSequence, SeqInput
 from .compute import on_compute_thread
 
 
@@ -33,6 +37,11 @@ class TransformersBackend:
         self._caches: dict[int, DynamicCache] = {}
         self._lengths: dict[int, int] = {}
         self._next_id = 0
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the caches live in accelerator memory (a copy to host memory crosses a bus)."""
+        return self.device.type != "cpu"
 
     def new_sequence(self) -> int:
         if len(self._caches) >= self.max_sequences:
@@ -89,3 +98,38 @@ class TransformersBackend:
             else:
                 self._caches[seq].crop(length - cur)  # negative: number of positions to drop
             self._lengths[seq] = length
+
+    def save_sequence(self, seq: int) -> SavedSequence | None:
+        """A copy of `seq`'s keys and values in host memory (safetensors bytes, one key and one
+        value tensor [1, heads, T, head_dim] per layer), the sequence left as it is. None when it
+        is empty or a layer does not hold every position (a sliding-window layer past its window)."""
+        n = self._lengths[seq]
+        if not n:
+            return None
+        tensors = {}
+        for i, layer in enumerate(self._caches[seq].layers):
+            if getattr(layer, "keys", None) is None or layer.keys.shape[-2] != n:
+                return None
+            tensors[f"k{i}"], tensors[f"v{i}"] = layer.keys.contiguous(), layer.values.contiguous()  # cropped: a view
+        return SavedSequence(save_tensors(tensors), n)
+
+    def restore_sequence(self, seq: int, saved: SavedSequence) -> bool:
+        """Make the empty sequence `seq` hold the saved keys and values, as if it had been fed the
+        same tokens. False (`seq` left empty) when the copy does not fit this model: another layer
+        count, shape or dtype (a file from another set-up), or more positions than the context."""
+        if self._lengths[seq]:
+            raise ValueError(f"sequence {seq} is not empty")
+        data = saved.data if isinstance(saved.data, bytes) else bytes(saved.data)  # read back from disk: a bytearray
+        tensors = load_tensors(data)
+        cache = DynamicCache(config=self.model.config)
+        layers = len(tensors) // 2
+        if saved.length > self.max_context or layers != self.model.config.num_hidden_layers:
+            return False
+        for i in range(layers):
+            k, v = tensors.get(f"k{i}"), tensors.get(f"v{i}")
+            if k is None or v is None or k.dtype != self.dtype or k.shape[-2] != saved.length:
+                return False
+            cache.update(k.to(self.device), v.to(self.device), i)
+        self._caches[seq] = cache
+        self._lengths[seq] = saved.length
+        return True

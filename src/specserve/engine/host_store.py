@@ -9,7 +9,8 @@ it starts, newest first, up to the tier's budget.
 
     one folder per model set-up  named by a hash of what the saved bytes depend on: each model
                                  file (path, size, modification time), the llama.cpp release and
-                                 kernel switches, the cache's cell size (f16 or q8_0). Another
+                                 kernel switches, the cache's cell size (f16 or q8_0); on
+                                 transformers the weight files, dtype and device. Another
                                  model or `--exact` reads a folder of its own and never another's
     one file per entry           a header line (tokens, sizes) and the backend's own bytes: the
                                  target's, then the draft model's; written whole to a temporary
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from ..backends.base import SavedSequence
 from .host_cache import Saved
+from .prices import backend_key
 
 log = logging.getLogger("specserve.host_store")
 
@@ -37,9 +39,12 @@ MAGIC = b"specserve-kv 1\n"
 INDEX = "index.json"
 
 
-def _identity(backend) -> dict:
-    """What one backend's saved bytes depend on."""
-    path = Path(getattr(backend, "path", ""))
+def _identity(backend) -> dict | None:
+    """What one backend's saved bytes depend on; None when nothing on disk says what model it is
+    (a transformers model built in memory)."""
+    if getattr(backend, "path", None) is None:  # transformers: weights folder, dtype, device
+        return backend_key(backend)
+    path = Path(backend.path)
     stat = path.stat() if path.is_file() else None
     return {
         "file": str(path.resolve()) if stat else None,
@@ -50,10 +55,12 @@ def _identity(backend) -> dict:
     }
 
 
-def store_key(target, draft=None) -> str:
+def store_key(target, draft=None) -> str | None:
     """The folder name for this target and draft model as loaded: equal only when a saved copy
-    means the same cells to both runs."""
+    means the same cells to both runs. None when a model cannot be identified."""
     ident = {"target": _identity(target), "draft": _identity(draft) if draft is not None else None}
+    if ident["target"] is None or (draft is not None and ident["draft"] is None):
+        return None
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

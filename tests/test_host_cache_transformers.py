@@ -1,0 +1,177 @@
+"""The prefix cache's host tier on transformers (backends/transformers.py): a sequence's keys and
+values copied to host memory come back bit for bit, an entry pushed out of the engine's entry
+slots is saved and restored for the conversation's next turn, and the tier's folder on disk is
+keyed by the weights, dtype and device.
+
+- The backend: a saved sequence restored under another id, from its own bytes or from a copy
+  read back from disk, goes on exactly like one fed the same tokens (f32); a copy from another
+  model shape or dtype is refused and leaves the sequence empty.
+- The engine: with one entry slot, an unrelated request pushes a conversation's entry out; the
+  next turn restores it, prefills only the new part and writes what a cold run writes. Without
+  the tier it prefills everything.
+- The folder: a model loaded from files gets a key of its own per dtype; a model built in
+  memory cannot be identified, so the folder is ignored with a warning rather than risk reading
+  another model's copies. A restarted engine serves the next turn from the folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+from test_prefix_cache import FILE, GREEDY, LIMITS, prefilled_tokens, same
+from tiny import tiny_model, tiny_tokenizer
+from transformers import AutoModelForCausalLM
+
+from specserve.backends import SeqInput
+from specserve.backends.base import SavedSequence
+from specserve.backends.transformers import TransformersBackend
+from specserve.engine.client import EngineWorker
+from specserve.engine.host_cache import GIB
+from specserve.engine.host_store import HostStore, store_key
+from specserve.llm import LLM
+
+IDS = list(range(5, 95))
+
+
+# -- the backend -------------------------------------------------------------------------------
+def test_a_saved_sequence_restores_bit_for_bit():
+    b = TransformersBackend(tiny_model("qwen2"), max_sequences=8)
+    seq, ref = b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(seq, IDS[:70], "none")])
+    b.truncate(seq, 60)  # a rejected draft's rollback leaves the cache a view: saved all the same
+    saved = b.save_sequence(seq)
+    assert saved.length == 60 and saved.size > 0 and b.length(seq) == 60  # the sequence stays
+    b.free_sequence(seq)
+    again, from_disk = b.new_sequence(), b.new_sequence()
+    b.forward([SeqInput(ref, IDS[:1], "none")])
+    with pytest.raises(ValueError):
+        b.restore_sequence(ref, saved)  # not empty
+    b.truncate(ref, 0)
+    assert b.restore_sequence(again, saved) and b.length(again) == 60
+    assert b.restore_sequence(from_disk, SavedSequence(bytearray(saved.data), 60))  # host_store reads a bytearray
+    (got,) = b.forward([SeqInput(again, IDS[60:], "all")])  # [30, V]
+    (got_disk,) = b.forward([SeqInput(from_disk, IDS[60:], "all")])
+    b.forward([SeqInput(ref, IDS[:70], "none")])  # the same passes as `seq` (a pass's length sets its rounding)
+    b.truncate(ref, 60)
+    (want,) = b.forward([SeqInput(ref, IDS[60:], "all")])
+    assert torch.equal(got, want) and torch.equal(got_disk, want)
+    assert b.save_sequence(b.new_sequence()) is None  # an empty sequence has nothing to save
+
+
+def test_a_copy_from_another_model_is_refused():
+    b = TransformersBackend(tiny_model("qwen2"), max_sequences=4)
+    deeper = TransformersBackend(tiny_model("qwen2", layers=3), max_sequences=4)
+    f64 = TransformersBackend(tiny_model("qwen2").to(torch.float64), max_sequences=4)
+    for other in (deeper, f64):
+        seq = other.new_sequence()
+        other.forward([SeqInput(seq, IDS[:20], "none")])
+        dst = b.new_sequence()
+        assert not b.restore_sequence(dst, other.save_sequence(seq))
+        assert b.length(dst) == 0
+        b.forward([SeqInput(dst, IDS[:4], "none")])  # still usable: nothing half restored
+        b.free_sequence(dst)
+
+
+# -- the engine --------------------------------------------------------------------------------
+def transformers_llm(model=None, host_cache_bytes: int | None = None, host_cache_dir: str | None = None) -> LLM:
+    """One entry slot beside the running requests: each finished request's entry pushes out the last."""
+    limits = dataclasses.replace(LIMITS, host_cache_bytes=host_cache_bytes, host_cache_dir=host_cache_dir)
+    target = TransformersBackend(model or tiny_model("qwen2"), max_sequences=limits.max_num_seqs + 2)
+    return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+
+
+@pytest.fixture(scope="module")
+def llms():
+    """(with the host tier, without it, no prefix cache at all) on the same tiny model."""
+    cold = transformers_llm()
+    cold.engine.core.prefix = cold.engine.core.host = None
+    return transformers_llm(), transformers_llm(host_cache_bytes=0), cold
+
+
+def evicted_turns(llm) -> tuple[list[int], list[int]]:
+    """Turn 1, then an unrelated request whose entry takes the only slot. Returns (turn 1's
+    prompt + answer, turn 2's prompt)."""
+    llm.engine.clear_prefix_cache()
+    turn1 = llm.encode(FILE + "Question one?")
+    out1 = llm.generate(turn1, GREEDY)
+    llm.generate(llm.encode("Something else entirely: " + FILE[::-1][:200]), GREEDY)
+    assert not any(o.tokens[:10] == turn1[:10] for o in llm.engine.core.prefix.owners.values())
+    return turn1 + out1.token_ids, turn1 + out1.token_ids + llm.encode("\nAnd a follow-up question:")
+
+
+def test_the_next_turn_restores_an_evicted_entry(llms):
+    warm, _, cold = llms
+    assert warm.engine.core.prefix_stats()["host"]["copying"]  # a copy costs less than a prefill on a CPU
+    held, turn2 = evicted_turns(warm)
+    before = warm.engine.core.prefix_stats()["host"]
+    assert before["entries"] >= 1
+    fed = prefilled_tokens(warm)
+    out = warm.generate(turn2, GREEDY)
+    same(out, cold.generate(turn2, GREEDY))
+    assert out.cached_tokens in (len(held) - 1, len(held))  # the last answer token may never be fed
+    assert fed[0] == len(turn2) - 1 - out.cached_tokens  # only the new part was prefilled
+    after = warm.engine.core.prefix_stats()["host"]
+    assert after["restores"] - before["restores"] == 1
+    assert after["tokens_restored"] - before["tokens_restored"] == out.cached_tokens
+
+
+def test_without_the_tier_an_evicted_entry_is_prefilled_again(llms):
+    _, off, cold = llms
+    assert off.engine.core.host is None
+    _, turn2 = evicted_turns(off)
+    out = off.generate(turn2, GREEDY)
+    same(out, cold.generate(turn2, GREEDY))
+    assert out.cached_tokens == 0
+
+
+# -- the folder ------------------------------------------------------------------------------------
+def saved_model(folder) -> str:
+    tiny_model("qwen2").save_pretrained(folder)
+    return str(folder)
+
+
+def test_the_folder_key_follows_the_weights_and_dtype(tmp_path):
+    path = saved_model(tmp_path / "m")
+
+    def key(dtype=torch.float32):
+        return store_key(TransformersBackend(AutoModelForCausalLM.from_pretrained(path, dtype=dtype)))
+
+    assert key() is not None and key() == key()
+    assert key(torch.bfloat16) != key()
+    assert store_key(TransformersBackend(tiny_model("qwen2"))) is None  # built in memory: no files say what it is
+
+
+def test_a_model_built_in_memory_ignores_the_folder(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="specserve.engine"):
+        llm = transformers_llm(host_cache_dir=str(tmp_path / "kv"))
+    assert llm.engine.core.host is not None and llm.engine.core.host_store is None
+    assert "host cache folder ignored" in caplog.text
+    assert llm.engine.save_prefix_cache() is None and not (tmp_path / "kv").exists()
+
+
+def test_a_restarted_engine_serves_the_next_turn_from_disk(tmp_path):
+    path, folder = saved_model(tmp_path / "m"), str(tmp_path / "kv")
+
+    def start(host_cache_dir=folder) -> LLM:
+        return transformers_llm(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), None, host_cache_dir)
+
+    first = start()
+    turn1 = first.encode(FILE + "Question one?")
+    out1 = first.generate(turn1, GREEDY)
+    worker = EngineWorker(first.engine.core, max_queue=1)  # the server's worker writes it when it stops
+    worker.start()
+    worker.stop()
+    assert len(HostStore(folder, first.engine.core.host_store.folder.name).load(GIB)) == 1
+
+    second = start()
+    assert len(second.engine.core.host.saved) == 1
+    turn2 = turn1 + out1.token_ids + second.encode("\nAnd a follow-up question:")
+    fed = prefilled_tokens(second)
+    out2 = second.generate(turn2, GREEDY)
+    assert out2.cached_tokens >= len(turn1) and fed[0] <= len(turn2) - len(turn1)
+    cold = start(host_cache_dir=None)
+    cold.engine.core.prefix = cold.engine.core.host = None
+    same(out2, cold.generate(turn2, GREEDY))
