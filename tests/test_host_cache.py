@@ -1,5 +1,7 @@
 """The prefix cache's host tier (engine/host_cache.py): entries leaving llama.cpp's cells are
-saved to host memory and restored, exactly, when a prompt starts like them.
+saved to host memory and restored, exactly, when a prompt starts like them (the engine's tests
+run on transformers too, whose entries leave by LRU; its backend and folder:
+test_host_cache_transformers.py).
 
 - The store alone: the longest prefix, bounded by bytes (least recently used out), an earlier
   turn superseded by the next, a copy larger than the budget refused.
@@ -20,12 +22,13 @@ import time
 
 import pytest
 from test_prefix_cache import FILE, GREEDY, LIMITS, fed_to, prefilled_tokens, same
-from tiny import tiny_tokenizer
+from tiny import tiny_model, tiny_tokenizer
 from tiny_gguf import write_tiny_gguf
 
 from specserve.backends import SeqInput
 from specserve.backends.base import SavedSequence
 from specserve.backends.llamacpp import LlamaCppBackend
+from specserve.backends.transformers import TransformersBackend
 from specserve.config import EngineLimits
 from specserve.engine.client import EngineWorker
 from specserve.engine.governor import CostModel
@@ -126,20 +129,35 @@ def llamacpp_llm(folder, host_cache_bytes: int | None = None, host_cache_dir: st
     return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
 
 
-@pytest.fixture(scope="module")
-def llms(tmp_path_factory):
-    """(with the host tier, without it, no prefix cache at all) on the same tiny GGUF."""
+def transformers_llm(model=None, host_cache_bytes: int | None = None, host_cache_dir: str | None = None) -> LLM:
+    """One entry slot beside the running requests: each finished request's entry pushes out the
+    last (transformers has no rent: its per-sequence caches cost the others nothing)."""
+    limits = dataclasses.replace(LIMITS, host_cache_bytes=host_cache_bytes, host_cache_dir=host_cache_dir)
+    target = TransformersBackend(model or tiny_model("qwen2"), max_sequences=limits.max_num_seqs + 2)
+    return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+
+
+@pytest.fixture(scope="module", params=["llama.cpp", "transformers"])
+def llms(request, tmp_path_factory):
+    """(with the host tier, without it, no prefix cache at all) on the same tiny GGUF, or the
+    same tiny transformers model."""
     folder = tmp_path_factory.mktemp("gguf")
-    cold = llamacpp_llm(folder)
+
+    def make(**kw) -> LLM:
+        return llamacpp_llm(folder, **kw) if request.param == "llama.cpp" else transformers_llm(**kw)
+
+    cold = make()
     cold.engine.core.prefix = cold.engine.core.host = None
-    return llamacpp_llm(folder), llamacpp_llm(folder, host_cache_bytes=0), cold
+    return make(), make(host_cache_bytes=0), cold
 
 
 def evicted_turns(llm):
-    """Turn 1, then an unrelated request that feeds more than the rent: turn 1's entry leaves
-    the cells. Returns (turn 1's prompt + answer, turn 2's prompt)."""
+    """Turn 1, then an unrelated request: on llama.cpp it feeds more than the rent, on
+    transformers its entry takes the only slot, and either way turn 1's entry leaves the cache.
+    Returns (turn 1's prompt + answer, turn 2's prompt)."""
     llm.engine.clear_prefix_cache()
-    llm.engine.core.prefix.rent_limit = SAVED_ENTRY_RENT_TOKENS  # the tier's rent, also without it
+    if llm.engine.core.prefix.rent_limit is not None:
+        llm.engine.core.prefix.rent_limit = SAVED_ENTRY_RENT_TOKENS  # the tier's rent, also without it
     turn1 = llm.encode(FILE + "Question one?")
     out1 = llm.generate(turn1, GREEDY)
     other = llm.encode("Something else entirely: " + FILE[::-1][:400])
@@ -151,6 +169,7 @@ def evicted_turns(llm):
 
 def test_the_next_turn_restores_an_evicted_entry(llms):
     warm, _, cold = llms
+    assert warm.engine.core.prefix_stats()["host"]["copying"]  # a copy costs less than a prefill on a CPU
     held, turn2 = evicted_turns(warm)
     host = warm.engine.core.host
     assert host.stats()["entries"] >= 1

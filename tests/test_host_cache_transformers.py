@@ -1,14 +1,11 @@
 """The prefix cache's host tier on transformers (backends/transformers.py): a sequence's keys and
-values copied to host memory come back bit for bit, an entry pushed out of the engine's entry
-slots is saved and restored for the conversation's next turn, and the tier's folder on disk is
-keyed by the weights, dtype and device.
+values copied to host memory come back bit for bit, and the tier's folder on disk is keyed by the
+weights, dtype and device.
 
 - The backend: a saved sequence restored under another id, from its own bytes or from a copy
   read back from disk, goes on exactly like one fed the same tokens (f32); a copy from another
   model shape or dtype is refused and leaves the sequence empty.
-- The engine: with one entry slot, an unrelated request pushes a conversation's entry out; the
-  next turn restores it, prefills only the new part and writes what a cold run writes. Without
-  the tier it prefills everything.
+- The engine: test_host_cache.py runs its tests on both backends.
 - The folder: a model loaded from files gets a key of its own per dtype; a model built in
   memory cannot be identified, so the folder is ignored with a warning rather than risk reading
   another model's copies. A restarted engine serves the next turn from the folder.
@@ -16,13 +13,13 @@ keyed by the weights, dtype and device.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import pytest
 import torch
-from test_prefix_cache import FILE, GREEDY, LIMITS, prefilled_tokens, same
-from tiny import tiny_model, tiny_tokenizer
+from test_host_cache import transformers_llm
+from test_prefix_cache import FILE, GREEDY, prefilled_tokens, same
+from tiny import tiny_model
 from transformers import AutoModelForCausalLM
 
 from specserve.backends import SeqInput
@@ -73,58 +70,6 @@ def test_a_copy_from_another_model_is_refused():
         assert b.length(dst) == 0
         b.forward([SeqInput(dst, IDS[:4], "none")])  # still usable: nothing half restored
         b.free_sequence(dst)
-
-
-# -- the engine --------------------------------------------------------------------------------
-def transformers_llm(model=None, host_cache_bytes: int | None = None, host_cache_dir: str | None = None) -> LLM:
-    """One entry slot beside the running requests: each finished request's entry pushes out the last."""
-    limits = dataclasses.replace(LIMITS, host_cache_bytes=host_cache_bytes, host_cache_dir=host_cache_dir)
-    target = TransformersBackend(model or tiny_model("qwen2"), max_sequences=limits.max_num_seqs + 2)
-    return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
-
-
-@pytest.fixture(scope="module")
-def llms():
-    """(with the host tier, without it, no prefix cache at all) on the same tiny model."""
-    cold = transformers_llm()
-    cold.engine.core.prefix = cold.engine.core.host = None
-    return transformers_llm(), transformers_llm(host_cache_bytes=0), cold
-
-
-def evicted_turns(llm) -> tuple[list[int], list[int]]:
-    """Turn 1, then an unrelated request whose entry takes the only slot. Returns (turn 1's
-    prompt + answer, turn 2's prompt)."""
-    llm.engine.clear_prefix_cache()
-    turn1 = llm.encode(FILE + "Question one?")
-    out1 = llm.generate(turn1, GREEDY)
-    llm.generate(llm.encode("Something else entirely: " + FILE[::-1][:200]), GREEDY)
-    assert not any(o.tokens[:10] == turn1[:10] for o in llm.engine.core.prefix.owners.values())
-    return turn1 + out1.token_ids, turn1 + out1.token_ids + llm.encode("\nAnd a follow-up question:")
-
-
-def test_the_next_turn_restores_an_evicted_entry(llms):
-    warm, _, cold = llms
-    assert warm.engine.core.prefix_stats()["host"]["copying"]  # a copy costs less than a prefill on a CPU
-    held, turn2 = evicted_turns(warm)
-    before = warm.engine.core.prefix_stats()["host"]
-    assert before["entries"] >= 1
-    fed = prefilled_tokens(warm)
-    out = warm.generate(turn2, GREEDY)
-    same(out, cold.generate(turn2, GREEDY))
-    assert out.cached_tokens in (len(held) - 1, len(held))  # the last answer token may never be fed
-    assert fed[0] == len(turn2) - 1 - out.cached_tokens  # only the new part was prefilled
-    after = warm.engine.core.prefix_stats()["host"]
-    assert after["restores"] - before["restores"] == 1
-    assert after["tokens_restored"] - before["tokens_restored"] == out.cached_tokens
-
-
-def test_without_the_tier_an_evicted_entry_is_prefilled_again(llms):
-    _, off, cold = llms
-    assert off.engine.core.host is None
-    _, turn2 = evicted_turns(off)
-    out = off.generate(turn2, GREEDY)
-    same(out, cold.generate(turn2, GREEDY))
-    assert out.cached_tokens == 0
 
 
 # -- the folder ------------------------------------------------------------------------------------
