@@ -1,5 +1,6 @@
 """Sampling parameters at the edges of their valid ranges (found by schemathesis as server 500s):
-a temperature or top_p so small that float32 rounds it to 0 must still give a distribution."""
+a temperature or top_p so small that float32 rounds it to 0 (or a top_p of 0) must still give a
+distribution."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from specserve.engine.sampling import probs_from_logits
         {"temperature": 5e-324},
         {"temperature": 1e-45},
         {"temperature": 1.0, "top_p": 5e-324},
+        {"temperature": 1.0, "top_p": 0.0},  # OpenAI accepts 0: the nucleus's first token only
         {"temperature": 5e-324, "top_p": 5e-324, "top_k": 3},
     ],
 )

@@ -243,6 +243,45 @@ def test_echo_scores_the_prompt_as_evaluations_ask(client):
     assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
 
 
+def test_a_batch_of_prompts_answers_each_as_alone(client):
+    """OpenAI's legacy batch: a list of prompts (text or token ids), n choices each, numbered
+    prompt by prompt; each answer is what the prompt alone gets, and usage counts each prompt
+    once. Echo and logprobs follow each choice's own prompt; streamed chunks carry the index."""
+    prompts = ["def add(a, b):", "import os\nimport", "class UserController:"]
+    alone = [client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=12) for p in prompts]
+    r = client.completions.create(model=MODEL, prompt=prompts, n=2, temperature=0, max_tokens=12)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    ids = [[5, 17, 30], [41, 12]]
+    r = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=1, temperature=0, max_tokens=2)
+    for choice, prompt in zip(r.choices, ids):
+        one = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, temperature=0, max_tokens=2)
+        assert choice.text == one.choices[0].text and choice.logprobs.tokens == one.choices[0].logprobs.tokens
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompts,
+            temperature=0,
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    texts = ["", "", ""]
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] += choice.text
+    assert texts == [a.choices[0].text for a in alone]
+    assert chunks[-1].usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=["a", ""], max_tokens=1)
+    assert e.value.body["param"] == "prompt[1]"
+    with pytest.raises(openai.BadRequestError, match="65 choices"):
+        client.completions.create(model=MODEL, prompt=["a"] * 13, n=5, max_tokens=1)
+
+
 def test_tokenize_counts_what_a_request_is_billed(server, client):
     """/tokenize and /detokenize (vLLM's shapes): a chat's count is the prompt_tokens its request
     reports, a prompt's ids come back as its text."""
@@ -296,6 +335,16 @@ def test_seeded_sampling_is_reproducible(client):
     assert stream_chat(client, **kw)[0] == first
 
 
+def test_top_p_zero_keeps_only_the_most_probable_token(client):
+    """OpenAI accepts top_p 0; it keeps the nucleus's first token, so sampling writes the greedy
+    answer, speculation included (the draft model drafts; its tokens are verified by sampling)."""
+    greedy = chat(client).choices[0].message.content
+    for seed in (1, 2, 3):
+        assert chat(client, temperature=1.0, top_p=0, seed=seed).choices[0].message.content == greedy
+    sampled = {chat(client, temperature=1.0, seed=seed).choices[0].message.content for seed in (1, 2, 3)}
+    assert sampled != {greedy}  # without top_p the same seeds do sample away from it
+
+
 def test_stop_string(client):
     reference = chat(client).choices[0].message.content
     stop = reference[10:13]
@@ -331,7 +380,8 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {**OK_CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
     ("chat/completions", {**OK_CHAT, "temperature": "hot"}, 400, "temperature"),
     ("chat/completions", {**OK_CHAT, "temperature": 2.5}, 400, "temperature"),
-    ("chat/completions", {**OK_CHAT, "top_p": 0}, 400, "top_p"),
+    ("chat/completions", {**OK_CHAT, "top_p": -0.1}, 400, "top_p"),
+    ("chat/completions", {**OK_CHAT, "top_p": 1.01}, 400, "top_p"),
     ("chat/completions", {**OK_CHAT, "max_tokens": 0}, 400, "max_tokens"),
     ("chat/completions", {**OK_CHAT, "presence_penalty": 3}, 400, "presence_penalty"),
     ("chat/completions", {**OK_CHAT, "stream": "yes"}, 400, "stream"),
@@ -418,7 +468,7 @@ BAD = [  # (endpoint, body, status, param)
         400,
         "speculation.num_speculative_tokens",
     ),
-    ("completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions", {"model": MODEL, "prompt": ["a", ""]}, 400, "prompt[1]"),
     ("completions", {"model": MODEL, "prompt": [1, 2, 99999]}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": "x", "echo": True, "stream": True}, 400, "echo"),

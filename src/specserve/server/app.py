@@ -95,7 +95,8 @@ def request_error(exc: Exception) -> APIError:
 
 # -- between the event loop and the engine ------------------------------------------------------
 class Job:
-    """One HTTP request: its n choices run as n engine requests, batched with everyone else's.
+    """One HTTP request: its n choices (of each prompt, for a batch of completions prompts) run as
+    engine requests, batched with everyone else's.
 
     The engine's worker thread posts ("event", (choice index, StepEvent))*, then ("done",
     [RequestOutput per choice]) or ("error", exc) once, through the event loop's queue.
@@ -115,7 +116,7 @@ class Job:
         p = self.prepared
         self.requests = [
             llm.request(
-                p.prompt_ids,
+                prompt_ids,
                 params,
                 p.prediction,
                 p.speculation,
@@ -123,6 +124,7 @@ class Job:
                 guide=p.guide,
                 on_event=self._on_event,
             )
+            for prompt_ids in p.prompts  # choice index: prompt * n + choice
             for params in choice_params(p.params, p.n)
         ]
 

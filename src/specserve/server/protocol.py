@@ -38,6 +38,7 @@ from .structured import (
 from .tools import check_message_tool_calls
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_BATCH_CHOICES = 64  # completions: prompts x n per request (each choice is a full generation)
 
 
 @dataclass
@@ -55,7 +56,13 @@ class Prepared:
     n: int = 1  # independent choices
     request_fields: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
     history: list[dict] | None = None  # the Responses API: the conversation's messages, kept with the answer
-    echo_text: str | None = None  # completions `echo`: the prompt's text, which the answer begins with
+    echo_texts: list[str] | None = None  # completions `echo`: each prompt's text, which its answers begin with
+    batch: list[list[int]] | None = None  # completions with several prompts: each one's ids (prompt_ids: the first)
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        """Every prompt of the request; each gets `n` choices, numbered prompt by prompt."""
+        return self.batch or [self.prompt_ids]
 
 
 def content_text(content: Content | None, param: str) -> str:
@@ -258,23 +265,20 @@ def continues_final_message(req: ChatCompletionRequest) -> bool:
     return go_on
 
 
-def _one_prompt(prompt):
-    """The request's one prompt, a string or a list of token ids (a batch of exactly one of those
-    is taken apart; a batch of several is refused)."""
+def _prompts(prompt) -> list:
+    """The request's prompts: one string or list of token ids, or a batch of several of those."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise unsupported("prompt", "a batch of several prompts (send one request per prompt)")
-        return prompt[0]
-    return prompt
+        return prompt
+    return [prompt]
 
 
-def _completion_prompt_ids(prompt, llm) -> list[int]:
-    """The token ids of one prompt (`_one_prompt`'s)."""
+def _completion_prompt_ids(prompt, llm, param: str = "prompt") -> list[int]:
+    """The token ids of one prompt (a string or token ids); param: where it is in the request."""
     try:
         return llm.prompt_ids(prompt)
     except InvalidRequestError as e:
         code = "empty_prompt" if "empty" in str(e) else "invalid_value"
-        raise bad_request(str(e), "prompt", code) from None
+        raise bad_request(f"{param}: {e}" if param != "prompt" else str(e), param, code) from None
 
 
 def _infill_prompt_ids(prompt, suffix: str, llm) -> list[int]:
@@ -300,14 +304,27 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
             "best_of",
             f"best_of={req.best_of} (server-side ranking of extra samples; ask for n choices and rank them yourself)",
         )
-    prompt = _one_prompt(req.prompt)
-    prompt_ids = _infill_prompt_ids(prompt, req.suffix, llm) if req.suffix else _completion_prompt_ids(prompt, llm)
-    max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(prompt_ids), llm.max_context, "prompt")
+    prompts, n = _prompts(req.prompt), check_n(req.n)
+    if len(prompts) * n > MAX_BATCH_CHOICES:
+        raise bad_request(
+            f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices, more than this server's limit of "
+            f"{MAX_BATCH_CHOICES} per request; send the prompts in smaller batches",
+            "prompt",
+        )
+    ids = [
+        _infill_prompt_ids(p, req.suffix, llm)
+        if req.suffix
+        else _completion_prompt_ids(p, llm, f"prompt[{i}]" if len(prompts) > 1 else "prompt")
+        for i, p in enumerate(prompts)
+    ]
+    longest = max(len(i) for i in ids)
+    max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, longest, llm.max_context, "prompt")
     params = sampling_params(req, max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
         params = replace(params, prompt_logprobs=req.logprobs)
+    echo = [p if isinstance(p, str) else llm.tokenizer.decode(i) for p, i in zip(prompts, ids)] if req.echo else None
     return Prepared(
-        prompt_ids,
+        ids[0],
         params,
         speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
         _prediction_text(req.prediction, llm),
@@ -315,6 +332,7 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         bool(req.stream_options and req.stream_options.include_usage),
         _compile(extension_guide(_extension_fields(req)), llm, req),
         None,
-        check_n(req.n),
-        echo_text=(prompt if isinstance(prompt, str) else llm.tokenizer.decode(prompt_ids)) if req.echo else None,
+        n,
+        echo_texts=echo,
+        batch=ids if len(ids) > 1 else None,
     )

@@ -20,19 +20,20 @@ from .structured import ToolSetup
 from .tools import ToolStreamSplitter, parse_tool_calls
 
 
-def usage(outputs: RequestOutput | list[RequestOutput]) -> dict:
+def usage(outputs: RequestOutput | list[RequestOutput], n: int = 1) -> dict:
     """OpenAI usage, with Predicted Outputs' accepted / rejected prediction tokens.
 
-    n choices: the prompt counts once (as OpenAI bills it), completion tokens are summed."""
+    n choices per prompt: each prompt counts once (as OpenAI bills it), completion tokens are summed."""
     outputs = outputs if isinstance(outputs, list) else [outputs]
-    prompt = outputs[0].stats.prompt_tokens
+    firsts = outputs[::n]  # one choice of each prompt
+    prompt = sum(o.stats.prompt_tokens for o in firsts)
     completion = sum(o.stats.output_tokens for o in outputs)
     preds = [o.stats.by_source["prediction"] for o in outputs]
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": outputs[0].stats.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(o.stats.cached_tokens for o in firsts)},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "audio_tokens": 0,
@@ -66,7 +67,7 @@ class ResponseContext:
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: dict = field(default_factory=dict)  # completions logprobs: chars described, per choice
-    echo_text: str | None = None  # completions echo: the prompt the answer begins with
+    echo_texts: list[str] | None = None  # completions echo: each prompt, which its answers begin with
     tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
     n: int = 1
     splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
@@ -98,7 +99,7 @@ class Dialect:
             prepared.params.logprobs is not None,
             tools=prepared.tools,
             n=prepared.n,
-            echo_text=prepared.echo_text,
+            echo_texts=prepared.echo_texts,
         )
 
     def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
@@ -133,7 +134,7 @@ class Dialect:
         return body
 
     def usage_chunk(self, ctx: ResponseContext, outputs) -> dict:
-        return self._chunk(ctx, [], usage=usage(outputs), speculation=speculation(outputs))
+        return self._chunk(ctx, [], usage=usage(outputs, ctx.n), speculation=speculation(outputs))
 
 
 class ChatDialect(Dialect):
@@ -219,7 +220,7 @@ class ChatDialect(Dialect):
             "model": ctx.model,
             "system_fingerprint": None,
             "choices": [self._choice(ctx, i, o) for i, o in enumerate(outputs)],
-            "usage": usage(outputs),
+            "usage": usage(outputs, ctx.n),
             "speculation": speculation(outputs),
         }
 
@@ -274,11 +275,11 @@ class CompletionDialect(Dialect):
 
     def response(self, ctx, outputs) -> dict:
         outputs = outputs if isinstance(outputs, list) else [outputs]
-        echo = ctx.echo_text is not None
+        echo = ctx.echo_texts is not None
         choices = [
             {
                 "index": i,
-                "text": (ctx.echo_text or "") + o.text,
+                "text": (ctx.echo_texts[i // ctx.n] if echo else "") + o.text,
                 "logprobs": self._logprobs(ctx, o.logprobs, i, o if echo else None),
                 "finish_reason": finish_reason(o),
             }
@@ -291,7 +292,7 @@ class CompletionDialect(Dialect):
             "model": ctx.model,
             "system_fingerprint": None,
             "choices": choices,
-            "usage": usage(outputs),
+            "usage": usage(outputs, ctx.n),
             "speculation": speculation(outputs),
         }
 

@@ -84,7 +84,7 @@ class _Common(_Strict):
     model: str
     max_tokens: Int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)  # 0: the most probable token only
     top_k: Int | None = Field(None, ge=-1)  # extension (extra_body); -1 or 0 = off
     seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI: a 64-bit integer
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
@@ -146,7 +146,7 @@ class ResponsesRequest(_Strict):
     instructions: str | None = None
     max_output_tokens: Int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)  # 0: the most probable token only
     stream: bool | None = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
