@@ -303,6 +303,11 @@ def test_tokenize_counts_what_a_request_is_billed(server, client):
     ]:
         r = httpx.post(f"{server.url}/{path}", json=bad, headers=AUTH, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+    info = httpx.get(f"{server.url}/tokenizer_info", headers=AUTH, timeout=30).json()  # lm-eval's remote tokenizer
+    tok = tiny_tokenizer()
+    assert (info["eos_token"], info["bos_token"], info["chat_template"]) == (tok.eos_token, None, tok.chat_template)
+    assert info["model_max_length"] == body["max_model_len"]
+    assert httpx.get(f"{server.url}/tokenizer_info", timeout=30).status_code == 401
     r = httpx.post(f"{server.url}/tokenize", json={"model": "other", "prompt": "x"}, headers=AUTH, timeout=30)
     assert r.status_code == 404
     assert httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}, timeout=30).status_code == 401

@@ -47,7 +47,7 @@ from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext
 from .responses_api import ResponsesDialect
 from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import choice_params
-from .tokenize import detokenize, tokenize
+from .tokenize import detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("specserve.server.app")
 GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
@@ -552,6 +552,10 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     @app.post("/detokenize", dependencies=[auth])
     async def detokenize_route(request: Request):
         return await server.tokens(request, DetokenizeRequest, detokenize)
+
+    @app.get("/tokenizer_info", dependencies=[auth])
+    async def tokenizer_info_route():
+        return tokenizer_info(server.llm)
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():

@@ -210,6 +210,11 @@ def build_openapi(app: FastAPI) -> dict:
         "200": {**ok, "content": {"application/json": {"schema": {"$ref": REF.format(model="Model")}}}},
         **_errors("401", "404"),
     }
+    info = {"type": "object", "required": ["bos_token", "chat_template", "eos_token", "model_max_length"]}
+    paths["/tokenizer_info"]["get"]["responses"] = {
+        "200": {"description": "the tokenizer", "content": {"application/json": {"schema": info}}},
+        **_errors("401"),
+    }
     paths["/health"]["get"]["responses"] = {
         "200": {"description": "serving", "content": {"application/json": {}}},
         "503": {"description": "worker down", "content": {"application/json": {}}},

@@ -1,7 +1,9 @@
-"""`POST /tokenize` and `POST /detokenize`, with vLLM's request and response shapes.
+"""`POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info`, with vLLM's shapes.
 
 Clients count tokens before they send (to fit a context, to budget `max_tokens`) with the very
-tokenizer and chat template the server uses, instead of guessing with another one.
+tokenizer and chat template the server uses, instead of guessing with another one. An
+evaluation harness (lm-eval's `local-completions`) uses all three as its tokenizer when the
+server offers them, so it needs no copy of the model's tokenizer files.
 """
 
 from __future__ import annotations
@@ -32,3 +34,22 @@ def detokenize(req: DetokenizeRequest, llm) -> dict:
     if any(not 0 <= t < llm.vocab_size for t in req.tokens):
         raise bad_request(f"tokens must be token ids in [0, {llm.vocab_size})", "tokens")
     return {"prompt": llm.tokenizer.decode(req.tokens)}
+
+
+SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+def tokenizer_info(llm) -> dict:
+    """The tokenizer's special tokens (text, or null), its chat template and the context length."""
+    tok = llm.tokenizer
+    info = {name: _text(getattr(tok, name, None)) for name in SPECIAL}
+    return info | {
+        "chat_template": getattr(tok, "chat_template", None),
+        "model_max_length": llm.max_context,
+        "tokenizer_class": type(tok).__name__,
+    }
+
+
+def _text(token) -> str | None:
+    """A special token as text (transformers may hold an AddedToken object)."""
+    return None if token is None else str(token)
