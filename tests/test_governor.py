@@ -285,21 +285,26 @@ def test_the_price_of_copying_cells_out_and_back_is_measured(monkeypatch, per_ce
     assert not CostModel(prices.curve).copy_pays  # unmeasured: not known to pay
 
 
-def test_the_copy_price_is_measured_on_llama_cpp_and_the_sequence_left_empty(tmp_path):
-    """On the real backend the calibration saves and restores through llama.cpp's state API
-    (`save_sequence`, `restore_sequence`): it gets a price, and leaves its sequence empty."""
+def test_the_copy_price_is_measured_on_both_backends_and_the_sequence_left_empty(tmp_path):
+    """On the real backends the calibration saves and restores through llama.cpp's state API, or
+    transformers' cache tensors (`save_sequence`, `restore_sequence`): it gets a price, and
+    leaves its sequence empty."""
     from tiny_gguf import write_tiny_gguf
 
     from specserve.backends.base import SequenceRunner
     from specserve.backends.llamacpp import LlamaCppBackend
+    from specserve.backends.transformers import TransformersBackend
 
-    backend = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=2)
-    runner = SequenceRunner(backend)
-    prices = CostModel.calibrate(runner)
-    assert prices.copy is not None and prices.copy > 0
-    assert runner.length == 0
-    runner.close()
-    backend.close()
+    for backend in (
+        LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf", 0), max_sequences=2),
+        TransformersBackend(tiny_model("qwen2"), max_sequences=2),  # safetensors bytes in host memory
+    ):
+        runner = SequenceRunner(backend)
+        prices = CostModel.calibrate(runner)
+        assert prices.copy is not None and prices.copy > 0, backend.name
+        assert runner.length == 0
+        runner.close()
+        getattr(backend, "close", lambda: None)()  # llama.cpp frees its context
 
 
 def test_cost_curve_interpolates_and_extrapolates():

@@ -34,9 +34,10 @@ from .. import hardware
 from ..config import AGREEMENT_TEXT
 from .governor import CALIBRATION_SIZES, CostModel
 
-CACHE_VERSION = 5  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
+CACHE_VERSION = 6  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
 # 4: logits rows in reused memory made passes of 64+ tokens cheaper (backends/row_buffers.py);
-# 5: the price of copying cells out and back (CostModel.copy)
+# 5: the price of copying cells out and back (CostModel.copy); 6: transformers can copy too
+# (its version-5 prices say it cannot, which would keep its host tier off on a GPU)
 KEEP_FILES = 64  # setups whose prices stay on disk, the most recently used
 
 
