@@ -223,22 +223,25 @@ def test_a_branch_restores_only_the_shared_part(llms):
     assert out.cached_tokens == len(held) // 2 >= BLOCK
 
 
-def test_the_draft_models_cache_is_saved_and_restored_beside_it(tmp_path):
+@pytest.mark.parametrize("kind", ["llama.cpp", "transformers"])
+def test_the_draft_models_cache_is_saved_and_restored_beside_it(tmp_path, kind):
     """With a draft model, a saved entry carries the draft model's sequence too: the next turn,
     restored from host memory, feeds the draft model only the new part, and writes what a run
     without any cache writes."""
 
+    def backend(name: str, seed: int, limits: EngineLimits):
+        if kind == "transformers":  # one entry slot, as transformers_llm
+            return TransformersBackend(tiny_model("qwen2", seed), max_sequences=limits.max_num_seqs + 2)
+        return LlamaCppBackend(
+            write_tiny_gguf(tmp_path / f"{name}-{limits.prefix_caching}.gguf", seed),
+            max_sequences=limits.max_num_seqs + 1,
+            batch_invariant=True,
+            prefix_sequences=4,
+        )
+
     def make(prefix_caching: bool) -> LLM:
         limits = EngineLimits(**{**LIMITS.__dict__, "prefix_caching": prefix_caching})
-        t, d = (
-            LlamaCppBackend(
-                write_tiny_gguf(tmp_path / f"{name}-{prefix_caching}.gguf", seed),
-                max_sequences=limits.max_num_seqs + 1,
-                batch_invariant=True,
-                prefix_sequences=4,
-            )
-            for name, seed in (("t", 0), ("d", 1))
-        )
+        t, d = backend("t", 0, limits), backend("d", 1, limits)
         return LLM.from_backends(t, tiny_tokenizer(), d, name="tiny", speculation="draft", limits=limits)
 
     warm, cold = make(True), make(False)
