@@ -58,7 +58,7 @@ def test_a_saved_sequence_restores_bit_for_bit():
     assert b.save_sequence(b.new_sequence()) is None  # an empty sequence has nothing to save
 
 
-def test_a_copy_from_another_model_is_refused():
+def test_a_copy_from_another_model_or_a_damaged_file_is_refused():
     b = TransformersBackend(tiny_model("qwen2"), max_sequences=4)
     deeper = TransformersBackend(tiny_model("qwen2", layers=3), max_sequences=4)
     f64 = TransformersBackend(tiny_model("qwen2").to(torch.float64), max_sequences=4)
@@ -70,6 +70,9 @@ def test_a_copy_from_another_model_is_refused():
         assert b.length(dst) == 0
         b.forward([SeqInput(dst, IDS[:4], "none")])  # still usable: nothing half restored
         b.free_sequence(dst)
+    dst = b.new_sequence()
+    assert not b.restore_sequence(dst, SavedSequence(bytearray(b"not a copy at all"), 3))  # a damaged file
+    assert b.length(dst) == 0
 
 
 # -- the folder ------------------------------------------------------------------------------------

@@ -116,11 +116,15 @@ class TransformersBackend:
     def restore_sequence(self, seq: int, saved: SavedSequence) -> bool:
         """Make the empty sequence `seq` hold the saved keys and values, as if it had been fed the
         same tokens. False (`seq` left empty) when the copy does not fit this model: another layer
-        count, shape or dtype (a file from another set-up), or more positions than the context."""
+        count, shape or dtype (a file from another set-up), more positions than the context, or
+        bytes that are not a copy at all (a damaged file)."""
         if self._lengths[seq]:
             raise ValueError(f"sequence {seq} is not empty")
         data = saved.data if isinstance(saved.data, bytes) else bytes(saved.data)  # read back from disk: a bytearray
-        tensors = load_tensors(data)
+        try:
+            tensors = load_tensors(data)
+        except Exception:  # noqa: BLE001  safetensors' own error type for bytes that are not its format
+            return False
         cache = DynamicCache(config=self.model.config)
         layers = len(tensors) // 2
         if saved.length > self.max_context or layers != self.model.config.num_hidden_layers:
