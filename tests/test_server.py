@@ -241,6 +241,12 @@ def test_echo_scores_the_prompt_as_evaluations_ask(client):
         assert got.keys() == want.keys() and list(got.values()) == pytest.approx(list(want.values()), abs=1e-4)
     plain = client.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=3, temperature=0)
     assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+    # max_tokens 0 (OpenAI's legacy scoring request, as HELM sends it): the prompt and its scores alone
+    scored = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=2, max_tokens=0)
+    choice = scored.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "length" and scored.usage.completion_tokens == 0
+    assert choice.logprobs.token_logprobs == lp.token_logprobs[:-1] and choice.logprobs.tokens == lp.tokens[:-1]
+    assert scored.usage.prompt_tokens == r.usage.prompt_tokens
 
 
 def test_a_batch_of_prompts_answers_each_as_alone(client):
@@ -476,6 +482,8 @@ BAD = [  # (endpoint, body, status, param)
     ("completions", {"model": MODEL, "prompt": ["a", ""]}, 400, "prompt[1]"),
     ("completions", {"model": MODEL, "prompt": [1, 2, 99999]}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),  # 0 only scores (echo)
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
     ("completions", {"model": MODEL, "prompt": "x", "echo": True, "stream": True}, 400, "echo"),
     ("completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("no/such/route", {}, 404, None),

@@ -58,6 +58,7 @@ class Prepared:
     history: list[dict] | None = None  # the Responses API: the conversation's messages, kept with the answer
     echo_texts: list[str] | None = None  # completions `echo`: each prompt's text, which its answers begin with
     batch: list[list[int]] | None = None  # completions with several prompts: each one's ids (prompt_ids: the first)
+    scores_only: bool = False  # completions `max_tokens: 0` with echo: the prompt and its logprobs, no completion
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -318,7 +319,11 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         for i, p in enumerate(prompts)
     ]
     longest = max(len(i) for i in ids)
-    max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, longest, llm.max_context, "prompt")
+    scores_only = req.max_tokens == 0  # the engine writes one token, which the answer leaves out
+    if scores_only and not req.echo:
+        raise bad_request("max_tokens 0 writes nothing: it scores a prompt, with echo and logprobs", "max_tokens")
+    requested = 1 if scores_only else req.max_tokens
+    max_tokens = _max_tokens(requested, COMPLETIONS_DEFAULT_MAX_TOKENS, longest, llm.max_context, "prompt")
     params = sampling_params(req, max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
         params = replace(params, prompt_logprobs=req.logprobs)
@@ -335,4 +340,5 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         n,
         echo_texts=echo,
         batch=ids if len(ids) > 1 else None,
+        scores_only=scores_only,
     )

@@ -20,15 +20,16 @@ from .structured import ToolSetup
 from .tools import ToolStreamSplitter, parse_tool_calls
 
 
-def usage(outputs: RequestOutput | list[RequestOutput], n: int = 1) -> dict:
+def usage(outputs: RequestOutput | list[RequestOutput], n: int = 1, scores_only: bool = False) -> dict:
     """OpenAI usage, with Predicted Outputs' accepted / rejected prediction tokens.
 
-    n choices per prompt: each prompt counts once (as OpenAI bills it), completion tokens are summed."""
+    n choices per prompt: each prompt counts once (as OpenAI bills it), completion tokens are
+    summed. scores_only: the answers hold no completion (a scored prompt), so none are counted."""
     outputs = outputs if isinstance(outputs, list) else [outputs]
     firsts = outputs[::n]  # one choice of each prompt
     prompt = sum(o.stats.prompt_tokens for o in firsts)
-    completion = sum(o.stats.output_tokens for o in outputs)
-    preds = [o.stats.by_source["prediction"] for o in outputs]
+    completion = 0 if scores_only else sum(o.stats.output_tokens for o in outputs)
+    preds = [] if scores_only else [o.stats.by_source["prediction"] for o in outputs]
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -68,6 +69,7 @@ class ResponseContext:
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: dict = field(default_factory=dict)  # completions logprobs: chars described, per choice
     echo_texts: list[str] | None = None  # completions echo: each prompt, which its answers begin with
+    scores_only: bool = False  # completions max_tokens 0: the echoed prompt alone, its generated token left out
     tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
     n: int = 1
     splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
@@ -100,6 +102,7 @@ class Dialect:
             tools=prepared.tools,
             n=prepared.n,
             echo_texts=prepared.echo_texts,
+            scores_only=prepared.scores_only,
         )
 
     def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
@@ -275,13 +278,13 @@ class CompletionDialect(Dialect):
 
     def response(self, ctx, outputs) -> dict:
         outputs = outputs if isinstance(outputs, list) else [outputs]
-        echo = ctx.echo_texts is not None
+        echo, scored = ctx.echo_texts is not None, ctx.scores_only
         choices = [
             {
                 "index": i,
-                "text": (ctx.echo_texts[i // ctx.n] if echo else "") + o.text,
-                "logprobs": self._logprobs(ctx, o.logprobs, i, o if echo else None),
-                "finish_reason": finish_reason(o),
+                "text": (ctx.echo_texts[i // ctx.n] if echo else "") + ("" if scored else o.text),
+                "logprobs": self._logprobs(ctx, [] if scored else o.logprobs, i, o if echo else None),
+                "finish_reason": "length" if scored else finish_reason(o),
             }
             for i, o in enumerate(outputs)
         ]
@@ -292,7 +295,7 @@ class CompletionDialect(Dialect):
             "model": ctx.model,
             "system_fingerprint": None,
             "choices": choices,
-            "usage": usage(outputs, ctx.n),
+            "usage": usage(outputs, ctx.n, ctx.scores_only),
             "speculation": speculation(outputs),
         }
 

@@ -129,6 +129,7 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[Int] | list[list[Int]]
+    max_tokens: Int | None = Field(None, ge=0)  # 0 with echo: score the prompt, write nothing (OpenAI's legacy API)
     logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
     suffix: str | None = None
