@@ -133,6 +133,19 @@ def test_no_blind_restart_after_a_reanchor_and_drafts_past_128():
     assert speedup(priced, ids) > speedup(unpriced, ids)  # paid at the curve: what the prices optimise
 
 
+def test_auto_prices_a_prediction_past_128_too():
+    """`auto` asks the prediction for up to its own ceiling (prediction_k_max), as the
+    prediction method does: it used to cap it at the adaptive K's 128, so on a curve where long
+    passes pay, `auto` with a prediction took more steps than the prediction alone."""
+    tok = tiny_tokenizer()
+    ids = tok.encode(AFTER, add_special_tokens=False)
+    alone = replay_ids(tok, BEFORE, ids, SpeculationConfig("prediction"), CURVE)
+    auto = replay_ids(tok, BEFORE, ids, SpeculationConfig("auto"), CURVE)
+    assert auto.token_ids == alone.token_ids == ids
+    assert max(prediction_drafts(auto)) == max(prediction_drafts(alone)) > 128
+    assert auto.stats.steps <= alone.stats.steps
+
+
 def test_prices_pay_on_the_sample_renames(smol_tokenizer):
     """py-rename and ts-rename (bench/samples, renamed as the scenario asks), SmolLM2's tokenizer:
     drafting with the prices beats the same drafter blind to them, both paid at the curve."""

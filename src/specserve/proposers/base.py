@@ -112,9 +112,11 @@ def build_chain(ctx: ProposerContext) -> list[Proposer]:
 
 
 def largest_draft(proposer: Proposer) -> int:
-    """The most tokens a proposer will ever draft in one step (its adaptive K's ceiling)."""
-    k = getattr(proposer, "k", None)
-    return getattr(k, "k_max", 128)
+    """The most tokens a proposer will ever draft in one step: its own ceiling where it has one
+    (a prediction's priced K goes up to `prediction_k_max`, past its adaptive K's 128), else its
+    adaptive K's."""
+    ceiling = getattr(proposer, "k_max", None)
+    return ceiling if ceiling is not None else getattr(getattr(proposer, "k", None), "k_max", 128)
 
 
 def choose_draft(chain: list[Proposer], tokens: list[int], max_k: int, governor=None) -> Draft | None:

@@ -401,5 +401,5 @@ def make_prediction(ctx: ProposerContext) -> PredictionProposer | None:
         s.prediction_min_anchor_chars,
         ctx.prices,
         s.prediction_learn_edits,
-        lookup=s.method == "prediction",  # under auto, the chain's n-gram source drafts new text
+        lookup=True,
     )
