@@ -401,5 +401,5 @@ def make_prediction(ctx: ProposerContext) -> PredictionProposer | None:
         s.prediction_min_anchor_chars,
         ctx.prices,
         s.prediction_learn_edits,
-        lookup=True,
+        lookup=True,  # new text: n-grams of [prediction | output]; under auto the chain's n-gram source follows
     )
