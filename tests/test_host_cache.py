@@ -345,30 +345,39 @@ def test_a_restarted_engine_serves_the_next_turn_from_disk(tmp_path):
         target = LlamaCppBackend(path, max_sequences=limits.max_num_seqs + 1, batch_invariant=exact, prefix_sequences=4)
         return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
 
+    written, turn1, answer = served_across_a_restart(start)
+    # the entry that was still in the cells (its last token never fed)
+    assert [len(e.tokens) for e in written] == [len(turn1) + len(answer) - 1]
+    assert start(write_tiny_gguf(tmp_path / "u.gguf", 1)).engine.core.host.saved == []
+    assert start(exact=False).engine.core.host.saved == []
+    assert start().engine.save_prefix_cache() == 1  # an engine that served nothing keeps what it read
+
+
+def served_across_a_restart(start) -> tuple[list[Saved], list[int], list[int]]:
+    """Turn 1 on an engine from `start()` whose worker then stops (writing the tier to its
+    folder, as the server does when it stops); a second engine reads it back, and turn 2 prefills
+    only its new part and answers as a cold run (`start(host_cache_dir=None)`, no cache) does.
+    Returns (what the folder held, turn 1's prompt, turn 1's answer)."""
     first = start()
     turn1 = first.encode(FILE + "Question one?")
-    out1 = first.generate(turn1, GREEDY)
-    worker = EngineWorker(first.engine.core, max_queue=1)  # the server's worker writes it when it stops
+    answer = first.generate(turn1, GREEDY).token_ids
+    worker = EngineWorker(first.engine.core, max_queue=1)
     worker.start()
     worker.stop()
-    assert [len(e.tokens) for e in HostStore(folder, first.engine.core.host_store.folder.name).load(GIB)] == [
-        len(turn1) + len(out1.token_ids) - 1  # the entry that was still in the cells (its last token never fed)
-    ]
-    first.engine.core.target.close()
+    folder = first.engine.core.host_store.folder
+    written = HostStore(folder.parent, folder.name).load(GIB)
+    getattr(first.engine.core.target, "close", lambda: None)()  # llama.cpp frees its context
 
     second = start()
     assert len(second.engine.core.host.saved) == 1
-    turn2 = turn1 + out1.token_ids + second.encode("\nAnd a follow-up question:")
+    turn2 = turn1 + answer + second.encode("\nAnd a follow-up question:")
     fed = prefilled_tokens(second)
     out2 = second.generate(turn2, GREEDY)
     assert out2.cached_tokens >= len(turn1) and fed[0] <= len(turn2) - len(turn1)
     cold = start(host_cache_dir=None)
     cold.engine.core.prefix = cold.engine.core.host = None
     same(out2, cold.generate(turn2, GREEDY))
-
-    assert start(write_tiny_gguf(tmp_path / "u.gguf", 1)).engine.core.host.saved == []
-    assert start(exact=False).engine.core.host.saved == []
-    assert start().engine.save_prefix_cache() == 1  # an engine that served nothing keeps what it read
+    return written, turn1, answer
 
 
 def test_a_folder_without_the_tier_is_a_clear_error():

@@ -17,17 +17,14 @@ import logging
 
 import pytest
 import torch
-from test_host_cache import transformers_llm
-from test_prefix_cache import FILE, GREEDY, prefilled_tokens, same
+from test_host_cache import served_across_a_restart, transformers_llm
 from tiny import tiny_model
 from transformers import AutoModelForCausalLM
 
 from specserve.backends import SeqInput
 from specserve.backends.base import SavedSequence
 from specserve.backends.transformers import TransformersBackend
-from specserve.engine.client import EngineWorker
-from specserve.engine.host_cache import GIB
-from specserve.engine.host_store import HostStore, store_key
+from specserve.engine.host_store import store_key
 from specserve.llm import LLM
 
 IDS = list(range(5, 95))
@@ -106,20 +103,5 @@ def test_a_restarted_engine_serves_the_next_turn_from_disk(tmp_path):
     def start(host_cache_dir=folder) -> LLM:
         return transformers_llm(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), None, host_cache_dir)
 
-    first = start()
-    turn1 = first.encode(FILE + "Question one?")
-    out1 = first.generate(turn1, GREEDY)
-    worker = EngineWorker(first.engine.core, max_queue=1)  # the server's worker writes it when it stops
-    worker.start()
-    worker.stop()
-    assert len(HostStore(folder, first.engine.core.host_store.folder.name).load(GIB)) == 1
-
-    second = start()
-    assert len(second.engine.core.host.saved) == 1
-    turn2 = turn1 + out1.token_ids + second.encode("\nAnd a follow-up question:")
-    fed = prefilled_tokens(second)
-    out2 = second.generate(turn2, GREEDY)
-    assert out2.cached_tokens >= len(turn1) and fed[0] <= len(turn2) - len(turn1)
-    cold = start(host_cache_dir=None)
-    cold.engine.core.prefix = cold.engine.core.host = None
-    same(out2, cold.generate(turn2, GREEDY))
+    written, _, _ = served_across_a_restart(start)
+    assert len(written) == 1
