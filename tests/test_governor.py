@@ -256,6 +256,10 @@ class CopyingRunner(StallingRunner):
         super().__init__(clock, stall_at=-1)
         self.backend = CopyingBackend(clock, per_cell)
 
+    @property
+    def length(self) -> int:
+        return self.backend.length
+
     def forward(self, ids, last_only=False):
         super().forward(ids, last_only)
         self.backend.length += len(ids)

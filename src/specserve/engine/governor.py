@@ -131,7 +131,8 @@ class CostModel:
         given); both runners are reset afterwards."""
         context = min(CALIBRATION_CONTEXT, target.max_context // 4)
         sizes = tuple(n for n in CALIBRATION_SIZES if context + n <= target.max_context)  # small test models
-        times = _time_passes(target, sizes, context)
+        copies: list[float | None] = []  # timed on the cells the untimed longest pass leaves: no prefill of its own
+        times = _time_passes(target, sizes, context, while_full=lambda r: copies.append(_time_copy(r)))
         t1 = times[0]
         curve, last = [], 1.0
         for n, t in zip(sizes, times):
@@ -139,7 +140,7 @@ class CostModel:
             curve.append((n, last))
         d1 = _time_passes(draft, (1,), context)[0] / t1 if draft is not None else 0.0
         agreement = measure_agreement(target, draft, reference) if draft is not None else None
-        copy = _time_copy(target, context + sizes[-1])
+        copy = copies[0]
         return cls(tuple(curve), d1, batched, agreement, None if copy is None else copy / t1)
 
 
@@ -197,15 +198,19 @@ def measure_agreement(target, draft, ids: Sequence[int]) -> float | None:
     return float((want == got).float().mean())
 
 
-def _time_passes(runner, sizes: tuple[int, ...], context: int) -> list[float]:
+def _time_passes(runner, sizes: tuple[int, ...], context: int, while_full=None) -> list[float]:
     """Seconds of one pass of each size after `context` cached tokens: the median of
     SMALL_REPEATS for small sizes and for any pass quicker than CHEAP_PASS_S (a one-off stall
     of a millisecond would otherwise price a small model's whole curve); the runner is reset
     afterwards. The longest pass runs once untimed first, as it will have in a serving engine:
-    its first run faults in the memory its logits rows land in (backends/row_buffers.py)."""
+    its first run faults in the memory its logits rows land in (backends/row_buffers.py).
+    while_full(runner): called once while the runner holds those context + longest cells, which
+    it must leave as they are (calibrate times a copy of them there)."""
     runner.reset()
     runner.forward([1] * context, last_only=True)
     runner.forward([1] * max(sizes))  # untimed: the first pass this long pays to fault in its output memory
+    if while_full is not None:
+        while_full(runner)
     runner.truncate(context)
     out = []
     for n in sizes:
@@ -220,27 +225,25 @@ def _time_passes(runner, sizes: tuple[int, ...], context: int) -> list[float]:
     return out
 
 
-def _time_copy(runner, cells: int) -> float | None:
-    """Seconds to save a sequence of `cells` cells to host memory and restore it, per cell (the
-    median of SMALL_REPEATS); None where the runner's backend cannot. The runner is reset."""
+def _time_copy(runner) -> float | None:
+    """Seconds to save the runner's cells to host memory and restore them, per cell (the median
+    of SMALL_REPEATS); None where its backend cannot. The runner holds the same cells afterwards
+    (fed again if a restore failed)."""
     backend = getattr(runner, "backend", None)
-    if not hasattr(backend, "save_sequence") or not hasattr(backend, "restore_sequence"):
+    if not hasattr(backend, "save_sequence") or not hasattr(backend, "restore_sequence") or not runner.length:
         return None
-    runner.reset()
-    runner.forward([1] * cells, last_only=True)
+    cells = runner.length
     runs: list[float] = []
-    try:
-        while len(runs) < SMALL_REPEATS:
-            t = time.perf_counter()
-            saved = backend.save_sequence(runner.seq)
-            if saved is None:
-                return None
-            backend.truncate(runner.seq, 0)
-            if not backend.restore_sequence(runner.seq, saved):
-                return None
-            runs.append(time.perf_counter() - t)
-    finally:
-        runner.reset()
+    while len(runs) < SMALL_REPEATS:
+        t = time.perf_counter()
+        saved = backend.save_sequence(runner.seq)
+        if saved is None:
+            return None
+        backend.truncate(runner.seq, 0)
+        if not backend.restore_sequence(runner.seq, saved):
+            runner.forward([1] * cells, last_only=True)
+            return None
+        runs.append(time.perf_counter() - t)
     return statistics.median(runs) / cells
 
 
