@@ -152,8 +152,12 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.host_cache_dir:
         print(
-            "prefix cache: --host-cache-dir ignored: there is no host tier (--no-prefix-cache, "
-            f"--host-cache-gib 0, or {llm.backend_name}, which cannot copy a cache out)",
+            "prefix cache: --host-cache-dir ignored: "
+            + (
+                "the model was not loaded from files that identify it"
+                if core.host is not None
+                else f"there is no host tier (--no-prefix-cache, or {llm.backend_name} cannot copy a cache out)"
+            ),
             file=sys.stderr,
         )
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)

@@ -103,13 +103,14 @@ class EngineCore:
         saves = caching and budget > 0 and hasattr(target, "save_sequence")
         self.host = HostCache(budget) if saves else None
         self.host_store = None  # the host tier's folder on disk, where one is given
-        key = store_key(target, draft) if self.host is not None and self.limits.host_cache_dir else None
-        if key is not None:
-            self.host_store = HostStore(self.limits.host_cache_dir, key)
-            for e in self.host_store.load(budget):
-                self.host.put(e.tokens, e.copy, e.draft)
-        elif self.host is not None and self.limits.host_cache_dir:
-            log.warning("host cache folder ignored: the model was not loaded from files that identify it")
+        if self.host is not None and self.limits.host_cache_dir:
+            key = store_key(target, draft)
+            if key is None:
+                log.warning("host cache folder ignored: the model was not loaded from files that identify it")
+            else:
+                self.host_store = HostStore(self.limits.host_cache_dir, key)
+                for e in self.host_store.load(budget):
+                    self.host.put(e.tokens, e.copy, e.draft)
         # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent
         rent = None
         if getattr(target, "attends_every_cell", False):
