@@ -313,6 +313,7 @@ def test_tokenize_counts_what_a_request_is_billed(server, client):
     tok = tiny_tokenizer()
     assert (info["eos_token"], info["bos_token"], info["chat_template"]) == (tok.eos_token, None, tok.chat_template)
     assert info["model_max_length"] == body["max_model_len"]
+    assert info["tokenizer_class"] == type(tok).__name__  # the tokenizer's own class, not the per-thread wrapper
     assert httpx.get(f"{server.url}/tokenizer_info", timeout=30).status_code == 401
     r = httpx.post(f"{server.url}/tokenize", json={"model": "other", "prompt": "x"}, headers=AUTH, timeout=30)
     assert r.status_code == 404

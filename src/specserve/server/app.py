@@ -554,8 +554,8 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
         return await server.tokens(request, DetokenizeRequest, detokenize)
 
     @app.get("/tokenizer_info", dependencies=[auth])
-    async def tokenizer_info_route():
-        return tokenizer_info(server.llm)
+    async def tokenizer_info_route():  # on the prep thread, which holds a tokenizer copy already
+        return await asyncio.get_running_loop().run_in_executor(server.prep, tokenizer_info, server.llm)
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():

@@ -42,6 +42,7 @@ SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 def tokenizer_info(llm) -> dict:
     """The tokenizer's special tokens (text, or null), its chat template and the context length."""
     tok = llm.tokenizer
+    tok = tok.thread_copy() if hasattr(tok, "thread_copy") else tok  # the tokenizer itself, not its per-thread wrapper
     info = {name: _text(getattr(tok, name, None)) for name in SPECIAL}
     return info | {
         "chat_template": getattr(tok, "chat_template", None),
