@@ -27,7 +27,7 @@ from specserve.engine.client import EngineDead, EngineWorker, QueueFull
 from specserve.engine.core import EngineFault
 from specserve.llm import LLM
 from specserve.server import faults
-from specserve.server.app import request_error
+from specserve.server.app import DRAIN_GRACE_S, request_error
 from specserve.server.launch import free_port
 
 MODEL = "tiny"
@@ -350,3 +350,72 @@ def test_a_dead_worker_fails_waiting_requests_and_the_server_answers_503(model_d
         assert not health.json()["worker_alive"]
     finally:
         srv.stop()
+
+
+# -- shutdown ----------------------------------------------------------------------------------------
+def long_server(tmp_path) -> ServerProcess:
+    """A server on a deep tiny model with a long context: a 4000-token answer takes about a minute."""
+    path = tmp_path / "long"
+    tiny_model(layers=24, hidden=128, max_positions=8192).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return ServerProcess(str(path), "--served-model-name", MODEL, "--log-level", "info").start()
+
+
+def _open_stream(srv: ServerProcess, events: list, opened: threading.Event) -> None:
+    """Stream a long answer into `events` (decoded payloads, "[DONE]" kept); sets `opened` at the first."""
+    body = {**CHAT, "stream": True, "max_tokens": 4000, "ignore_eos": True}
+    try:
+        with httpx.stream("POST", f"{srv.base_url}/chat/completions", json=body, timeout=WAIT_S) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    payload = line[len("data: ") :]
+                    events.append(payload if payload == "[DONE]" else json.loads(payload))
+                    opened.set()
+    except httpx.TransportError:  # the connection was cut
+        events.append("cut")
+
+
+def _stream_during_interrupts(srv: ServerProcess, interrupts: int) -> tuple[list, int, float]:
+    """Send SIGINT `interrupts` times while a stream runs: (its events, the exit code, seconds to exit)."""
+    events: list = []
+    opened = threading.Event()
+    reader = threading.Thread(target=_open_stream, args=(srv, events, opened), daemon=True)
+    reader.start()
+    assert opened.wait(WAIT_S), srv.log_tail()
+    t = time.monotonic()
+    for _ in range(interrupts):
+        srv.proc.send_signal(2)  # SIGINT, as Ctrl+C sends
+        time.sleep(0.3)
+    code = srv.proc.wait(60)
+    reader.join(WAIT_S)
+    return events, code, time.monotonic() - t
+
+
+def test_ctrl_c_ends_running_streams_with_an_error_event_and_no_traceback(tmp_path):
+    """The first Ctrl+C lets running requests go on for the drain grace, then ends them as a
+    503: a stream gets an `unavailable` error event and [DONE], not a cut connection; the
+    process exits 130 and logs no traceback (uvicorn alone cancelled the stream's task)."""
+    srv = long_server(tmp_path)
+    try:
+        events, code, took = _stream_during_interrupts(srv, 1)
+        log = srv.log_tail(100_000)
+    finally:
+        srv.stop()
+    assert code == 130, log
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "unavailable", events[-3:]
+    assert "shutting down" in events[-2]["error"]["message"]
+    assert any(e["choices"] and e["choices"][0]["delta"].get("content") for e in events[:-2])  # it had begun
+    assert DRAIN_GRACE_S - 0.5 < took < DRAIN_GRACE_S + 20, took
+    assert "Traceback" not in log and "Application shutdown complete" in log, log
+
+
+def test_a_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
+    srv = long_server(tmp_path)
+    try:
+        events, code, took = _stream_during_interrupts(srv, 2)
+        log = srv.log_tail(100_000)
+    finally:
+        srv.stop()
+    assert code == 130 and took < DRAIN_GRACE_S, (code, took, log)
+    assert events[-1] == "cut"  # forced: no time to answer
+    assert "Traceback" not in log and "interrupted again, exiting now" in log, log

@@ -129,8 +129,7 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 8) -> None:
         default=None,
         metavar="GIB",
         help="host memory for finished requests' KV caches once they leave the KV cache, restored "
-        "when a prompt starts the same way (llama.cpp; default 4, at most a quarter of free "
-        "memory; 0: off)",
+        "when a prompt starts the same way (default 4, at most a quarter of free memory; 0: off)",
     )
 
 

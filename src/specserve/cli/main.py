@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from ..errors import SpecServeError
@@ -38,7 +40,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("specserve: interrupted", file=sys.stderr)
+        _exit_on_next_interrupt()
         return 130
+
+
+def _exit_on_next_interrupt() -> None:
+    """Another Ctrl+C while Python tears down ends the process at once, without a traceback.
+
+    The server's own shutdown (requests, the host tier's files) is over by the time its
+    interrupt reaches main(); what is left are atexit hooks and finalizers, where a second
+    KeyboardInterrupt (a user pressing twice, or uvicorn re-raising the signals it caught)
+    used to print a traceback from weakref.
+    """
+
+    def leave(signum, frame):
+        sys.stderr.flush()
+        os._exit(130)
+
+    try:
+        signal.signal(signal.SIGINT, leave)
+    except ValueError:  # not the main thread (main() called from a test or an embedding app)
+        pass
 
 
 if __name__ == "__main__":

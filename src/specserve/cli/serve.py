@@ -23,8 +23,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run the OpenAI-compatible HTTP server",
-        description="Serve /v1/chat/completions and /v1/completions (with Predicted "
-        "Outputs), /v1/models, /health and /metrics.",
+        description="Serve /v1/chat/completions, /v1/completions and /v1/responses (with "
+        "Predicted Outputs), /v1/models, /health and /metrics.",
     )
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

@@ -18,6 +18,9 @@ import asyncio
 import hmac
 import logging
 import math
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -50,6 +53,7 @@ from .structured import choice_params
 from .tokenize import detokenize, tokenize, tokenizer_info
 
 log = logging.getLogger("specserve.server.app")
+DRAIN_GRACE_S = 5.0  # on shutdown, how long running requests may go on before they are ended (503)
 GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
 
 
@@ -181,10 +185,29 @@ class Server:
         self.namer = TokenNamer(llm.tokenizer)
         self.started = time.time()
         self.max_body_bytes = options.max_body_bytes or default_max_body_bytes(llm.max_context)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once started
+        self.draining = False  # shutdown has begun (see drain)
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()  # called from the app's lifespan
         warm(self.llm.tokenizer, lambda fn: self.prep.submit(fn).result())  # where requests are prepared
         self.engine.start()
+
+    def drain(self, grace_s: float) -> None:
+        """Shutdown has begun: refuse new requests now, and end the running ones after grace_s.
+
+        Callable from a signal handler. Requests still running at the deadline end as every
+        cancelled request does, at the engine's next step: a 503, or for a stream an error
+        event and [DONE], so clients see why and can retry elsewhere.
+        """
+        if self.loop is None or self.draining:
+            return
+        self.draining = True
+        self.loop.call_soon_threadsafe(self.loop.call_later, grace_s, self._end_running)
+
+    def _end_running(self) -> None:
+        for job in list(self.jobs):
+            self.cancel(job, "shutdown")
 
     def stop(self) -> None:
         for job in list(self.jobs):
@@ -194,6 +217,8 @@ class Server:
 
     def submit(self, job: Job) -> None:
         """Queue a job's requests, or refuse with 429 (Retry-After) / 503."""
+        if self.draining:
+            raise unavailable("the server is shutting down")
         try:
             self.engine.submit(job.requests)
         except QueueFull as e:
@@ -597,5 +622,32 @@ def serve(
     import uvicorn
 
     app = create_app(llm, model_name, options)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run()
+    server = app.state.server
+
+    class Uvicorn(uvicorn.Server):
+        """uvicorn's server, with our order of shutdown.
+
+        The first Ctrl+C (or SIGTERM) stops new requests at once, gives running ones
+        DRAIN_GRACE_S to finish, then ends the rest with a 503 (streams: an error event and
+        [DONE]); the application's shutdown then writes the host tier's files. uvicorn alone
+        waited 5 s and cancelled the streams' tasks, which logged a traceback each and left
+        clients with a cut connection.
+
+        A second Ctrl+C leaves at once. uvicorn's own forced exit skipped the shutdown too, but
+        tore the open streams down with a KeyboardInterrupt inside asyncio's loop (more
+        tracebacks); nothing is left to save by then (the host tier's files are replaced whole).
+        """
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                print("specserve: interrupted again, exiting now", file=sys.stderr, flush=True)
+                os._exit(130)
+            server.drain(DRAIN_GRACE_S)
+            super().handle_exit(sig, frame)
+
+    # uvicorn's own limit only backs ours up: ending a request waits for the engine's step, which
+    # can take seconds on a CPU.
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(DRAIN_GRACE_S) + 25
+    )
+    Uvicorn(config).run()
