@@ -141,6 +141,23 @@ def test_a_cancelled_request_leaves_the_queue_from_anywhere_and_frees_its_place(
     assert not head.finished and not late.finished and core.num_waiting == 2
 
 
+def test_a_job_larger_than_queue_and_batch_runs_when_nothing_waits():
+    """max_queue 2 + max_num_seqs 1 = 3 places: a 5-choice job (a batch of prompts, n > 1) would
+    be refused for ever; it is taken when the queue is empty, and refused while others wait."""
+    llm, _ = engine_llm(max_num_seqs=1)
+    worker = EngineWorker(llm.engine.core, max_queue=2)
+    core = llm.engine.core
+    big = [make(llm, max_tokens=2) for _ in range(5)]
+    worker.submit(big)
+    with pytest.raises(QueueFull):
+        worker.submit([make(llm) for _ in range(5)])  # the first still waits
+    for _ in range(100):
+        if all(r.finished for r in big):
+            break
+        core.step()
+    assert all(r.finished and r.output.finish_reason == "length" for r in big)
+
+
 def test_a_dead_worker_fails_everything_in_flight_and_refuses_new_requests():
     """The worker thread dies (a BaseException from the backend escapes every handler): the
     running and the waiting request both end with EngineDead, submit refuses at once, and the

@@ -457,6 +457,18 @@ BAD = [  # (endpoint, body, status, param)
     ("chat/completions", {**OK_CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format.json_schema"),
     ("chat/completions", {**OK_CHAT, "structured_outputs": {"regex": "(unclosed"}}, 400, "structured_outputs.regex"),
     ("chat/completions", {**OK_CHAT, "structured_outputs": {"choice": []}}, 400, "structured_outputs.choice"),
+    (  # both would constrain the answer: one used to be dropped without a word
+        "chat/completions",
+        {**OK_CHAT, "structured_outputs": {"choice": ["yes", "no"]}, "response_format": {"type": "json_object"}},
+        400,
+        "structured_outputs.choice",
+    ),
+    (
+        "chat/completions",
+        {**OK_CHAT, "structured_outputs": {"grammar": "root ::= root"}},  # no text satisfies it
+        400,
+        "structured_outputs.grammar",
+    ),
     (
         "chat/completions",
         {**OK_CHAT, "ignore_eos": True, "response_format": {"type": "json_object"}},
@@ -519,7 +531,14 @@ def test_bad_input_matrix(server, client):
 
 def test_wrong_method_is_openai_shaped(server):
     r = httpx.get(f"{server.base_url}/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"})
-    assert r.status_code == 405 and "error" in r.json()
+    assert r.status_code == 405 and r.json()["error"]["message"] == "Method not allowed (GET /v1/chat/completions)"
+    r = httpx.post(f"{server.base_url}/chat/complete", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 404 and r.json()["error"] == {
+        "message": "Invalid URL (POST /v1/chat/complete)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
 
 
 def test_api_key(server):

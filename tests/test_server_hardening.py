@@ -272,7 +272,8 @@ def _servable(body: dict) -> None:
     guides = [k for k in EXTENSION_GUIDES if body.get(k) is not None]
     for k in guides:
         body.pop(k)
-    if guides or (not chat and turn == 2):  # one grammar from the extension fields
+    formatted = chat and body.get("response_format", {}).get("type", "text") != "text"
+    if (guides or (not chat and turn == 2)) and not formatted:  # one grammar from the extension fields
         body["structured_outputs"] = {"regex": "[a-c]{1,4}"} if len(guides) % 2 else {"choice": ["yes", "no"]}
     forced = body.get("tool_choice") not in (None, "none", "auto")
     if forced or "structured_outputs" in body or body.get("response_format", {}).get("type", "text") != "text":

@@ -181,3 +181,25 @@ def test_broken_row_masks_break_exactness(llm, monkeypatch):
 def test_unsupported_keywords_are_refused(schema, word):
     with pytest.raises(ConstraintError, match=word):
         check_schema(schema)
+
+
+@pytest.mark.parametrize("spec", [GrammarSpec("ebnf", "root ::= root"), GrammarSpec("regex", r"[^\s\S]")])
+def test_a_grammar_that_no_text_satisfies_is_refused_before_it_runs(llm, spec):
+    """It allows no first token: a ConstraintError (a 400) while the request is prepared. It used
+    to run, sample from an all-masked row, and fail in the engine as a 500."""
+    with pytest.raises(ConstraintError, match="no text satisfies") as e:
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=8), guide=spec)
+    assert not isinstance(e.value, constrain.GrammarDeadEnd)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_that_dead_ends_fails_as_the_callers_error(llm, temperature):
+    """After "a" the grammar allows nothing (`b` never ends): the request fails with the
+    grammar's own error, which the server answers 400, not an EngineFault (a 500)."""
+    from specserve.server.app import request_error
+
+    spec = GrammarSpec("ebnf", 'root ::= "a" b\nb ::= b "x"')
+    with pytest.raises(constrain.GrammarDeadEnd) as e:
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=8, temperature=temperature, seed=0), guide=spec)
+    assert request_error(e.value).status == 400
+    assert llm.generate(PROMPTS[0], SamplingParams(max_tokens=4)).finish_reason == "length"  # the engine serves on

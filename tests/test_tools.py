@@ -71,6 +71,8 @@ def test_an_answer_that_is_only_an_untagged_call_to_a_declared_tool_is_a_call(te
         "Here it is: " + BARE,  # prose around it: an answer, not a call
         BARE + " and more",
         '```json\n{"name": "lookup", "value": 1}\n```',  # no arguments: data that has a name
+        '{"name": "lookup", "arguments": null}',  # arguments no client could decode as an object
+        '{"name": "lookup", "arguments": "f"}',
         "```python\nprint(1)\n```",
     ],
 )
@@ -110,8 +112,43 @@ def test_stream_splitter_holds_back_only_the_call(step):
     assert sent + s.finish()[0] == "plain <tool"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        CALL + "\nI have called it.",
+        "Sure. " + CALL + " and then some more text",
+        "A " + CALL + " B " + CALL + " C",
+        CALL + "\n" + CALL,
+        "Before only. " + CALL,
+    ],
+)
+@pytest.mark.parametrize("step", [1, 5])
+def test_streamed_content_joins_to_the_parsed_content(text, step):
+    """Text after a `<tool_call>` block is content too: a stream used to drop it, where the
+    non-streamed answer (parse_tool_calls) kept it."""
+    content, calls = parse_tool_calls(text, {"lookup"})
+    s, sent = ToolStreamSplitter({"lookup"}), ""
+    for i in range(0, len(text), step):
+        sent += s.feed(text[i : i + step])
+    rest, streamed_calls = s.finish()
+    assert (sent + rest).strip() == (content or "") and len(streamed_calls) == len(calls) >= 1
+    assert not rest.endswith(" ")  # the parsed content is stripped; so is what the stream adds
+
+
+def test_a_tagged_call_whose_arguments_are_not_an_object_stays_content():
+    for args in ("null", "[1]", '"f"', "3"):
+        text = '<tool_call>\n{"name": "lookup", "arguments": ' + args + "}\n</tool_call>"
+        assert parse_tool_calls(text, {"lookup"}) == (text, [])
+    text = '<tool_call>\n{"name": "lookup", "arguments": "{\\"key\\": \\"ab\\"}"}\n</tool_call>'
+    assert json.loads(parse_tool_calls(text, {"lookup"})[1][0].arguments) == {"key": "ab"}  # JSON text: kept
+
+
 def test_refusals_name_the_param():
     bad = [
+        (  # OpenAI's arguments are a JSON object; a string schema gave the bare string 'f'
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+            "tools[0].function.parameters",
+        ),
         ([{"type": "function", "function": {"name": "a b"}}], "tools[0].function.name"),
         ([{"type": "function"}], "tools[0]"),
         ([TOOL, TOOL], "tools"),

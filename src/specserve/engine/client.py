@@ -160,7 +160,10 @@ class EngineWorker:
             if self._stopping:
                 raise ShuttingDown()
             waiting = self.core.num_waiting
-            if waiting + len(requests) > self.max_queue + self._free_slots():
+            # A job larger than the queue and the batch together (a batch of prompts, n > 1) is
+            # taken when nothing waits: refused, it would be told to retry for ever.
+            never_fits = len(requests) > self.max_queue + self.core.limits.max_num_seqs
+            if waiting + len(requests) > self.max_queue + self._free_slots() and not (never_fits and not waiting):
                 raise QueueFull(waiting)
             for r in requests:
                 self.core.add(r)

@@ -132,6 +132,35 @@ class GrammarBusy(ConstraintError):
     """Every grammar compiler was busy for the whole time limit: retry later (a 503, not a 400)."""
 
 
+class GrammarDeadEnd(ConstraintError):
+    """The grammar allows no token where the output has got to: no text satisfies it from there.
+
+    Raised in a step, but the caller's grammar is at fault, not the engine: a 400, like a
+    grammar refused before it runs (most such grammars are: see `_check_satisfiable`)."""
+
+
+def _allows_any(bitmask: torch.Tensor, vocab_size: int, banned: torch.Tensor | None) -> bool:
+    """Whether a [W] int32 token bitmask row allows any token below vocab_size that is not banned."""
+    words = bitmask.numpy().view(np.uint32)  # [W]
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)  # [V]
+    if banned is not None:
+        bits &= ~banned.numpy()[:vocab_size]
+    return bool(bits.any())
+
+
+def _check_satisfiable(spec: GrammarSpec, compiled, vocab_size: int, banned: torch.Tensor | None) -> None:
+    """Refuse a grammar that allows no first token (no text satisfies it: `root ::= root`, a
+    regex like `[^\\s\\S]`). Without this the request ran, sampled from an all-masked row and
+    failed in the engine with a 500."""
+    matcher = xgrammar().GrammarMatcher(compiled)
+    if matcher.is_terminated():
+        return
+    row = xgrammar().allocate_token_bitmask(1, vocab_size)  # [1, W]
+    matcher.fill_next_token_bitmask(row, 0)
+    if not _allows_any(row[0], vocab_size, banned):
+        raise ConstraintError(f"no text satisfies the {spec.kind} constraint: it allows no first token", spec.param)
+
+
 def check_schema(schema, path: str = "schema") -> None:
     """Refuse JSON-schema keywords the grammar would not enforce (raises ConstraintError)."""
     if isinstance(schema, bool):
@@ -406,6 +435,7 @@ class ConstraintFactory:
         """Runs on a pool thread; the result is cached even if its caller stopped waiting."""
         compiled = self.compile(spec)
         guide = CompiledGuide(compiled, self.banned(spec.banned))
+        _check_satisfiable(spec, compiled, self.vocab_size, guide.banned)
         self.cache.put(key, guide, compiled.memory_size_bytes)
         return guide
 
@@ -494,6 +524,13 @@ class Constraint:
             if self.matcher.is_terminated():
                 return
             if not self.matcher.accept_token(tok):
+                row = xgrammar().allocate_token_bitmask(1, self.vocab_size)  # [1, W]
+                self.matcher.fill_next_token_bitmask(row, 0)
+                if not _allows_any(row[0], self.vocab_size, self.banned):
+                    raise GrammarDeadEnd(
+                        "the structured-output constraint allows no token after the text so far: no text "
+                        "satisfies it from there"
+                    )
                 raise RuntimeError(f"token {tok} was committed but the grammar rejects it")
 
     @property

@@ -27,6 +27,7 @@ from ..config import AGREEMENT_TEXT, SPARE_CELLS, EngineLimits
 from ..errors import ContextLengthError, InvalidRequestError, ModelLoadError
 from ..hardware import available_memory
 from ..proposers.base import ProposerContext, build_chain, largest_draft
+from .constrain import GrammarDeadEnd
 from .draft_prefix import DraftPrefixes
 from .governor import ContextCost, CostModel, Governor, measure_context_cost
 from .host_cache import HostCache, default_budget
@@ -582,8 +583,9 @@ class EngineCore:
                 self._close(r)
 
     def _fail(self, req: Request, error: Exception) -> None:
-        """The request ends with `error`, wrapped in an EngineFault (everything raised in a step is one)."""
-        req.fail(error if isinstance(error, EngineFault) else EngineFault(error))
+        """The request ends with `error`, wrapped in an EngineFault (everything raised in a step is
+        one), except a grammar's dead end, which is the caller's grammar at fault (a 400)."""
+        req.fail(error if isinstance(error, (EngineFault, GrammarDeadEnd)) else EngineFault(error))
         if req in self.scheduler.running:
             self.scheduler.stop(req)
             self._free(req)

@@ -511,7 +511,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-        return _error_response(APIError(e.status_code, str(e.detail), kind, headers=dict(e.headers or {})))
+        message = str(e.detail)
+        if e.status_code in (404, 405):  # no such route or method: OpenAI's words, which name what was asked
+            what = "Invalid URL" if e.status_code == 404 else "Method not allowed"
+            message = f"{what} ({request.method} {request.url.path})"
+        return _error_response(APIError(e.status_code, message, kind, headers=dict(e.headers or {})))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):

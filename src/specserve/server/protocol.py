@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..config import SamplingParams, SpeculationConfig
-from ..engine.constrain import CompiledGuide, PendingGuide
+from ..engine.constrain import CompiledGuide, ConstraintError, GrammarSpec, PendingGuide
 from ..errors import ContextLengthError, InvalidRequestError
 from .errors import bad_request, unsupported
 from .schemas import (
@@ -208,6 +208,19 @@ def _extension_fields(req: _Common) -> dict:
     return {k: getattr(req, k) for k in ("structured_outputs", *GUIDED_FIELDS)}
 
 
+def _output_guide(req: ChatCompletionRequest) -> GrammarSpec | None:
+    """The answer's constraint: OpenAI's response_format or vLLM's fields, never both (one would
+    be dropped without a word)."""
+    fmt = response_format_guide(req.response_format)
+    extension = extension_guide(_extension_fields(req))
+    if fmt is not None and extension is not None:
+        raise ConstraintError(
+            f"only one structured output constraint at a time (got response_format and {extension.param})",
+            extension.param,
+        )
+    return fmt or extension
+
+
 def _compile(spec, llm, req: _Common) -> PendingGuide | None:
     """Start compiling the request's grammar (on the grammar threads); the server awaits it before
     queueing the request, so a bad or too slow one is a 400 and never holds up the prep thread."""
@@ -222,7 +235,7 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages", "empty_array")
     tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
-    spec = tool_guide(tools) or response_format_guide(req.response_format) or extension_guide(_extension_fields(req))
+    spec = tool_guide(tools) or _output_guide(req)
     prompt_ids = chat_prompt_ids(req.messages, tools, continues_final_message(req), llm)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")

@@ -67,6 +67,11 @@ def check_tools(tools: list) -> list[dict]:
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise ConstraintError(f"{p}.function.parameters must be a JSON schema object", f"{p}.function.parameters")
+        if params.get("type", "object") != "object":  # arguments are a JSON object, as at OpenAI
+            raise ConstraintError(
+                f"{p}.function.parameters must be a schema of type 'object', got {params.get('type')!r}",
+                f"{p}.function.parameters",
+            )
         try:
             check_schema(params, f"{p}.function.parameters")
         except ConstraintError as e:
@@ -159,8 +164,15 @@ def _call_from_obj(obj) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
-    args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], args_text)
+    if isinstance(args, str):  # the arguments written as JSON text: kept as written, if an object
+        try:
+            is_object = isinstance(json.loads(args), dict)
+        except ValueError:
+            is_object = False
+        return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], args) if is_object else None
+    if not isinstance(args, dict):  # null, a list, a number: no call a client could decode
+        return None
+    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], json.dumps(args, ensure_ascii=False))
 
 
 _FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)\n?```", re.DOTALL)
@@ -186,7 +198,8 @@ def _bare_calls(text: str, names: Collection[str]) -> list[ToolCall]:
     ]
     if not objs or len(named) < len(objs):
         return []
-    return [_call_from_obj(o) for o in objs]
+    calls = [_call_from_obj(o) for o in objs]
+    return [] if None in calls else calls
 
 
 def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
@@ -263,8 +276,12 @@ class ToolStreamSplitter:
         return out
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not yet sent, tool calls) at the end of the output."""
-        _, calls = parse_tool_calls(self.text, self.names)
+        """(content not yet sent, tool calls) at the end of the output: what the stream still owes
+        so that its content joins to `parse_tool_calls`' content (text after a block included)."""
+        content, calls = parse_tool_calls(self.text, self.names)
         if not calls:  # no (parsable) call: the held text was content after all
             return self.text[self.sent :], []
-        return "", calls
+        if not content:
+            return "", calls
+        rest = _BLOCK.sub("", self.text[self.sent :])  # the text held since the first block, calls cut out
+        return (rest.strip() if not self.text[: self.sent].strip() else rest.rstrip()), calls
