@@ -25,6 +25,7 @@ from specserve.backends.transformers import TransformersBackend
 from specserve.config import EngineLimits
 from specserve.engine.client import EngineDead, EngineWorker, QueueFull
 from specserve.engine.core import EngineFault
+from specserve.errors import InvalidRequestError
 from specserve.llm import LLM
 from specserve.server import faults
 from specserve.server.app import DRAIN_GRACE_S, request_error
@@ -139,6 +140,29 @@ def test_a_cancelled_request_leaves_the_queue_from_anywhere_and_frees_its_place(
     core.step()
     assert middle.finished and middle.output.finish_reason == "abort"
     assert not head.finished and not late.finished and core.num_waiting == 2
+
+
+def test_prediction_token_ids_out_of_range_are_refused_before_queueing():
+    """A bad id used to fail in the backend, and with it every request of that pass."""
+    llm, _ = engine_llm()
+    ids = tiny_tokenizer().encode("def add(a, b):")
+    for bad in ([llm.vocab_size, 5], [-1], [10**7]):
+        with pytest.raises(InvalidRequestError, match="prediction token ids"):
+            llm.engine.request(ids, SamplingParams(max_tokens=4), SpeculationConfig(method="prediction"), bad)
+    good = llm.engine.request(ids, SamplingParams(max_tokens=4), SpeculationConfig(method="prediction"), [5, 6])
+    assert llm.engine.run([good])[0].finish_reason == "length"
+
+
+def test_a_draft_model_with_fewer_sequence_ids_bounds_the_prefix_cache():
+    """Each cached entry keeps a draft sequence beside the target's: a draft backend with 4 ids
+    under a target with 12 used to run out of ids after a few finished requests."""
+    target = TransformersBackend(tiny_model("qwen2", 0), max_sequences=12)
+    draft = TransformersBackend(tiny_model("qwen2", 1), max_sequences=4)
+    limits = EngineLimits(max_num_seqs=2, max_num_batched_tokens=512, min_prefill_chunk=16)
+    llm = LLM.from_backends(target, tiny_tokenizer(), draft, name=MODEL, speculation="draft", limits=limits)
+    for i in range(10):  # unrelated prompts: each finished one becomes an entry
+        out = llm.generate(f"def f{i}(x{i}):\n    return x{i} * {i}", SamplingParams(max_tokens=6, temperature=0))
+        assert out.finish_reason == "length"
 
 
 def test_a_job_larger_than_queue_and_batch_runs_when_nothing_waits():

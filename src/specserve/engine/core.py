@@ -88,7 +88,10 @@ class EngineCore:
         limits = limits or EngineLimits()
         # One sequence stays spare for measuring prices while others run (a one-sequence
         # backend measures before its request starts instead).
-        seqs = min(limits.max_num_seqs, max(1, target.max_sequences - 1))
+        # A draft model keeps a sequence beside each of the target's (running or cached): the
+        # backend with fewer sequence ids bounds both.
+        ids = min(target.max_sequences, draft.max_sequences) if draft is not None else target.max_sequences
+        seqs = min(limits.max_num_seqs, max(1, ids - 1))
         self.limits = replace(limits, max_num_seqs=seqs)
         cache = self.limits.cache_tokens(target.max_context)
         if getattr(target, "cache_tokens", None):  # llama.cpp: cells allocated up front, a few kept spare
@@ -96,7 +99,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.limits, cache)
         # Prefix caching: sequence ids beyond the running requests' and the spare one hold
         # finished requests' prefixes (entries); running requests are shared in any case.
-        entries = max(0, target.max_sequences - 1 - self.limits.max_num_seqs)
+        entries = max(0, ids - 1 - self.limits.max_num_seqs)
         caching = self.limits.prefix_caching and hasattr(target, "copy_prefix")
         # entries leaving the cells are saved to host memory where the backend can copy them out
         budget = self.limits.host_cache_bytes
@@ -144,6 +147,12 @@ class EngineCore:
                 f"logit_bias names token {params.logit_bias[-1][0]}, but the model's token ids "
                 f"are in [0, {self.target.vocab_size})",
                 "logit_bias",
+            )
+        if isinstance(prediction, (list, tuple)) and any(
+            not isinstance(t, int) or not 0 <= t < self.target.vocab_size for t in prediction
+        ):  # one bad id would fail the whole pass, and every request in it, in the backend
+            raise InvalidRequestError(
+                f"prediction token ids must be integers in [0, {self.target.vocab_size})", "prediction"
             )
         req = Request(
             list(prompt_ids),
