@@ -39,6 +39,7 @@ class FakeServer:
         self.requests: list[dict] = []
         self.on_request = None  # called with each request body before the answer is sent
         self.refuse_continuing = False  # answer continue_final_message with a 400, as OpenAI does
+        self.error_mid_stream: str | None = None  # an SSE error event after the first piece, as a server stopping sends
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -90,6 +91,9 @@ class FakeServer:
         pieces = [answer[i : i + 7] for i in range(0, len(answer), 7)]
         for p in pieces:
             yield {**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+            if self.error_mid_stream:
+                yield {"error": {"message": self.error_mid_stream, "type": "server_error", "param": None, "code": None}}
+                return
         yield {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": self.finish}]}
         usage = {
             "prompt_tokens": 50,
@@ -445,6 +449,41 @@ def test_output_and_html(server, src, tmp_path):
     page = html.read_text()
     assert page.startswith("<!doctype html>") and "s-target" in page and "s-prediction" in page
     assert "accepted prediction tokens" in page
+
+
+def test_html_naming_a_file_the_edit_keeps_is_refused_before_asking(server, src, tmp_path):
+    """--html FILE used to write the report over the file being edited (no backup on a dry run)."""
+    for extra in (["--html", str(src)], ["--in-place", "--html", str(src) + ".bak"]):
+        assert edit_cli(server, src, *extra) == 2
+    out = tmp_path / "new.py"
+    assert edit_cli(server, src, "--output", str(out), "--html", str(out)) == 2
+    assert edit_cli(server, src, "--html", str(tmp_path / "no" / "such" / "r.html")) == 2  # before asking, too
+    assert src.read_text() == ORIGINAL and not out.exists() and not server.requests
+
+
+def test_a_markdown_file_that_opens_and_closes_with_a_code_block_keeps_its_fences(server, tmp_path):
+    """The answer is the file itself: its first and last lines are the file's fences, not a wrapper."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("```bash\nmake build\n```\n\nRun the build first.\n\n```python\nimport app\napp.run()\n```\n")
+    edited = doc.read_text().replace("Run the build first.", "Run the build first, then the tests.")
+    server.answer = edited
+    rc = main(
+        ["edit", str(doc), "-i", "say to run the tests after the build", "--base-url", server.base_url, "--in-place"]
+    )
+    assert rc == 0 and doc.read_text() == edited
+    server.answer = "```markdown\n" + edited + "```"  # wrapped: the wrapper goes
+    doc.write_text(edited.replace(", then the tests", ""))
+    assert main(["edit", str(doc), "-i", "say it", "--base-url", server.base_url, "--in-place"]) == 0
+    assert doc.read_text() == edited
+
+
+def test_an_error_event_mid_stream_is_one_line_and_writes_nothing(server, src, capsys):
+    """A server shutting down ends the stream with an error event: no traceback, exit 2."""
+    server.error_mid_stream = "the server is shutting down"
+    assert edit_cli(server, src, "--in-place") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "the server is shutting down" in err
+    assert src.read_text() == ORIGINAL
 
 
 def test_unreachable_server(src, capsys):

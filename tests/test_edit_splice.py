@@ -88,3 +88,23 @@ def test_the_edit_tools_verdict_splices_refuses_and_accepts_by_one_rule():
     assert text.spliced == [] and "far shorter" in text.failure
     broken = judge_answer(FILE, "def first(a):\n    return (\n", "change first", "python")
     assert broken.failure and broken.code == "def first(a):\n    return (\n"
+
+
+def test_simplify_or_clean_up_one_function_never_loses_the_others():
+    """An instruction to simplify `first` may shorten the file, so an answer holding only `first` passed the length
+    rule and was written as the whole file, losing `second`, `Third` and the main block. Only a
+    deletion ("delete", "remove", "keep only", ...) may lose definitions; otherwise the answer is
+    spliced into the file."""
+    from specserve.edit import judge_answer
+
+    short = "def first(a):\n    return a+1\n"
+    for instruction in ("simplify first", "clean up the first function", "reduce first to one line", "shorten first"):
+        verdict = judge_answer(FILE, short, instruction, "python")
+        assert verdict.failure is None and verdict.spliced == ["first"], instruction
+        assert verdict.code == FILE.replace("return a + 1", "return a+1"), instruction
+    without_second = FILE.replace("@decorator\ndef second(b):\n    return b * 2\n\n\n", "")
+    for instruction in ("delete second", "remove the function second", "drop second, it is unused"):
+        verdict = judge_answer(FILE, without_second, instruction, "python")
+        assert verdict.failure is None and verdict.code == without_second, instruction
+    refused = judge_answer(FILE, short, "simplify first", "javascript")  # no splice outside Python: refused
+    assert refused.failure and "no longer defines" in refused.failure

@@ -220,6 +220,11 @@ def run(args) -> int:
         check_writable(dest)
         if args.in_place:
             check_writable(backup_path(args.file))
+    if args.html:
+        kept = [args.file, backup_path(args.file)] + ([dest] if dest is not None else [])
+        if any(_same_file(args.html, p) or args.html.resolve() == p.resolve() for p in kept):
+            raise EditError(f"--html {args.html} names a file the edit keeps; give the report a path of its own")
+        check_writable(args.html)
     result, verdict = ask(args, original, DEFAULT_PROMPT)
     if verdict and verdict.failure and not args.no_retry and not args.force:
         for again, again_verdict in retries(args, original, result, verdict):

@@ -19,6 +19,12 @@ _REMOVAL = re.compile(
     r"|reduc|dedup|clean ?up|keep only|only keep|extract|split|move)",
     re.I,
 )
+# Of those, the words that ask to take whole definitions out. "Simplify greet" or "clean up greet"
+# may shorten the file, but an answer that loses the file's other functions is not that edit: it
+# is refused, or (Python) spliced into the file, so the functions are kept.
+_DELETION = re.compile(
+    r"\b(delet|remov|drop|cut|eliminat|get rid|prune|purge|keep only|only keep|to\s+(?:\S+\s+){0,2}only\b)", re.I
+)
 # A word of the instruction that names code is not a verb: "add type hints to the function split"
 # asks for no removal. Names: in backticks, called (`split(`), after a kind of name, or defined by the file.
 _NAMED_IN_TEXT = re.compile(
@@ -102,7 +108,8 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
       still in it when the rename is not narrowed to part of the file ("... in dedent"), or, in
       Python, still inside the function it is narrowed to (Python counts code, not comments);
     - a function or class of the file (for Python: top-level ones and their methods) that the
-      answer no longer defines, when the instruction asks for no removal and the name is not
+      answer no longer defines, when the instruction asks for no deletion (delete, remove, drop,
+      keep only, ...; "simplify" or "clean up" may shorten code, not lose it) and the name is not
       the one a rename replaces: the trace of an answer cut short, or of a name renamed unasked;
     - for Python (language "python"): the original compiles and the answer does not; or the answer
       reads a name that nothing in it binds and the original did not (names.py): the fault of
@@ -173,7 +180,7 @@ def _listed(names: list[str]) -> str:
 def _dropped_problem(original: str, answer: str, instruction: str, language: str) -> str | None:
     """The functions or classes of the file the answer lost, unless the instruction asks for a
     removal or a rewrite; the name a rename replaces does not count."""
-    if _REWRITE.search(instruction) or _asks_for_removal(instruction, original):
+    if _REWRITE.search(instruction) or _asks_for_removal(instruction, original, _DELETION):
         return None
     rename = RENAME.search(instruction)
     dropped = dropped_definitions(original, answer, language, rename and rename.group("old"))
@@ -237,16 +244,17 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
     return None
 
 
-def _asks_for_removal(instruction: str, original: str) -> bool:
-    """Whether the instruction asks to take code out (then a far shorter answer may be right).
-    Only its words that are not names count: a file's function called `split` or `remove` must
-    not let a short answer replace the whole file."""
+def _asks_for_removal(instruction: str, original: str, verbs: re.Pattern = _REMOVAL) -> bool:
+    """Whether the instruction asks to take code out (then a far shorter answer may be right);
+    verbs: _DELETION asks whether it takes whole definitions out. Only its words that are not
+    names count: a file's function called `split` or `remove` must not let a short answer
+    replace the whole file."""
     text = _NAMED_IN_TEXT.sub(" ", instruction)
-    for m in list(_REMOVAL.finditer(text)):
+    for m in list(verbs.finditer(text)):
         word = re.match(r"\w+", text[m.start() :]).group(0)
         if re.search(_DEFINES.format(re.escape(word)), original):
             text = text.replace(word, " ")
-    return bool(_REMOVAL.search(text))
+    return bool(verbs.search(text))
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,14 @@ class EditResult:
 
 
 def strip_fence(text: str, original: str = "") -> str:
-    """Remove a ``` fence around the whole answer; match the original's trailing newline."""
+    """Remove a ``` fence around the whole answer; match the original's trailing newline.
+
+    A file that itself opens with a fence (Markdown beginning with a code block) and an answer
+    that opens with the same line is the file, not a wrapped answer: nothing is stripped."""
     m = _FENCE.match(text)
-    code = m.group("body") if m else text
+    first = next((ln.strip() for ln in original.splitlines() if ln.strip()), "")
+    opens_like_file = first.startswith("```") and text.lstrip().split("\n", 1)[0].strip() == first
+    code = m.group("body") if m and not opens_like_file else text
     if original.endswith("\n") and not code.endswith("\n"):
         code += "\n"
     return code
@@ -125,6 +130,8 @@ def refactor_with_predicted_outputs(
         raise EditError(f"cannot reach the server at {client.base_url}: {e}") from e
     except openai.APIStatusError as e:
         raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
+    except openai.APIError as e:  # an error event in the stream: the server failed while answering
+        raise EditError(f"the server stopped answering: {e.message}; nothing written") from e
     result.code = strip_fence(result.raw, original_code)
     return result
 
