@@ -101,6 +101,7 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):
             (["--request-timeout", "-5"], "must be >= 0 seconds"),
             (["--request-timeout", "nan"], "must be >= 0 seconds"),
             (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
+            (["--port", "0", "--host-cache-dir", __file__], "is a file, not a folder"),
         ]:
             r = cli("serve", "--model", model_dir, "--dtype", "float32", *args)
             assert r.returncode == 2 and message in r.stderr, r.stderr

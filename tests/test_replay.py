@@ -169,6 +169,17 @@ def test_cli_replay(tokenizer, tmp_path, capsys):
     assert rc == 0 and "tokens per step" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("flags", [["--cost-ratio", "nan"], ["--cost-ratio", "inf"], ["--curve", "1:1,8:inf"]])
+def test_cli_replay_refuses_numbers_that_are_not_finite(tokenizer, tmp_path, capsys, flags):
+    """They used to print a `nanx` speedup and exit 0."""
+    (tmp_path / "before.py").write_text(BEFORE)
+    (tmp_path / "after.py").write_text(edited(BEFORE))
+    files = ["--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "after.py")]
+    assert main(["replay", *files, "--model", tokenizer.folder, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specserve: error:") and len(err.splitlines()) == 1
+
+
 def test_auto_is_priced_by_the_cost_ratio_not_by_timing_the_oracle(tokenizer):
     """`auto` needs prices; replay gives it the linear model of the cost ratio. Timing the oracle
     instead (its cost grows with every row it fills) cut its drafts short."""

@@ -3,6 +3,7 @@ CLI can show them in `--help` without importing torch and the engine."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ def parse_curve(text: str) -> CostModel:
         points = sorted((int(n), float(c)) for n, c in (p.split(":") for p in text.split(",") if p.strip()))
     except ValueError:
         raise ValueError(f"a cost curve is 'tokens:cost,...' such as 1:1,8:6.6,128:44.9; got {text!r}") from None
+    if not all(math.isfinite(c) for _, c in points):
+        raise ValueError(f"a cost curve's costs are finite numbers; got {text!r}")
     if len(points) < 2 or points[0] != (1, 1.0) or any(c1 < c0 for (_, c0), (_, c1) in zip(points, points[1:])):
         raise ValueError("a cost curve starts at 1:1, has at least two points and never gets cheaper")
     return CostModel(tuple(points))

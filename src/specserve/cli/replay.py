@@ -8,6 +8,7 @@ specserve replay --bench bench-out/bench.json   (each prediction run of a bench,
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -78,8 +79,10 @@ def load_tokenizer(spec: str | None):
 
 def cost_ratio_for(args) -> float:
     if args.cost_ratio is not None:
-        if args.cost_ratio < 1.0:
-            raise ValueError("--cost-ratio must be at least 1 (verifying 8 tokens cannot be cheaper than 1)")
+        if not math.isfinite(args.cost_ratio) or args.cost_ratio < 1.0:
+            raise ValueError(
+                "--cost-ratio must be a number of at least 1 (verifying 8 tokens cannot be cheaper than 1)"
+            )
         return args.cost_ratio
     if args.measure_cost:
         from ..backends import SequenceRunner

@@ -12,6 +12,7 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
@@ -125,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         return serve_ray.run(args)
     check_address(args.host, args.port)
+    if (
+        args.host_cache_dir
+        and Path(args.host_cache_dir).expanduser().exists()
+        and not Path(args.host_cache_dir).expanduser().is_dir()
+    ):
+        raise ValueError(f"--host-cache-dir {args.host_cache_dir} is a file, not a folder")
     from ..config import SpeculationConfig
     from ..llm import LLM
     from ..server.app import ServerOptions, serve
