@@ -416,32 +416,33 @@ def _open_stream(srv: ServerProcess, events: list, opened: threading.Event) -> N
         events.append("cut")
 
 
-def _stream_during_interrupts(srv: ServerProcess, interrupts: int) -> tuple[list, int, float]:
-    """Send SIGINT `interrupts` times while a stream runs: (its events, the exit code, seconds to exit)."""
-    events: list = []
-    opened = threading.Event()
-    reader = threading.Thread(target=_open_stream, args=(srv, events, opened), daemon=True)
-    reader.start()
-    assert opened.wait(WAIT_S), srv.log_tail()
-    t = time.monotonic()
-    for _ in range(interrupts):
-        srv.proc.send_signal(2)  # SIGINT, as Ctrl+C sends
-        time.sleep(0.3)
-    code = srv.proc.wait(60)
-    reader.join(WAIT_S)
-    return events, code, time.monotonic() - t
+def _stream_during_interrupts(tmp_path, interrupts: int) -> tuple[list, int, float, str]:
+    """On a fresh server, send SIGINT `interrupts` times while a stream runs: (its events, the
+    exit code, seconds to exit, the server's log)."""
+    srv = long_server(tmp_path)
+    try:
+        events: list = []
+        opened = threading.Event()
+        reader = threading.Thread(target=_open_stream, args=(srv, events, opened), daemon=True)
+        reader.start()
+        assert opened.wait(WAIT_S), srv.log_tail()
+        t = time.monotonic()
+        for _ in range(interrupts):
+            srv.proc.send_signal(2)  # SIGINT, as Ctrl+C sends
+            time.sleep(0.3)
+        code = srv.proc.wait(60)
+        took = time.monotonic() - t
+        reader.join(WAIT_S)
+        return events, code, took, srv.log_tail(100_000)
+    finally:
+        srv.stop()
 
 
 def test_ctrl_c_ends_running_streams_with_an_error_event_and_no_traceback(tmp_path):
     """The first Ctrl+C lets running requests go on for the drain grace, then ends them as a
     503: a stream gets an `unavailable` error event and [DONE], not a cut connection; the
     process exits 130 and logs no traceback (uvicorn alone cancelled the stream's task)."""
-    srv = long_server(tmp_path)
-    try:
-        events, code, took = _stream_during_interrupts(srv, 1)
-        log = srv.log_tail(100_000)
-    finally:
-        srv.stop()
+    events, code, took, log = _stream_during_interrupts(tmp_path, 1)
     assert code == 130, log
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "unavailable", events[-3:]
     assert "shutting down" in events[-2]["error"]["message"]
@@ -451,12 +452,7 @@ def test_ctrl_c_ends_running_streams_with_an_error_event_and_no_traceback(tmp_pa
 
 
 def test_a_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
-    srv = long_server(tmp_path)
-    try:
-        events, code, took = _stream_during_interrupts(srv, 2)
-        log = srv.log_tail(100_000)
-    finally:
-        srv.stop()
+    events, code, took, log = _stream_during_interrupts(tmp_path, 2)
     assert code == 130 and took < DRAIN_GRACE_S, (code, took, log)
     assert events[-1] == "cut"  # forced: no time to answer
     assert "Traceback" not in log and "interrupted again, exiting now" in log, log
