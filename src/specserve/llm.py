@@ -15,6 +15,7 @@ from .chat import template_messages, template_supports_tools
 from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig, loads_draft_model
 from .engine import Engine, Generation
 from .engine.constrain import CompiledGuide, GrammarSpec, PendingGuide, factory_for
+from .engine.core import check_token_ids
 from .engine.stats import RequestOutput
 from .engine.tokenizer import per_thread
 from .errors import InvalidRequestError, ModelLoadError
@@ -217,8 +218,7 @@ class LLM:
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
-            if any(not 0 <= t < self.vocab_size for t in ids):
-                raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
+            check_token_ids(ids, self.vocab_size, "prompt")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         return ids

@@ -126,11 +126,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         return serve_ray.run(args)
     check_address(args.host, args.port)
-    if (
-        args.host_cache_dir
-        and Path(args.host_cache_dir).expanduser().exists()
-        and not Path(args.host_cache_dir).expanduser().is_dir()
-    ):
+    folder = Path(args.host_cache_dir).expanduser() if args.host_cache_dir else None
+    if folder is not None and folder.exists() and not folder.is_dir():
         raise ValueError(f"--host-cache-dir {args.host_cache_dir} is a file, not a folder")
     from ..config import SpeculationConfig
     from ..llm import LLM

@@ -148,16 +148,19 @@ def _allows_any(bitmask: torch.Tensor, vocab_size: int, banned: torch.Tensor | N
     return bool(bits.any())
 
 
+def _next_allows_any(matcher, vocab_size: int, banned: torch.Tensor | None) -> bool:
+    """Whether the matcher's next token may be any token at all (one below vocab_size, not banned)."""
+    row = xgrammar().allocate_token_bitmask(1, vocab_size)  # [1, W]
+    matcher.fill_next_token_bitmask(row, 0)
+    return _allows_any(row[0], vocab_size, banned)
+
+
 def _check_satisfiable(spec: GrammarSpec, compiled, vocab_size: int, banned: torch.Tensor | None) -> None:
     """Refuse a grammar that allows no first token (no text satisfies it: `root ::= root`, a
     regex like `[^\\s\\S]`). Without this the request ran, sampled from an all-masked row and
     failed in the engine with a 500."""
     matcher = xgrammar().GrammarMatcher(compiled)
-    if matcher.is_terminated():
-        return
-    row = xgrammar().allocate_token_bitmask(1, vocab_size)  # [1, W]
-    matcher.fill_next_token_bitmask(row, 0)
-    if not _allows_any(row[0], vocab_size, banned):
+    if not matcher.is_terminated() and not _next_allows_any(matcher, vocab_size, banned):
         raise ConstraintError(f"no text satisfies the {spec.kind} constraint: it allows no first token", spec.param)
 
 
@@ -524,9 +527,7 @@ class Constraint:
             if self.matcher.is_terminated():
                 return
             if not self.matcher.accept_token(tok):
-                row = xgrammar().allocate_token_bitmask(1, self.vocab_size)  # [1, W]
-                self.matcher.fill_next_token_bitmask(row, 0)
-                if not _allows_any(row[0], self.vocab_size, self.banned):
+                if not _next_allows_any(self.matcher, self.vocab_size, self.banned):
                     raise GrammarDeadEnd(
                         "the structured-output constraint allows no token after the text so far: no text "
                         "satisfies it from there"

@@ -41,6 +41,13 @@ from .tokenizer import warm
 log = logging.getLogger("specserve.engine")
 
 
+def check_token_ids(ids, vocab_size: int, what: str) -> None:
+    """Refuse token ids the model does not have before a request is queued: in a step, one bad id
+    fails the backend's whole pass, and every request in it."""
+    if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
+        raise InvalidRequestError(f"{what} token ids must be integers in [0, {vocab_size})", what)
+
+
 class EngineFault(RuntimeError):
     """An exception raised inside a step (a backend, a proposer, a grammar, a bug in the engine):
     the requests of that step fail with it. Requests are validated before they are queued, so
@@ -148,12 +155,8 @@ class EngineCore:
                 f"are in [0, {self.target.vocab_size})",
                 "logit_bias",
             )
-        if isinstance(prediction, (list, tuple)) and any(
-            not isinstance(t, int) or not 0 <= t < self.target.vocab_size for t in prediction
-        ):  # one bad id would fail the whole pass, and every request in it, in the backend
-            raise InvalidRequestError(
-                f"prediction token ids must be integers in [0, {self.target.vocab_size})", "prediction"
-            )
+        if isinstance(prediction, (list, tuple)):
+            check_token_ids(prediction, self.target.vocab_size, "prediction")
         req = Request(
             list(prompt_ids),
             params,

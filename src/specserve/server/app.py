@@ -210,8 +210,7 @@ class Server:
             self.cancel(job, "shutdown")
 
     def stop(self) -> None:
-        for job in list(self.jobs):
-            job.cancel("shutdown")
+        self._end_running()
         self.engine.stop()
         self.prep.shutdown(wait=False, cancel_futures=True)
 
