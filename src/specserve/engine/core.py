@@ -52,7 +52,9 @@ class EngineFault(RuntimeError):
     """An exception raised inside a step (a backend, a proposer, a grammar, a bug in the engine):
     the requests of that step fail with it. Requests are validated before they are queued, so
     nothing raised in a step is the caller's fault, whatever its type (a backend's ValueError
-    included): the server answers 500. The original exception is `__cause__`."""
+    included): the server answers 500. The one exception is a grammar that dead-ends mid-answer
+    (constrain.GrammarDeadEnd), the caller's grammar at fault: it is not wrapped, and is a 400.
+    The original exception is `__cause__`."""
 
     def __init__(self, error: BaseException, message: str | None = None):
         super().__init__(message or f"the engine failed: {type(error).__name__}: {error}")
