@@ -358,6 +358,22 @@ def test_crlf_line_ends_and_a_bom_are_kept(server, tmp_path):
     assert out.read_bytes() == path.read_bytes()
 
 
+@pytest.mark.parametrize("ends", [("\r\n",) * 5 + ("\n",), ("\n", "\r\n", "\n", "\n", "\r\n", "\n")])
+def test_a_file_that_mixes_line_ends_keeps_each_kept_line_s_own(server, tmp_path, ends):
+    """CRLF lines with an LF last line (a Windows file appended to by another tool), or a few CRLF
+    lines in an LF file: only the edited line may change its end, to the file's most common one,
+    so the user's diff is the edit and not every line."""
+    lines = ORIGINAL.split("\n")[:-1]
+    path = tmp_path / "greet.py"
+    path.write_bytes("".join(line + end for line, end in zip(lines, ends)).encode())
+    assert edit_cli(server, path, "--in-place") == 0
+    assert "\r" not in server.requests[0]["prediction"]["content"]
+    majority = max(set(ends), key=ends.count)
+    new_ends = (majority,) + ends[1:]  # the first line is the edited one
+    expected = "".join(line + end for line, end in zip(EDITED.split("\n")[:-1], new_ends))
+    assert path.read_bytes() == expected.encode()
+
+
 @pytest.mark.parametrize("how", ["--in-place", "--output FILE", "--output ./FILE"])
 def test_a_file_changed_while_the_model_answers_is_not_overwritten(server, src, capsys, how):
     """Minutes pass while a CPU model answers: what the user saved meanwhile must survive, also

@@ -3,13 +3,16 @@ without losing anything the user had.
 
 A file is read as UTF-8 (a byte-order mark and CRLF line ends are set aside, so the model sees
 plain '\n' text) and written back the way it was: through a symlink to the file it points to,
-with its permission bits, BOM and line ends, atomically (a temporary file renamed over it), and
-only if nobody changed it while the model was answering (an edit of several minutes on a CPU
-must not overwrite what the user saved meanwhile).
+with its permission bits, BOM and line ends (each line the edit kept keeps its own, so a file
+that mixes CRLF and LF keeps its mix; a new line takes the file's most common one),
+atomically (a temporary file renamed over it), and only if nobody changed it while the model
+was answering (an edit of several minutes on a CPU must not overwrite what the user saved
+meanwhile).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 from dataclasses import dataclass
@@ -58,14 +61,33 @@ class SourceFile:
     path: Path  # as the user named it (maybe a symlink)
     text: str  # what the model sees: '\n' line ends, no byte-order mark
     raw: bytes  # the bytes read: a write in place first checks the file still holds them
-    crlf: bool  # every line ended in '\r\n'
+    ends: tuple[str, ...]  # each '\n' of .text as the file wrote it: '\n' or '\r\n'
     bom: bool  # it began with a UTF-8 byte-order mark
+
+    @property
+    def crlf(self) -> bool:
+        """Most of its lines end in '\r\n' (a new line written into it does too)."""
+        return 2 * self.ends.count("\r\n") > len(self.ends)
 
     def encode(self, text: str) -> bytes:
         """`text` (an edited version of .text) with this file's BOM and line ends."""
-        if self.crlf:
-            text = text.replace("\r\n", "\n").replace("\n", "\r\n")
+        if "\r\n" in self.ends:
+            text = _restore_ends(self.text, self.ends, text.replace("\r\n", "\n"), "\r\n" if self.crlf else "\n")
         return ((_BOM if self.bom else "") + text).encode("utf-8")
+
+
+def _restore_ends(old: str, ends: tuple[str, ...], new: str, default: str) -> str:
+    """`new` with each line break that follows a line kept from `old` written as `ends` had it,
+    and every other break as `default`."""
+    old_lines, new_lines = old.split("\n"), new.split("\n")
+    chosen = [default] * (len(new_lines) - 1)
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            i, j = block.a + k, block.b + k
+            if i < len(ends) and j < len(chosen):
+                chosen[j] = ends[i]
+    return "".join(line + end for line, end in zip(new_lines, chosen)) + new_lines[-1]
 
 
 def read_source(path: Path) -> SourceFile:
@@ -77,9 +99,8 @@ def read_source(path: Path) -> SourceFile:
         raise EditError(f"{path} is not UTF-8 text (byte {e.start}); specserve edit reads and writes UTF-8") from None
     bom = text.startswith(_BOM)
     text = text.removeprefix(_BOM)
-    breaks = text.count("\n")
-    crlf = breaks > 0 and text.count("\r\n") == breaks
-    return SourceFile(path, text.replace("\r\n", "\n") if crlf else text, raw, crlf, bom)
+    ends = tuple("\r\n" if line.endswith("\r") else "\n" for line in text.split("\n")[:-1])
+    return SourceFile(path, text.replace("\r\n", "\n"), raw, ends, bom)
 
 
 def check_writable(path: Path) -> None:
