@@ -108,7 +108,7 @@ def test_bad_concurrency_is_one_line(tiny_target, tmp_path, capsys, value):
     "flags, message",
     [
         (["--modes", "ngram,auto"], "runs modes plain, prediction"),
-        (["--load-max-tokens", "0"], "--load-max-tokens must be at least 1"),
+        (["--load-max-tokens", "0"], "argument --load-max-tokens: must be >= 1"),
         (["--max-num-seqs", "1", "--max-num-batched-tokens", "3"], "--max-num-batched-tokens must exceed 4"),
         (["--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
     ],

@@ -122,3 +122,29 @@ def test_more_threads_than_cores_is_warned_about(capsys):
     load_options(argparse.Namespace(threads=cores, **fields))
     load_options(argparse.Namespace(threads=None, **fields))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "--max-tokens", "0"], "argument --max-tokens: must be >= 1"),
+        (["bench", "--max-prompt-tokens", "0"], "argument --max-prompt-tokens: must be >= 1"),
+        (["bench", "--plain-max-tokens", "-1"], "argument --plain-max-tokens: must be >= 1"),
+        (["bench", "--modes", ""], "--modes names no mode"),
+        (["bench", "--scenarios", " , "], "--scenarios names no scenario"),
+        (["bench", "--peers", ""], "--peers names no peer"),
+        (["bench", "--modes", "none", "--peers", "none"], "nothing to run"),
+        (["bench", "--out", __file__], "is a file, not a folder"),
+        (["bench", "--html", "/nonexistent/folder/report.html"], "the folder /nonexistent/folder does not exist"),
+        (["edit", __file__, "-i", "x", "--max-tokens", "0"], "argument --max-tokens: must be >= 1"),
+    ],
+)
+def test_a_zero_an_empty_list_or_a_bad_output_is_refused_before_any_run(model_dir, capsys, args, message):
+    """0 used to mean "the default" (256 tokens, the whole context), `--modes ""` ran only the peers
+    and exited 0, and an --out that is a file failed after every run had finished."""
+    from specserve.cli.main import main
+
+    flags = ["--model", model_dir, "--dtype", "float32", "--draft-model", "none"] if args[0] == "bench" else []
+    assert main([*args, *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "specserve" in err and "loaded" not in err

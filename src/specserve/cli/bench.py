@@ -26,6 +26,7 @@ from ..bench.runner import (
     run_bench,
     write_results,
 )
+from .argtypes import positive_int
 from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
 
 QUICK_MODEL = "smollm2-135m-instruct"
@@ -45,15 +46,29 @@ DEMO = {
 }
 
 
-def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = "") -> tuple[str, ...] | None:
+def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = "scenario") -> tuple[str, ...] | None:
+    """A comma-separated option's names (None when the option was not given); 'none' names
+    nothing on purpose, but a value with no name at all is a mistake, not "the default"."""
     if value is None:
         return None
-    items = tuple(v.strip() for v in value.split(",") if v.strip() and v.strip() != "none")
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not names:
+        raise ValueError(f"--{what}s names no {what}" + ("; write 'none' for none" if what != "scenario" else ""))
+    items = names if what == "scenario" else tuple(v for v in names if v != "none")
     if allowed is not None:
         bad = [v for v in items if v not in allowed]
         if bad:
             raise ValueError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(allowed)}")
     return items
+
+
+def check_outputs(args) -> None:
+    """Refuse an --out that is a file, or an --html whose folder is missing, before the runs
+    (minutes on a CPU), not when their results are written."""
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a folder")
+    if args.html is not None and not args.html.expanduser().resolve().parent.is_dir():
+        raise ValueError(f"--html {args.html}: the folder {args.html.parent} does not exist")
 
 
 def add_parser(subparsers) -> None:
@@ -77,17 +92,19 @@ def add_parser(subparsers) -> None:
         "on the default packs, plain vs prediction vs auto",
     )
     add_model_args(p)
-    p.add_argument("--max-tokens", type=int, default=None, help="output cap per run (default 256; 32 with --quick)")
+    p.add_argument(
+        "--max-tokens", type=positive_int, default=None, help="output cap per run (default 256; 32 with --quick)"
+    )
     p.add_argument(
         "--plain-max-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="cap for the slow reference runs (plain, hf): their rate is measured on that many tokens "
         "and the other runs are checked against that prefix (default: --max-tokens)",
     )
     p.add_argument(
         "--max-prompt-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="cut each file at a line boundary so the prompt stays under this many tokens "
         f"(default: the model's context; {QUICK_PROMPT_TOKENS} with --quick)",
@@ -128,7 +145,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--load-max-tokens",
-        type=int,
+        type=positive_int,
         default=128,
         metavar="N",
         help="output tokens per load-benchmark request, EOS ignored (default 128)",
@@ -164,8 +181,6 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
     options = load_options(args, "float32" if quick else "bfloat16")
     llm_kwargs = {"model": model, "draft_model": draft, "options": options}
     max_tokens = args.max_tokens or (32 if quick else 256)
-    if max_tokens < 1:
-        raise ValueError("--max-tokens must be at least 1")
     scenarios = _csv(args.scenarios) or ((QUICK_SCENARIO,) if quick else None)
     load_scenarios(scenarios)  # an unknown name: one line now, not after the model loads
     opts = BenchOptions(
@@ -177,6 +192,8 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
         max_prompt_tokens=args.max_prompt_tokens or (QUICK_PROMPT_TOKENS if quick else None),
         plain_max_tokens=args.plain_max_tokens,
     )
+    if not opts.modes and opts.peers == ():
+        raise ValueError("nothing to run: --modes and --peers both name none")
     return llm_kwargs, opts
 
 
@@ -190,6 +207,7 @@ def exact(env: dict) -> bool:
 
 def run(args) -> int:
     check_model_paths(args)
+    check_outputs(args)
     if args.session is not None:
         return run_session(args)
     if args.concurrency is not None:
@@ -240,8 +258,6 @@ def run_load(args) -> int:
     concurrency = bench_load.parse_concurrency(args.concurrency)  # bad values: one line, before any load
     vias = bench_load.parse_vias(args.load_via)
     require("matplotlib", *(("httpx",) if "server" in vias else ()))
-    if args.load_max_tokens < 1:
-        raise ValueError("--load-max-tokens must be at least 1")
     llm_kwargs, opts = resolve_options(args)
     modes = bench_load.load_modes(opts.modes, note=args.modes != _parser_defaults()["modes"])
     if args.html:

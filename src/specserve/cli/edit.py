@@ -42,6 +42,7 @@ from ..edit import (
     write_atomic,
     write_in_place,
 )
+from .argtypes import positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -80,7 +81,7 @@ def add_parser(subparsers) -> None:
         help=f"do not ask again when the answer cannot be the updated file (by default: with the {RETRY_PROMPT!r} "
         "prompt, then telling the model what is wrong with its answer)",
     )
-    p.add_argument("--max-tokens", type=int, default=None, help="cap on the answer's length")
+    p.add_argument("--max-tokens", type=positive_int, default=None, help="cap on the answer's length")
     p.add_argument("--html", type=Path, help="also write an HTML report of the edit (lines kept vs changed)")
     p.set_defaults(func=run)
 

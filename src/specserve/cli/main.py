@@ -17,8 +17,15 @@ from ..errors import SpecServeError
 SUBCOMMANDS = ("generate", "models", "serve", "bench", "edit", "replay")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: bench's usage alone is 20 lines, which buried the message."""
+
+    def error(self, message: str):
+        self.exit(2, f"specserve: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specserve",
         description="Lossless speculative decoding: Predicted Outputs, n-gram and draft-model drafting.",
     )
@@ -29,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a bad flag (already printed): its exit code
+        return e.code if isinstance(e.code, int) else 2
     try:
         return int(args.func(args) or 0)
     except SpecServeError as e:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
+from .argtypes import non_negative_int, non_negative_seconds, positive_int
 from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
 
 
@@ -46,20 +47,20 @@ def add_parser(subparsers) -> None:
     add_engine_args(p)
     p.add_argument(
         "--max-queue",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=16,
         help="requests allowed to wait for a place in the running batch; beyond that 429 (default 16)",
     )
     p.add_argument(
         "--request-timeout",
-        type=_non_negative_seconds,
+        type=non_negative_seconds,
         default=600.0,
         metavar="SECONDS",
         help="per-request deadline from arrival, queue wait included; 0 = none (default 600)",
     )
     p.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="BYTES",
         help="refuse request bodies larger than this with 413 (default: 2 x 64 B x context + 1 MiB)",
@@ -97,27 +98,6 @@ def check_address(host: str, port: int) -> None:
             sock.bind(addr)
     except OSError as e:  # socket.gaierror included
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-
-
-def _non_negative_seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError("must be >= 0 seconds (0: no deadline)")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
