@@ -84,6 +84,20 @@ def test_segments_rebuild_the_text(output):
     assert [s for _, s in pieces] == output.token_sources
 
 
+def test_a_stop_string_is_not_shown():
+    """The stop string's tokens are generated but its text is not returned: the report shows the
+    text the user got, not the stop string after it."""
+    from specserve.llm import LLM
+
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer())
+    prompt = tiny_tokenizer().encode("Repeat: " + PREDICTION)
+    full = llm.generate(prompt, SamplingParams(max_tokens=40), prediction=PREDICTION, speculation="none")
+    stop = full.text[10:14]
+    out = llm.generate(prompt, SamplingParams(max_tokens=40, stop=(stop,)), prediction=PREDICTION)
+    assert out.finish_reason == "stop" and not out.text.endswith(stop) and stop not in out.text
+    assert "".join(t for t, _ in token_segments(tiny_tokenizer(), out)) == out.text
+
+
 def test_page_structure(output):
     page = render_html(tiny_tokenizer(), output, "tiny <report>")
     assert page.startswith("<!doctype html>") and "<title>tiny &lt;report&gt;</title>" in page

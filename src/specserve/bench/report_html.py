@@ -64,7 +64,8 @@ def token_segments(tokenizer, output: RequestOutput) -> list[tuple[str, str]]:
     """(text, source) per output token, decoded incrementally exactly as the engine streams it.
 
     A token that completes no character (part of a multi-byte character) gets "" and its text
-    appears with the token that completes it.
+    appears with the token that completes it. The pieces join to `output.text`: a matched stop
+    string is generated but not returned, so its tokens show nothing either.
     """
     detok = IncrementalDetokenizer(tokenizer, output.prompt_token_ids)
     sources = output.token_sources or ["target"] * len(output.token_ids)
@@ -72,6 +73,10 @@ def token_segments(tokenizer, output: RequestOutput) -> list[tuple[str, str]]:
     if pieces:
         text, src = pieces[-1]
         pieces[-1] = (text + detok.flush(), src)
+    left = len(output.text)
+    for i, (text, src) in enumerate(pieces):
+        pieces[i] = (text[:left], src)
+        left -= len(pieces[i][0])
     return pieces
 
 
