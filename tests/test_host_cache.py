@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -33,7 +36,7 @@ from specserve.config import EngineLimits
 from specserve.engine.client import EngineWorker
 from specserve.engine.governor import CostModel
 from specserve.engine.host_cache import GIB, HostCache, Saved, default_budget
-from specserve.engine.host_store import HostStore
+from specserve.engine.host_store import MAGIC, FolderInUse, HostStore
 from specserve.engine.prefix_cache import BLOCK, ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS
 from specserve.llm import LLM
 
@@ -330,6 +333,66 @@ def test_the_store_reads_back_what_it_wrote_newest_first_within_the_budget(tmp_p
     damaged.write_bytes(damaged.read_bytes()[:-7])
     assert len(store.load(budget=10**9)) == 1
     assert HostStore(tmp_path, "another key").load(budget=10**9) == []
+
+
+def test_damaged_bytes_are_never_restored_and_are_written_afresh(tmp_path):
+    """A file whose size and header are intact but whose bytes are not (a disk or copy fault)
+    used to be restored as cells: a restarted server answered "" where a fresh one answered.
+    Its checksum now fails, it is skipped, and saving the entry again rewrites it (before, a
+    file of that name was kept as it was, so every restart read the damage again)."""
+    store = HostStore(tmp_path, "key")
+    entry = stored(0, 50, draft=True)
+    store.save([entry])
+    (path,) = store.folder.glob("*.kv")
+    data = bytearray(path.read_bytes())
+    data[-300:-200] = b"\x7f" * 100  # inside the draft's bytes: the size stays
+    path.write_bytes(bytes(data))
+    reader = HostStore(tmp_path, "key")
+    assert reader.load(budget=10**9) == []
+    reader.save([entry])
+    (back,) = HostStore(tmp_path, "key").load(budget=10**9)
+    assert bytes(back.copy.data) == bytes(entry.copy.data) and bytes(back.draft[0].data) == bytes(entry.draft[0].data)
+    # a file of the first format has no checksum: not trusted
+    header = {"tokens": entry.tokens, "length": 50, "size": entry.copy.size}
+    path.write_bytes(b"specserve-kv 1\n" + json.dumps(header).encode() + b"\n" + bytes(entry.copy.data))
+    assert MAGIC != b"specserve-kv 1\n" and HostStore(tmp_path, "key").load(budget=10**9) == []
+
+
+HOLD = """
+import sys, time
+from specserve.engine.host_store import HostStore
+HostStore(sys.argv[1], sys.argv[2])
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_folder_another_process_holds_is_left_to_it(tmp_path):
+    """Each save makes the folder hold exactly the saver's entries: two servers on one folder
+    deleted each other's. The second now finds the folder held, says by whom, and keeps its
+    prefix cache in memory; the folder is free again once the holder stops."""
+    gguf = write_tiny_gguf(tmp_path / "t.gguf", 0)
+
+    def start() -> LLM:
+        limits = dataclasses.replace(LIMITS, host_cache_dir=str(tmp_path / "kv"))
+        target = LlamaCppBackend(gguf, max_sequences=limits.max_num_seqs + 1, batch_invariant=True, prefix_sequences=4)
+        return LLM.from_backends(target, tiny_tokenizer(), name="tiny", limits=limits)
+
+    llm = start()
+    folder = llm.engine.core.host_store.folder
+    llm.engine.core.host_store.close()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder.parent), folder.name], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        with pytest.raises(FolderInUse, match=f"in use by another process \\(pid {holder.pid}\\)"):
+            HostStore(folder.parent, folder.name)
+        core = start().engine.core
+        assert core.host_store is None and core.host is not None
+        assert f"pid {holder.pid}" in core.host_store_refused and "in memory only" in core.host_store_refused
+    finally:
+        holder.kill()
+        holder.wait()
+    HostStore(folder.parent, folder.name).close()
 
 
 def test_a_restarted_engine_serves_the_next_turn_from_disk(tmp_path):

@@ -134,14 +134,10 @@ def run(args: argparse.Namespace) -> int:
             "the host tier is written there every 30 s while it changes and when the server stops",
             file=sys.stderr,
         )
-    elif args.host_cache_dir:
+    elif args.host_cache_dir and core.host is None:  # otherwise the engine has said why (host_store_refused)
         print(
-            "prefix cache: --host-cache-dir ignored: "
-            + (
-                "the model was not loaded from files that identify it"
-                if core.host is not None
-                else f"there is no host tier (--no-prefix-cache, or {llm.backend_name} cannot copy a cache out)"
-            ),
+            "prefix cache: --host-cache-dir ignored: there is no host tier "
+            f"(--no-prefix-cache, or {llm.backend_name} cannot copy a cache out)",
             file=sys.stderr,
         )
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)

@@ -117,6 +117,8 @@ class EngineWorker:
             self._saver.join()  # one writer at a time: the last write below is the whole tier
         self.core.abort_all()
         self._save_host_cache()
+        if self.core.host_store is not None:
+            self.core.host_store.close()
 
     def _save_loop(self) -> None:
         """Write the host tier to its folder while it changes. The entries are copied under the

@@ -31,7 +31,7 @@ from .constrain import GrammarDeadEnd
 from .draft_prefix import DraftPrefixes
 from .governor import ContextCost, CostModel, Governor, measure_context_cost
 from .host_cache import HostCache, default_budget
-from .host_store import HostStore, store_key
+from .host_store import FolderInUse, HostStore, store_key
 from .prefix_cache import ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS, Hit, Owner, PrefixCache, common_prefix
 from .prices import measured
 from .request import DECODE, FINISHED, PREFILL, Request
@@ -116,14 +116,9 @@ class EngineCore:
         saves = caching and budget > 0 and hasattr(target, "save_sequence")
         self.host = HostCache(budget) if saves else None
         self.host_store = None  # the host tier's folder on disk, where one is given
+        self.host_store_refused: str | None = None  # why a folder that was given is not used
         if self.host is not None and self.limits.host_cache_dir:
-            key = store_key(target, draft)
-            if key is None:
-                log.warning("host cache folder ignored: the model was not loaded from files that identify it")
-            else:
-                self.host_store = HostStore(self.limits.host_cache_dir, key)
-                for e in self.host_store.load(budget):
-                    self.host.put(e.tokens, e.copy, e.draft)
+            self._open_host_store(target, draft, budget)
         # on llama.cpp's unified cache every pass attends over every held cell: entries pay rent
         rent = None
         if getattr(target, "attends_every_cell", False):
@@ -144,6 +139,23 @@ class EngineCore:
         self.on_step = None  # optional callback(StepInfo), e.g. the server's metrics
         self._copies: bool | None = None  # whether copying cells out pays here (_price_copies)
         self._price_copies()
+
+    def _open_host_store(self, target, draft, budget: int) -> None:
+        """Read the host tier back from its folder, unless the models cannot be identified or
+        another process holds the folder (its saves would delete ours: memory only, said why)."""
+        key = store_key(target, draft)
+        if key is None:
+            self.host_store_refused = "the model was not loaded from files that identify it"
+        else:
+            try:
+                self.host_store = HostStore(self.limits.host_cache_dir, key)
+            except FolderInUse as e:
+                self.host_store_refused = f"{e}; this one keeps its prefix cache in memory only"
+        if self.host_store is None:
+            log.warning("host cache folder ignored: %s", self.host_store_refused)
+            return
+        for e in self.host_store.load(budget):
+            self.host.put(e.tokens, e.copy, e.draft)
 
     # -- requests in ------------------------------------------------------------------------------
     def make_request(

@@ -12,21 +12,31 @@ it starts, newest first, up to the tier's budget.
                                  kernel switches, the cache's cell size (f16 or q8_0); on
                                  transformers the weight files, dtype and device. Another
                                  model or `--exact` reads a folder of its own and never another's
-    one file per entry           a header line (tokens, sizes) and the backend's own bytes: the
-                                 target's, then the draft model's; written whole to a temporary
-                                 name and renamed, so a crash leaves the old file or the new one
+    one file per entry           a header line (tokens, sizes, the bytes' sha256) and the
+                                 backend's own bytes: the target's, then the draft model's;
+                                 written whole to a temporary name and renamed, so a crash leaves
+                                 the old file or the new one
     index.json                   the entries' files, least recently used first
+    .lock                        held (flock) by the one process that uses the folder
 
-A file that cannot be read (truncated, another format) is skipped with a warning; llama.cpp also
-checks each copy when it restores it, and a copy it refuses is prefilled instead.
+A file that cannot be read (truncated, another format, bytes that do not match their sha256: a
+disk fault restored as cells gives wrong answers, not an error) is skipped with a warning, and
+written afresh if its entry is saved again. llama.cpp also checks each copy's layout when it
+restores it, and a copy it refuses is prefilled instead.
+
+One process owns a folder: each save makes the folder hold exactly its own entries, so a second
+server on the same folder would delete the first's. The second finds the lock taken, says so,
+and keeps its host tier in memory only (FolderInUse).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 
 from ..backends.base import SavedSequence
@@ -35,7 +45,7 @@ from .prices import backend_key
 
 log = logging.getLogger("specserve.host_store")
 
-MAGIC = b"specserve-kv 1\n"
+MAGIC = b"specserve-kv 2\n"  # 1: no checksum, not trusted
 INDEX = "index.json"
 
 
@@ -69,18 +79,77 @@ def _file_name(tokens: list[int]) -> str:
 
 
 def _write_atomic(path: Path, chunks: list) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        for chunk in chunks:
-            f.write(chunk)
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _digest(chunks) -> str:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
+    return h.hexdigest()
+
+
+class FolderInUse(OSError):
+    """Another process holds this model set-up's folder."""
+
+
+_held: dict[Path, tuple[int, int]] = {}  # folder -> (lock file descriptor, stores using it) in this process
+_held_lock = threading.Lock()
+
+
+def _acquire(folder: Path) -> None:
+    """Hold `folder`'s lock for this process (stores of one process share it), or FolderInUse."""
+    with _held_lock:
+        if folder in _held:
+            fd, users = _held[folder]
+            _held[folder] = (fd, users + 1)
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise FolderInUse(f"{folder} is in use by another process (pid {owner})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _held[folder] = (fd, 1)
+
+
+def _release(folder: Path) -> None:
+    with _held_lock:
+        if folder not in _held:
+            return
+        fd, users = _held.pop(folder)
+        if users > 1:
+            _held[folder] = (fd, users - 1)
+        else:
+            os.close(fd)  # also releases the flock
 
 
 class HostStore:
-    """A folder of saved entries for one model set-up."""
+    """A folder of saved entries for one model set-up, held by this process while it is open
+    (FolderInUse when another process holds it)."""
 
     def __init__(self, root: str | Path, key: str):
         self.folder = Path(root).expanduser() / key
+        _acquire(self.folder)
+        self._open = True
+        self._good: set[str] = set()  # files read back whole or written by this store: not rewritten
+
+    def close(self) -> None:
+        """Let another process use the folder (the process exiting does the same)."""
+        if self._open:
+            self._open = False
+            _release(self.folder)
 
     def save(self, entries: list[Saved]) -> int:
         """Make the folder hold exactly these entries (least recently used first), writing only
@@ -90,18 +159,21 @@ class HostStore:
         for e in entries:
             name = _file_name(e.tokens)
             names.append(name)
-            if (self.folder / name).exists():
+            if name in self._good and (self.folder / name).exists():
                 continue  # the same tokens: the same cells
-            header = {"tokens": e.tokens, "length": e.copy.length, "size": e.copy.size}
             chunks = [memoryview(e.copy.data).cast("B")]
+            header = {"tokens": e.tokens, "length": e.copy.length, "size": e.copy.size}
             if e.draft is not None:
                 header |= {"draft_tokens": e.draft[1], "draft_length": e.draft[0].length, "draft_size": e.draft[0].size}
                 chunks.append(memoryview(e.draft[0].data).cast("B"))
+            header["sha256"] = _digest(chunks)
             _write_atomic(self.folder / name, [MAGIC, json.dumps(header).encode() + b"\n", *chunks])
+            self._good.add(name)
         _write_atomic(self.folder / INDEX, [json.dumps({"entries": names}).encode()])
         for stale in self.folder.glob("*.kv"):
             if stale.name not in names:
                 stale.unlink(missing_ok=True)
+                self._good.discard(stale.name)
         return len(names)
 
     def load(self, budget: int) -> list[Saved]:
@@ -118,16 +190,19 @@ class HostStore:
             if entry is not None:
                 room -= entry.size
                 kept.append(entry)
+                self._good.add(str(name))
         return kept[::-1]
 
     @staticmethod
     def _read(path: Path, room: int) -> Saved | None:
         """The entry in `path` (its LRU clock left at 0), or None when its copies take more than
-        `room` bytes or the file cannot be read."""
+        `room` bytes or the file cannot be read whole."""
         try:
             with open(path, "rb") as f:
-                if f.readline() != MAGIC:
-                    raise ValueError("not a specserve KV file")
+                magic = f.readline()
+                if magic != MAGIC:
+                    old = magic.startswith(b"specserve-kv ")
+                    raise ValueError("an older format, without a checksum" if old else "not a specserve KV file")
                 h = json.loads(f.readline())
                 if h["size"] + h.get("draft_size", 0) > room:
                     return None
@@ -140,6 +215,8 @@ class HostStore:
                     )
                 if copy.size != h["size"] or (draft is not None and draft[0].size != h["draft_size"]):
                     raise ValueError("truncated")
+                if _digest([copy.data] + ([draft[0].data] if draft else [])) != h["sha256"]:
+                    raise ValueError("its bytes do not match their checksum")
             return Saved(list(h["tokens"]), copy, 0, draft)
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("skipping saved KV file %s: %s", path.name, e)
