@@ -3,6 +3,7 @@ the model file, the threads or the CPU change; a backend nobody can identify is 
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -107,6 +108,30 @@ def test_a_corrupt_cache_file_is_measured_again(home):
     path.write_text("{not json")
     assert calibrations(FakeGGUFBackend(home))[1] == 1
     assert calibrations(FakeGGUFBackend(home))[1] == 0
+
+
+@pytest.mark.parametrize(
+    "curve, other",
+    [
+        ([[1, 1.0]], {}),  # one point: IndexError on every step
+        ([], {}),
+        ([[1, 0.0], [2, 0.0]], {}),  # free passes: ZeroDivisionError
+        ([[1, 1.0], [1, 1.0]], {}),  # the same count twice: ZeroDivisionError
+        ([[1, 1.0], [8, 6.0], [4, 3.0]], {}),
+        ([[1, 1.0], [2, float("inf")]], {}),
+        ([[1, 1.0], [2, 1.5]], {"draft": -1.0}),
+        ([[1, 1.0], [2, 1.5]], {"agreement": 3.0}),
+        ([[1, 1.0], [2, 1.5]], {"copy": float("nan")}),
+    ],
+)
+def test_a_price_file_of_the_wrong_shape_is_measured_again(home, curve, other):
+    """Valid JSON with an unusable curve used to be trusted: every request then failed with an
+    engine error, and the file was never measured again."""
+    calibrations(FakeGGUFBackend(home))
+    (path,) = prices.cache_dir().glob("*.json")
+    path.write_text(json.dumps({"curve": curve, "draft": 0.0, "batched": True, "agreement": None, "copy": 0.001} | other))
+    assert calibrations(FakeGGUFBackend(home))[1] == 1
+    assert calibrations(FakeGGUFBackend(home))[1] == 0  # the file was replaced by a good one
 
 
 def test_the_engine_reads_its_prices_from_the_cache(home, monkeypatch):

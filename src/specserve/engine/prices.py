@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict
@@ -119,9 +120,26 @@ def load(key: str) -> CostModel | None:
         agreement = None if d["agreement"] is None else float(d["agreement"])
         curve = tuple((int(n), float(c)) for n, c in d["curve"])
         copy = None if d["copy"] is None else float(d["copy"])
-        return CostModel(curve, float(d["draft"]), bool(d["batched"]), agreement, copy)
+        prices = CostModel(curve, float(d["draft"]), bool(d["batched"]), agreement, copy)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: measure again
+    return prices if sane(prices) else None  # damaged, or edited by hand: measure again
+
+
+def sane(prices: CostModel) -> bool:
+    """Whether prices read from a file can be used: a curve of at least two points with rising
+    token counts from 1 and finite positive costs, and finite non-negative other prices. A curve
+    of one point or two at the same count failed every step (IndexError, ZeroDivisionError)."""
+    ns = [n for n, _ in prices.curve]
+    costs = [c for _, c in prices.curve] + [prices.draft, prices.copy or 0.0, prices.agreement or 0.0]
+    return (
+        len(ns) >= 2
+        and ns[0] >= 1
+        and all(a < b for a, b in zip(ns, ns[1:]))
+        and all(math.isfinite(c) and c > 0 for _, c in prices.curve)
+        and all(math.isfinite(c) and c >= 0 for c in costs)
+        and (prices.agreement is None or prices.agreement <= 1)
+    )
 
 
 def save(key: str, prices: CostModel) -> None:
