@@ -1,5 +1,7 @@
 """Loading models and fitting them together: clear errors, and the auto drafting order."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from tiny import save_tiny, tiny_model, tiny_tokenizer
@@ -27,6 +29,16 @@ def test_non_causal_model_is_refused(tmp_path):
     tiny_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError, match="causal language model"):
         LLM(model=str(tmp_path), dtype="float32")
+
+
+def test_truncated_safetensors_is_a_one_line_error(tmp_path):
+    """safetensors' own error used to escape as a traceback (exit 1)."""
+    folder = Path(save_tiny(tmp_path / "t"))
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:50])
+    with pytest.raises(ModelLoadError, match="causal language model") as err:
+        LLM(str(folder), dtype="float32")
+    assert "\n" not in str(err.value)
 
 
 def test_draft_vocabulary_must_match():

@@ -275,6 +275,27 @@ def test_folder_with_a_stale_manifest_is_not_trusted(fake):
     assert packs.is_cached(NAME) is None
 
 
+@pytest.mark.parametrize("damage", ["chat template deleted", "GGUF truncated", "manifest a list", "manifest null"])
+def test_a_damaged_folder_is_not_trusted_and_a_pull_rebuilds_it(fake, damage):
+    """A pull's manifest lists the files it wrote with their sizes. A deleted chat template used
+    to leave the pack trusted (chat prompts then fell back to a plain transcript, silently), and
+    a manifest of valid JSON that is not an object crashed `models list` with a traceback."""
+    folder = packs.pull(NAME, progress=False)
+    (folder / "chat_template.jinja").write_text("{{ messages }}")  # as a real tokenizer's save writes it
+    packs.write_manifest(fake.pack, folder)
+    assert packs.is_cached(NAME) == folder
+    if damage == "chat template deleted":
+        (folder / "chat_template.jinja").unlink()
+    elif damage == "GGUF truncated":
+        gguf = folder / "fake.gguf"
+        gguf.write_bytes(gguf.read_bytes()[:-10])
+    else:
+        (folder / packs.MANIFEST).write_text("[]" if damage == "manifest a list" else "null")
+    assert packs.is_cached(NAME) is None
+    assert packs.pull(NAME, progress=False) == packs.is_cached(NAME) == folder
+    assert len(fake.downloads) == 2
+
+
 def test_second_pull_is_a_no_op(fake, capsys):
     first = packs.pull(NAME)
     capsys.readouterr()

@@ -129,7 +129,8 @@ def test_a_price_file_of_the_wrong_shape_is_measured_again(home, curve, other):
     engine error, and the file was never measured again."""
     calibrations(FakeGGUFBackend(home))
     (path,) = prices.cache_dir().glob("*.json")
-    path.write_text(json.dumps({"curve": curve, "draft": 0.0, "batched": True, "agreement": None, "copy": 0.001} | other))
+    good = {"curve": curve, "draft": 0.0, "batched": True, "agreement": None, "copy": 0.001}
+    path.write_text(json.dumps(good | other))
     assert calibrations(FakeGGUFBackend(home))[1] == 1
     assert calibrations(FakeGGUFBackend(home))[1] == 0  # the file was replaced by a good one
 

@@ -146,6 +146,7 @@ def _load_llamacpp(source, options: LoadOptions, limits: EngineLimits) -> Loaded
 
 
 def _load_transformers(source, options: LoadOptions) -> LoadedModel:
+    from safetensors import SafetensorError  # a truncated or damaged weights file
     from transformers import AutoModelForCausalLM
 
     from ..backends.transformers import TransformersBackend
@@ -162,8 +163,11 @@ def _load_transformers(source, options: LoadOptions) -> LoadedModel:
             model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, **kwargs)
     except ModelLoadError:
         raise
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"cannot load {source.display_name!r} as a causal language model: {_first_line(e)}") from e
+    except (OSError, ValueError, KeyError, SafetensorError) as e:
+        again = f"; `specserve models pull {source.pack} --force` rebuilds the pack" if source.pack else ""
+        raise ModelLoadError(
+            f"cannot load {source.display_name!r} as a causal language model: {_first_line(e)}{again}"
+        ) from e
     model.to(pick_device(options.device))
     backend = TransformersBackend(model, options.max_context)
     return LoadedModel(backend, tokenizer, source.display_name, eos_ids(model, tokenizer))

@@ -215,7 +215,9 @@ def is_cached(name: str, home: Path | None = None) -> Path | None:
     """The folder of pack ``name`` if a completed pull of *this* pack is there.
 
     Trusts only a folder whose manifest names the registry's sha256 (a changed pin makes an
-    old pull stale) and that holds the GGUF and the tokenizer.
+    old pull stale) and that holds the GGUF and the tokenizer; since 2026-12-04 the manifest
+    also lists every file the pull wrote with its size (a deleted chat template made chat
+    prompts fall back to a plain transcript, silently), and each must be there at that size.
     """
     folder = pack_dir(name, home)
     pack = get_pack(name)
@@ -223,9 +225,20 @@ def is_cached(name: str, home: Path | None = None) -> Path | None:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if manifest.get("sha256") != pack.sha256 or not (folder / pack.gguf_name).is_file():
+    if not isinstance(manifest, dict) or manifest.get("sha256") != pack.sha256:
         return None
-    return folder if (folder / TOKENIZER_MARK).is_file() else None
+    files = manifest.get("files") or {pack.gguf_name: None, TOKENIZER_MARK: None}  # older pulls: no sizes
+    if not isinstance(files, dict) or not {pack.gguf_name, TOKENIZER_MARK} <= files.keys():
+        return None
+    return folder if all(_holds(folder / str(name), size) for name, size in files.items()) else None
+
+
+def _holds(path: Path, size: object) -> bool:
+    """Whether `path` is a file of `size` bytes (any size when None)."""
+    try:
+        return path.is_file() and (size is None or path.stat().st_size == size)
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------- pull steps
@@ -442,6 +455,13 @@ def write_manifest(pack: Pack, folder: Path) -> None:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # what the pull wrote (GGUF, tokenizer, chat template) and each file's size: is_cached
+        # trusts the folder only while they are all there, whole
+        "files": {
+            f.name: f.stat().st_size
+            for f in sorted(folder.iterdir())
+            if f.is_file() and f.name != MANIFEST and not f.name.startswith(".")
+        },
     }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
