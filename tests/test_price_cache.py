@@ -42,11 +42,14 @@ def calibrations(backend, draft=None):
     return prices.measured(backend, draft, True, calibrate), len(calls)
 
 
-def test_reused_for_the_same_setup(home):
+def test_reused_for_the_same_setup(home, capsys):
     first, n1 = calibrations(FakeGGUFBackend(home))
+    measuring = capsys.readouterr().err  # a fresh machine waits up to half a minute: it is told why
     again, n2 = calibrations(FakeGGUFBackend(home))
     assert (n1, n2) == (1, 0) and again == first
     assert len(list(prices.cache_dir().glob("*.json"))) == 1
+    assert "measuring speculation prices" in measuring and str(prices.cache_dir()) in measuring
+    assert capsys.readouterr().err == ""  # read from the cache: nothing to say
 
 
 def test_a_changed_model_file_is_measured_again(home):

@@ -27,6 +27,8 @@ import hashlib
 import json
 import math
 import os
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -171,7 +173,12 @@ def measured(target, draft, batched: bool, calibrate: Callable[[], CostModel]) -
     key = cache_key(target, draft, batched)
     if key is not None and (prices := load(key)) is not None:
         return prices
+    # up to half a minute on a CPU with a draft model: say what the wait is, and that it is once
+    where = f"; kept in {cache_dir()}" if key is not None else ""
+    print(f"measuring speculation prices on this machine (once per model set-up{where})...", file=sys.stderr)
+    start = time.perf_counter()
     prices = calibrate()
+    print(f"measured speculation prices in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     if key is not None:
         save(key, prices)
     return prices
