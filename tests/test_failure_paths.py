@@ -456,3 +456,26 @@ def test_a_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
     assert code == 130 and took < DRAIN_GRACE_S, (code, took, log)
     assert events[-1] == "cut"  # forced: no time to answer
     assert "Traceback" not in log and "interrupted again, exiting now" in log, log
+
+
+def test_a_cache_smaller_than_the_context_is_the_context_the_server_offers(capsys):
+    """--kv-cache-tokens below the context: /v1/models advertised the model's whole context and
+    a chat request without max_tokens (default: the rest of that context) was always refused,
+    "lower max_tokens", though it named none. The cache's size is now the usable context."""
+    from fastapi.testclient import TestClient
+
+    from specserve.server.app import create_app
+
+    backend = TransformersBackend(tiny_model("qwen2", 0), max_sequences=3)
+    limits = EngineLimits(max_num_seqs=2, kv_cache_tokens=100, max_num_batched_tokens=512, min_prefill_chunk=16)
+    llm = LLM.from_backends(backend, tiny_tokenizer(), name=MODEL, speculation="none", limits=limits)
+    assert backend.max_context > 100 and llm.max_context == 100
+    assert "the KV cache holds 100 tokens, fewer than the context" in capsys.readouterr().err
+    with TestClient(create_app(llm, MODEL)) as client:
+        assert client.get("/v1/models").json()["data"][0]["max_model_len"] == 100
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] + r.json()["usage"]["completion_tokens"] <= 100
+        long = {"model": MODEL, "prompt": list(range(5, 125)), "max_tokens": 1}
+        r = client.post("/v1/completions", json=long)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

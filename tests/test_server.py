@@ -581,3 +581,26 @@ def test_metrics(server, client):
     ):
         assert metric_value(text, name) > 0, name
     assert "specserve_queue_depth 0.0" in text
+
+
+def test_token_counters_move_by_the_answers_usage(server, client):
+    """Two prompts with n=2 and a scored prompt: the counters used to add each prompt once per
+    choice and the scored prompt's hidden token, drifting from what `usage` billed."""
+    names = (
+        "specserve_prompt_tokens_total",
+        "specserve_completion_tokens_total",
+        "specserve_prompt_tokens_cached_total",
+    )
+    before = [metric_value(server.metrics(), name) for name in names]
+    batch = client.completions.create(model=MODEL, prompt=["def add(a, b):", "class User:"], n=2, max_tokens=5)
+    scored = client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=0, echo=True, logprobs=1)
+    assert scored.usage.completion_tokens == 0 and batch.usage.completion_tokens > 0
+    after = [metric_value(server.metrics(), name) for name in names]
+    details = [
+        u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0 for u in (batch.usage, scored.usage)
+    ]
+    assert [a - b for a, b in zip(after, before)] == [
+        batch.usage.prompt_tokens + scored.usage.prompt_tokens,
+        batch.usage.completion_tokens,
+        sum(details),
+    ]

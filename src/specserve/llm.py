@@ -9,6 +9,7 @@ print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].acc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 from .chat import template_messages, template_supports_tools
@@ -150,7 +151,21 @@ class LLM:
         self.speculation = speculation
         self.target_backend, self.draft_backend = target, draft
         self.engine = Engine(target, tokenizer, draft, eos, limits)
-        self.max_context = target.max_context
+        self.max_context = self._usable_context(target.max_context, self.engine.core.scheduler.cache_tokens)
+
+    @staticmethod
+    def _usable_context(context: int, cells: int) -> int:
+        """The tokens one request may hold: the model's context, or fewer where the KV cache is
+        smaller (--kv-cache-tokens below --max-context). Advertising the full context there made
+        every chat request without max_tokens fail: its default filled a context the cache lacks."""
+        if cells >= context:
+            return context
+        print(
+            f"warning: the KV cache holds {cells} tokens, fewer than the context of {context}: "
+            f"a request may hold at most {cells} (raise --kv-cache-tokens to lift it)",
+            file=sys.stderr,
+        )
+        return cells
 
     @property
     def backend_name(self) -> str:

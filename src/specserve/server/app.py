@@ -46,7 +46,7 @@ from .logprobs import TokenNamer
 from .metrics import Metrics
 from .openapi import install_openapi
 from .protocol import Prepared
-from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext
+from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext, usage
 from .responses_api import ResponsesDialect
 from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import choice_params
@@ -331,6 +331,8 @@ class Server:
         self.metrics.request(dialect.name, status)
         self.jobs.discard(job)
         self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
+        if outputs:
+            self.metrics.observe_usage(usage(outputs, job.prepared.n, job.prepared.scores_only))
         for output in outputs or ():
             self.metrics.observe_output(output, ttft, time.monotonic() - t0, dialect.name)
 

@@ -27,7 +27,8 @@ TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class Metrics:
-    """Every series the server exports; `observe_output` records one finished generation."""
+    """Every series the server exports; `observe_usage` records one answer's token counts and
+    `observe_output` each of its generations."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -144,14 +145,19 @@ class Metrics:
     def request(self, endpoint: str, status: int | str) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
+    def observe_usage(self, usage: dict) -> None:
+        """One answer's token counts, as its `usage` reports them: a prompt counts once however
+        many choices it has, and a scored prompt (completions `max_tokens: 0`) has no completion
+        tokens (counted per choice before, the counters drifted from the answers' usage)."""
+        self.prompt_tokens.inc(usage["prompt_tokens"])
+        self.cached_tokens.inc(usage["prompt_tokens_details"]["cached_tokens"])
+        self.completion_tokens.inc(usage["completion_tokens"])
+
     def observe_output(self, output: RequestOutput, ttft: float | None, e2e: float, endpoint: str) -> None:
-        """Token counts, latencies and per-source speculation counters of one generation."""
+        """Latencies and per-source speculation counters of one generation."""
         stats = output.stats
-        self.prompt_tokens.inc(stats.prompt_tokens)
-        self.cached_tokens.inc(stats.cached_tokens)
         if stats.cached_tokens:
             self.prefix_hits.inc()
-        self.completion_tokens.inc(stats.output_tokens)
         self.e2e.labels(endpoint=endpoint).observe(e2e)
         if ttft is not None:
             self.ttft.observe(ttft)
