@@ -84,6 +84,25 @@ def test_builder_args_convert_numbers_only_where_the_field_is_a_number():
     assert scale == ScaleConfig(replicas=3, target_ongoing_requests=1.5)
 
 
+def test_every_engine_flag_reaches_the_replicas():
+    """--max-context, --max-num-seqs, --kv-cache-tokens, ... were dropped silently with --ray."""
+    from specserve.cli.generate import engine_limits
+    from specserve.cli.main import build_parser
+    from specserve.config import EngineLimits
+    from specserve.server.ray_serve import configs_from_args
+
+    flags = "--max-context 1024 --max-num-seqs 3 --kv-cache-tokens 4096 --max-num-batched-tokens 512"
+    args = build_parser().parse_args(["serve", "--ray", *flags.split(), "--no-prefix-cache"])
+    replica, _ = configs_from_args(args, engine_limits(args))
+    assert replica.max_context == 1024
+    assert replica.limits() == EngineLimits(
+        max_num_seqs=3, kv_cache_tokens=4096, max_num_batched_tokens=512, prefix_caching=False
+    )
+    assert ReplicaConfig().limits() == EngineLimits()
+    built = config_from_args(ReplicaConfig, {"prefix_caching": "false", "max_num_seqs": "2", "host_cache_dir": "kv"})
+    assert built.limits() == EngineLimits(max_num_seqs=2, prefix_caching=False, host_cache_dir="kv")
+
+
 # -- a local Ray cluster ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
@@ -107,6 +126,8 @@ def ray_server(models):
         "16",
         "--request-timeout",
         "120",
+        "--max-context",
+        "256",
     ) as srv:
         _wait_replicas(srv, 2, timeout=120)
         yield srv
@@ -176,6 +197,12 @@ def test_outputs_equal_a_single_server(ray_server, models):
         alone = _outputs(_client(single))
     assert through_ray == alone and through_ray["chat"]
     assert through_ray["stream"] == through_ray["chat"] == through_ray["prediction"]
+
+
+@pytest.mark.ray
+def test_the_replicas_run_with_the_engine_flags(ray_server):
+    """--max-context reaches each replica (it was dropped: the model's 512 was served)."""
+    assert httpx.get(f"{ray_server.base_url}/models", timeout=30).json()["data"][0]["max_model_len"] == 256
 
 
 @pytest.mark.ray

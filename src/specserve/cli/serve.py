@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
     check_model_paths(args)
     if args.ray:
-        return serve_ray.run(args)
+        return serve_ray.run(args, engine_limits(args))
     check_address(args.host, args.port)
     folder = Path(args.host_cache_dir).expanduser() if args.host_cache_dir else None
     if folder is not None and folder.exists() and not folder.is_dir():

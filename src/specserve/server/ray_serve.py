@@ -61,6 +61,22 @@ class ReplicaConfig:
     threads: int = 1  # torch / llama.cpp threads per replica (= its CPUs)
     exact: bool = False  # llama.cpp batch-invariant kernels
     gpu_layers: int | None = None  # llama.cpp layers on a GPU build's GPU (None: all)
+    # each replica's engine (config.EngineLimits; None: its default)
+    max_context: int | None = None
+    max_num_seqs: int | None = None
+    kv_cache_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
+    prefix_caching: bool = True
+    host_cache_bytes: int | None = None
+    host_cache_dir: str | None = None  # one replica per machine holds it; the others keep memory only
+
+    def limits(self):
+        """The replica engine's EngineLimits: the fields given here, the rest at their defaults."""
+        from ..config import EngineLimits
+
+        names = ("max_num_seqs", "kv_cache_tokens", "max_num_batched_tokens", "host_cache_bytes", "host_cache_dir")
+        given = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return EngineLimits(prefix_caching=self.prefix_caching, **given)
 
 
 @dataclass(frozen=True)
@@ -273,8 +289,15 @@ class SpecServeReplica:
             threads=config.threads,
             exact=config.exact,
             gpu_layers=config.gpu_layers,
+            max_context=config.max_context,
         )
-        self.llm = LLM(model=config.model, draft_model=config.draft_model, speculation=speculation, options=options)
+        self.llm = LLM(
+            model=config.model,
+            draft_model=config.draft_model,
+            speculation=speculation,
+            options=options,
+            limits=config.limits(),
+        )
 
     def __serve_build_asgi_app__(self):
         """Ray Serve calls this after __init__: the app every HTTP request of this replica goes to."""
@@ -320,7 +343,9 @@ def config_from_args(cls, args: dict):
         value = args.get(f.name)
         if value in (None, ""):
             continue
-        if isinstance(value, str) and "float" in str(f.type):
+        if isinstance(value, str) and "bool" in str(f.type):
+            value = value.strip().lower() in ("1", "true", "yes", "on")
+        elif isinstance(value, str) and "float" in str(f.type):
             value = float(value)
         elif isinstance(value, str) and "int" in str(f.type):
             value = int(value)
@@ -350,8 +375,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
 
 
-def configs_from_args(args: argparse.Namespace) -> tuple[ReplicaConfig, ScaleConfig]:
-    """The `specserve serve` flags as the replica and scale configurations."""
+def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, ScaleConfig]:
+    """The `specserve serve` flags as the replica and scale configurations; `limits` (the engine
+    flags as config.EngineLimits) reach each replica (they used to be dropped silently)."""
     replica = ReplicaConfig(
         model=args.model,
         draft_model=args.draft_model,
@@ -368,6 +394,13 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ReplicaConfig, ScaleCon
         threads=args.threads or max(1, int(args.replica_cpus)),
         exact=args.exact,
         gpu_layers=args.gpu_layers,
+        max_context=args.max_context,
+        max_num_seqs=limits.max_num_seqs,
+        kv_cache_tokens=limits.kv_cache_tokens,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        prefix_caching=limits.prefix_caching,
+        host_cache_bytes=limits.host_cache_bytes,
+        host_cache_dir=limits.host_cache_dir,
     )
     scale = ScaleConfig(
         replicas=args.replicas,
@@ -379,14 +412,14 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ReplicaConfig, ScaleCon
     return replica, scale
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, limits) -> int:
     """Start (or join) a Ray cluster, run the app on --host:--port, block until interrupted."""
     try:
         import ray
         from ray import serve
     except ImportError:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
-    replica, scale = configs_from_args(args)
+    replica, scale = configs_from_args(args, limits)
     ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
