@@ -127,7 +127,7 @@ def ray_server(models):
         "--request-timeout",
         "120",
         "--max-context",
-        "256",
+        "500",  # below the tiny model's 512: the replicas must serve it
     ) as srv:
         _wait_replicas(srv, 2, timeout=120)
         yield srv
@@ -202,7 +202,7 @@ def test_outputs_equal_a_single_server(ray_server, models):
 @pytest.mark.ray
 def test_the_replicas_run_with_the_engine_flags(ray_server):
     """--max-context reaches each replica (it was dropped: the model's 512 was served)."""
-    assert httpx.get(f"{ray_server.base_url}/models", timeout=30).json()["data"][0]["max_model_len"] == 256
+    assert httpx.get(f"{ray_server.base_url}/models", timeout=30).json()["data"][0]["max_model_len"] == 500
 
 
 @pytest.mark.ray
