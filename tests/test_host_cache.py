@@ -358,6 +358,26 @@ def test_damaged_bytes_are_never_restored_and_are_written_afresh(tmp_path):
     assert MAGIC != b"specserve-kv 1\n" and HostStore(tmp_path, "key").load(budget=10**9) == []
 
 
+def test_a_folder_that_cannot_be_locked_is_still_read(tmp_path, monkeypatch):
+    """A read-only folder (or a file system without locks) used to be read and warned about on
+    save; the lock must not turn it into a failed start."""
+    writer = HostStore(tmp_path, "key")
+    writer.save([stored(0, 20)])
+    writer.close()
+    real_open = os.open
+
+    def refuse_lock(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse_lock)
+    store = HostStore(tmp_path, "key")
+    monkeypatch.undo()
+    assert len(store.load(budget=10**9)) == 1
+    store.close()
+
+
 HOLD = """
 import sys, time
 from specserve.engine.host_store import HostStore

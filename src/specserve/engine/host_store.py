@@ -111,16 +111,24 @@ def _acquire(folder: Path) -> None:
             fd, users = _held[folder]
             _held[folder] = (fd, users + 1)
             return
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only folder: its entries are still read (saves will warn)
+            log.warning("cannot lock %s (%s); using it unlocked", folder, e.strerror or e)
+            _held[folder] = (-1, 1)
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise FolderInUse(f"{folder} is in use by another process (pid {owner})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as e:  # a file system without locks (some network mounts): used as before
+            log.warning("cannot lock %s (%s); using it unlocked", folder, e.strerror or e)
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
         _held[folder] = (fd, 1)
 
 
@@ -131,7 +139,7 @@ def _release(folder: Path) -> None:
         fd, users = _held.pop(folder)
         if users > 1:
             _held[folder] = (fd, users - 1)
-        else:
+        elif fd >= 0:
             os.close(fd)  # also releases the flock
 
 
