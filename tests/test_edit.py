@@ -21,6 +21,8 @@ from specserve.edit import (
     ask_for,
     build_messages,
     check_answer,
+    judge_answer,
+    language_for,
     make_client,
     refactor_with_predicted_outputs,
     strip_fence,
@@ -784,3 +786,144 @@ def test_the_diff_is_one_git_applies(tmp_path, old, new):
     patch.write_text(unified_diff(old, new, "f.py"))
     subprocess.run(["git", "apply", "--unsafe-paths", str(patch)], cwd=tmp_path, check=True, capture_output=True)
     assert (tmp_path / "f.py").read_text() == new
+
+
+CALC = """import math
+import sys
+
+CUTOFF = 0.5
+
+
+def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def scale(x, factor):
+    if x < CUTOFF:
+        return 0.0
+    y = x * factor
+    return math.floor(y)
+
+
+def main(argv):
+    total = 0
+    for arg in argv[1:]:
+        total = add(total, float(arg))
+    print(scale(total, 2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
+"""
+FIRST_TWO = "import math\nimport sys\n\ndef add(a, b):\n    return a + b\n"
+
+
+@pytest.mark.parametrize(
+    "instruction, answer",
+    [
+        # a removal loses only what it names: not the rest of the file
+        ("Remove the function sub", FIRST_TWO),
+        ("Delete the unused CUTOFF constant", FIRST_TWO),
+        # words that contain a removal verb are not one ("dropout", "os.remove", "CUTOFF")
+        ("Add a dropout parameter to scale", FIRST_TWO),
+        ("Use os.remove in main instead of printing", FIRST_TWO),
+        ("Rename CUTOFF to THRESHOLD", "import math\nimport sys\n\nTHRESHOLD = 0.5\n"),
+        # cut short inside or after the last function, with finish_reason stop
+        ("Add type hints to add", CALC.replace("def add(a, b):", "def add(a: float, b: float) -> float:")[:-50]),
+        ("Add type hints to add", "\n".join(CALC.splitlines()[:24]) + "\n"),
+        # a body replaced by a placeholder
+        ("Add a docstring to add", CALC.replace("    y = x * factor\n    return math.floor(y)\n", "    ...\n")),
+        (
+            "Add a docstring to add",
+            CALC.replace("    y = x * factor\n    return math.floor(y)\n", "    ...  # unchanged\n"),
+        ),
+        ("Add a docstring to add", CALC.replace("    total = 0\n", "    # keep the existing logic as is\n")),
+        # a function written twice, a diff, prose after the code
+        ("Add a docstring to add", CALC + "\n\ndef sub(a, b):\n    return a - b\n"),
+        ("Add a docstring to add", CALC + "\nI changed the docstring of add as requested.\n"),
+    ],
+)
+def test_answers_that_lose_code_are_refused(instruction, answer):
+    """Each of these was written over the file, exit 0 (found with a fake server streaming them)."""
+    verdict = judge_answer(CALC, answer, instruction, "python")
+    assert verdict.failure, verdict  # refused (or spliced back into the file, which is then unchanged)
+
+
+@pytest.mark.parametrize(
+    "instruction, answer",
+    [
+        ("Remove the function sub", CALC.replace("def sub(a, b):\n    return a - b\n\n\n", "")),
+        ("Delete the unused CUTOFF constant", CALC.replace("CUTOFF = 0.5\n\n", "").replace("x < CUTOFF", "x < 0.5")),
+        (
+            "Add a dropout parameter to scale",
+            CALC.replace("def scale(x, factor):", "def scale(x, factor, dropout=0.0):"),
+        ),
+        ("Rename CUTOFF to THRESHOLD", CALC.replace("CUTOFF", "THRESHOLD")),
+        (
+            "Make main a stub",
+            CALC.split("def main")[0] + "def main(argv):\n    ...\n\n\n" + CALC.split("return 0\n\n\n")[1],
+        ),
+        ("Remove the main block", CALC.split("\n\nif __name__")[0] + "\n"),
+    ],
+)
+def test_the_edits_asked_for_still_pass(instruction, answer):
+    assert judge_answer(CALC, answer, instruction, "python").failure is None
+
+
+@pytest.mark.parametrize(
+    "name, original, answer",
+    [
+        (
+            "config.json",
+            '{\n  "host": "a",\n  "port": 80,\n  "debug": false\n}\n',
+            '{\n  "host": "a",\n  "port": 9090,\n',
+        ),
+        (
+            "deploy.yaml",
+            "spec:\n  containers:\n    - name: web\n      image: x\n",
+            "spec:\n  containers:\n    - name: web\n     image: y\n",
+        ),
+        (
+            "Makefile",
+            "build:\n\tcc -o app main.c\n\ntest:\n\t./app --test\n",
+            "build:\n    cc -O2 -o app main.c\n\ntest:\n    ./app --test\n",
+        ),
+        (
+            "server.go",
+            'package main\n\nfunc greet() string {\n\treturn "Hello"\n}\n',
+            "--- a/server.go\n+++ b/server.go\n@@ -1,5 +1,5 @@\n package main\n",
+        ),
+        (
+            "server.go",
+            'package main\n\nfunc greet() string {\n\treturn "Hello"\n}\n',
+            'package main\n\nfunc greet() string {\n\treturn "Hi"\n}\n\nI changed the greeting in greet.\n',
+        ),
+        (
+            "README.md",
+            "# App\n\nRun it.\n",
+            "Here is the updated README:\n\n```markdown\n# App\n\nRun it with `make`.\n```\n",
+        ),
+    ],
+)
+def test_other_languages_refuse_broken_answers(name, original, answer):
+    verdict = judge_answer(original, answer, "Change the port to 9090", language_for(name))
+    assert verdict.failure, verdict
+
+
+@pytest.mark.parametrize(
+    "original, raw, expected",
+    [
+        ("a = 1\n", "a = 2\r\n", "a = 2\n"),  # the model saw LF: its CRLF is not the file's
+        ("a = 1", "```python\na = 2\n```", "a = 2"),  # no final newline stays none
+        ("a: 1\n\n", "```yaml\na: 2\n```", "a: 2\n\n"),  # a blank last line stays
+        ("a = 1\n", "\ufeffa = 2\n", "a = 2\n"),  # a BOM is the file's business (files.py)
+        ("a: 1\n", "~~~yaml\na: 2\n~~~", "a: 2\n"),
+    ],
+)
+def test_an_answer_keeps_the_file_s_line_ends_and_final_newlines(original, raw, expected):
+    assert strip_fence(raw, original) == expected

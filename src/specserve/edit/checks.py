@@ -10,25 +10,41 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .names import dropped_definitions, name_uses, new_unbound_names, python_definition_source, word_count
+from .names import (
+    dropped_definitions,
+    dropped_statements,
+    duplicate_definitions,
+    emptied_bodies,
+    indented_definitions,
+    name_uses,
+    new_unbound_names,
+    python_definition_source,
+    word_count,
+)
 
 # An answer far shorter than the file is a lost file, unless the instruction asks to take code out.
 SHORT_FRACTION = 0.5
 _REMOVAL = re.compile(
-    r"\b(delet|remov|drop|strip|shorten|simplif|trim|cut|eliminat|get rid|condens|minif|collaps"
-    r"|reduc|dedup|clean ?up|keep only|only keep|extract|split|move)",
+    r"\b(delet(e|es|ed|ing|ion)|remov(e|es|ed|ing|al)|drop(s|ped|ping)?|strip(s|ped|ping)?|shorten(s|ed|ing)?"
+    r"|simplif(y|ies|ied|ying|ication)|trim(s|med|ming)?|cut(s|ting)?|eliminat(e|es|ed|ing|ion)|get rid"
+    r"|condens(e|es|ed|ing)|minif(y|ies|ied|ying)|collaps(e|es|ed|ing)|reduc(e|es|ed|ing|tion)|dedup\w*"
+    r"|clean ?up|keep only|only keep|extract(s|ed|ing)?|split(s|ting)?|mov(e|es|ed|ing))\b",
     re.I,
 )
 # Of those, the words that ask to take whole definitions out. "Simplify greet" or "clean up greet"
 # may shorten the file, but an answer that loses the file's other functions is not that edit: it
 # is refused, or (Python) spliced into the file, so the functions are kept.
 _DELETION = re.compile(
-    r"\b(delet|remov|drop|cut|eliminat|get rid|prune|purge|keep only|only keep|to\s+(?:\S+\s+){0,2}only\b)", re.I
+    r"\b(delet(e|es|ed|ing|ion)|remov(e|es|ed|ing|al)|drop(s|ped|ping)?|cut(s|ting)?|eliminat(e|es|ed|ing|ion)"
+    r"|get rid|prun(e|es|ed|ing)|purg(e|es|ed|ing)|keep only|only keep|to\s+(?:\S+\s+){0,2}only)\b",
+    re.I,
 )
+# Of those, the ones that keep a part and drop all the rest: there any definition may go.
+_KEEP_ONLY = re.compile(r"\b(keep only|only keep|to\s+(?:\S+\s+){0,2}only)\b", re.I)
 # A word of the instruction that names code is not a verb: "add type hints to the function split"
 # asks for no removal. Names: in backticks, called (`split(`), after a kind of name, or defined by the file.
 _NAMED_IN_TEXT = re.compile(
-    r"`[^`]*`|\b[A-Za-z_]\w*(?=\()"
+    r"`[^`]*`|\b[A-Za-z_]\w*(?=\()|\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+"
     r"|\b(?:function|method|class|variable|parameter|argument|attribute|field|constant|def|helper)s?\s+[A-Za-z_]\w*",
     re.I,
 )
@@ -50,17 +66,29 @@ _ELISION = re.compile(
     r"|(\w+ )?(existing|unchanged|remaining|previous|original|other|same) (\w+ )?"
     r"(code|methods?|functions?|imports?|lines?|content|implementation|logic|body|definitions?|tests?|classes)"
     r"|(code|everything|the rest|rest|body|implementation|file)"
-    r"|unchanged|omitted|elided|truncated|snip|same as (before|above)|as before"
+    r"|unchanged|omitted|elided|truncated|snip|same as (before|above)|as before|etc|no changes?( here| needed)?"
+    r"|(keep|leave) (the |it |this |them )?(\w+ )?(\w+ )?(as is|unchanged|as before)"
+    r"|todo (rest|the rest|remaining)( \w+)?"
+    r"|(\w+ ){0,5}(unchanged|as is|as before)"
     r")( (here|below|above|unchanged|omitted|elided|as before|goes here|follows|for brevity|(remains?|stays?|is|are) "
     r"(the )?(same|unchanged|as before)))*$",
     re.I,
 )
 _PROSE_START = re.compile(
-    r"^(here(\'s| is| are)|sure\b|certainly\b|okay\b|ok,|below\b|the following\b|i have\b|"
-    r"i\'ve\b|i will\b|this (code|file|version)\b|to (rename|add|change|do)\b|"
+    r"^(here([\'’]s| is| are)|sure\b|certainly\b|okay\b|ok,|below\b|the following\b|i have\b|"
+    r"i[\'’]ve\b|i will\b|this (code|file|version)\b|to (rename|add|change|do)\b|"
     r"as requested\b|the updated\b|updated (code|file)\b)",
     re.I,
 )
+# A sentence after the code: "I changed ...", "Let me know ...", "This change ...", "Note: ...".
+_PROSE_END = re.compile(
+    r"^(i (changed|updated|added|renamed|removed|replaced|made|modified|have|also)\b|i[\'’](ve|ll)\b|"
+    r"let me know\b|hope this\b|this (change|update|version|code|edit|will|should|way)\b|note:|"
+    r"the (change|changes|above|updated|modified)\b|in this (version|code|update)\b)",
+    re.I,
+)
+# A unified diff's markers: the model answered with a patch, not the file.
+_DIFF_LINE = re.compile(r"^(--- (a/)?\S|\+\+\+ (b/)?\S|@@ -\d+(,\d+)? \+\d+(,\d+)? @@)")
 
 
 def _is_elision(line: str, prev: str) -> bool:
@@ -69,6 +97,9 @@ def _is_elision(line: str, prev: str) -> bool:
     s = line.strip()
     if s in ("...", "…"):
         return s == "…" or not prev.rstrip().endswith(":")
+    code, sep, comment = s.partition("#") if "#" in s else s.partition("//")
+    if sep and code.strip() in ("...", "…", "pass", "{ ... }", "{...}") and _elision_text(comment):
+        return True  # `...  # unchanged`, `pass  # rest of the code`
     if len(s) >= 3 and s[0] + s[-1] in ("<>", "[]", "{}") and _elision_text(s[1:-1]):
         return True
     m = _COMMENT.match(s)
@@ -124,8 +155,15 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
     new_set = {ln.strip() for ln in new_lines}
     first = new_lines[0].strip()
     prose_ok = language in ("markdown", "text")  # there prose and fences are the content
-    if not prose_ok and first not in old_set and _PROSE_START.match(first) and not _COMMENT.match(first):
+    last = new_lines[-1].strip()
+    if prose_ok and first not in old_set and _PROSE_START.match(first) and _wrapped(new_lines, old_set):
+        problems.append(f"the answer wraps the file in prose and a fence: {_clip(first)!r}")
+    elif not prose_ok and first not in old_set and _PROSE_START.match(first) and not _COMMENT.match(first):
         problems.append(f"the answer is prose, not code: {_clip(first)!r}")
+    elif not prose_ok and last not in old_set and _PROSE_END.match(last) and not _COMMENT.match(last):
+        problems.append(f"the answer ends in prose, not code: {_clip(last)!r}")
+    elif sum(1 for ln in new_lines if _DIFF_LINE.match(ln) and ln.strip() not in old_set) >= 2:
+        problems.append("the answer is a diff, not the updated file")
     elif (
         not prose_ok
         and any(ln.lstrip().startswith("```") for ln in new_lines)
@@ -157,6 +195,10 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
                 f"non-blank lines, {new_chars} of {old_chars} characters) and the instruction "
                 "asks for no removal"
             )
+    if not problems and (spaces := _tabs_turned_to_spaces(original, answer)):
+        problems.append(f"the answer indents with spaces lines the file indents with tabs: {_clip(spaces)!r}")
+    if not problems and (broken := _data_problem(original, answer, language)):
+        problems.append(broken)
     if language == "python" and not problems:
         err = _syntax_error(answer)
         if err and not _syntax_error(original):
@@ -170,7 +212,84 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
         problems.append(rename)
     if not problems and not prose_ok and (dropped := _dropped_problem(original, answer, instruction, language)):
         problems.append(dropped)
+    if not problems and language == "python":
+        problems += python_problems(original, answer, instruction)
     return problems
+
+
+def _wrapped(new_lines: list[str], old_set: set[str]) -> bool:
+    """Markdown: "Here is the updated README:", a fence the file lacks, the file, and a closing
+    fence or a sentence at the end: the file inside a wrapper, not a new example at its top."""
+
+    def fence(ln: str) -> bool:
+        return ln.strip().startswith(("```", "~~~")) and ln.strip() not in old_set
+
+    last = new_lines[-1].strip()
+    return len(new_lines) > 2 and fence(new_lines[1]) and (fence(last) or bool(_PROSE_END.match(last)))
+
+
+def _tabs_turned_to_spaces(original: str, answer: str) -> str | None:
+    """A line the file indents with a tab (and never with spaces) that the answer indents with
+    spaces: a Makefile then fails, Go loses gofmt. The first such line, or None."""
+    tabbed = {ln.strip() for ln in original.splitlines() if ln.startswith("\t") and ln.strip()}
+    spaced = {ln.strip() for ln in original.splitlines() if ln.startswith(" ") and ln.strip()}
+    return next((ln for ln in answer.splitlines() if ln.startswith(" ") and ln.strip() in tabbed - spaced), None)
+
+
+def _data_problem(original: str, answer: str, language: str) -> str | None:
+    """JSON or YAML that parsed before the edit and does not after (an answer cut short)."""
+    if language == "json":
+        import json
+
+        def parse(text):
+            return json.loads(text)
+
+    elif language == "yaml":
+        try:
+            import yaml
+        except ImportError:
+            return None
+
+        def parse(text):
+            return list(yaml.safe_load_all(text))
+
+    else:
+        return None
+    try:
+        parse(original)
+    except Exception:  # noqa: BLE001 - the file did not parse either: nothing to compare
+        return None
+    try:
+        parse(answer)
+    except Exception as e:  # noqa: BLE001 - any parser error is the answer's fault
+        return f"the answer is not valid {language.upper()} ({_clip(str(e).splitlines()[0], 60)})"
+    return None
+
+
+def python_problems(original: str, answer: str, instruction: str) -> list[str]:
+    """What only Python's parse shows: a top-level statement or class attribute of the file gone
+    (a `CUTOFF = 0.5`, the `if __name__ == "__main__":` block: an answer cut short after its
+    last function, or a class spliced in without its attributes), a definition written twice,
+    and a function whose body became `...` or `pass`. What the instruction names may go."""
+    rename = RENAME.search(instruction)
+    keep_all = not (_REWRITE.search(instruction) or _KEEP_ONLY.search(instruction))
+    gone = dropped_statements(original, answer, rename and rename.group("old")) if keep_all else []
+    gone = [g for g in gone if not any(word_count(instruction, w) for w in _key_words(g))]
+    problems = []
+    if gone:
+        problems.append(f"the answer no longer has {_listed(gone)}, which the file has (cut short?)")
+    if twice := duplicate_definitions(original, answer):
+        problems.append(f"the answer defines {_listed(twice)} twice")
+    if emptied := [n for n in emptied_bodies(original, answer) if not word_count(instruction, n.rsplit(".", 1)[-1])]:
+        problems.append(f"the answer leaves code out: the body of {_listed(emptied)} is only `...` or `pass`")
+    return problems
+
+
+def _key_words(key: str) -> set[str]:
+    """The words an instruction would use for a statement: `CUTOFF`, `Config.port` -> port,
+    `if __name__ == '__main__'` -> main (not "if", not "name")."""
+    words = {w.strip("_") for w in re.findall(r"[A-Za-z_]\w*", key.split(".")[-1]) if w not in ("if", "__name__")}
+    return {w for w in words if w}
 
 
 def _listed(names: list[str]) -> str:
@@ -180,10 +299,14 @@ def _listed(names: list[str]) -> str:
 def _dropped_problem(original: str, answer: str, instruction: str, language: str) -> str | None:
     """The functions or classes of the file the answer lost, unless the instruction asks for a
     removal or a rewrite; the name a rename replaces does not count."""
-    if _REWRITE.search(instruction) or _asks_for_removal(instruction, original, _DELETION):
+    if _REWRITE.search(instruction) or _KEEP_ONLY.search(instruction):
         return None
     rename = RENAME.search(instruction)
     dropped = dropped_definitions(original, answer, language, rename and rename.group("old"))
+    if _asks_for_removal(instruction, original, _DELETION):  # only what it names may go, with its methods
+        named = [n for n in dropped if word_count(instruction, n.rsplit(".", 1)[-1])]
+        inside = indented_definitions(original, language) if named else set()
+        dropped = [n for n in dropped if n not in named and n.split(".")[0] not in named and n not in inside]
     if not dropped:
         return None
     return f"the answer no longer defines {_listed(dropped)}, which the file defines (cut short, or renamed unasked?)"

@@ -22,7 +22,7 @@ from .prompts import DEFAULT_PROMPT, EditAsk, EditPrompt, ask_for
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
-_FENCE = re.compile(r"\A\s*```[^\n`]*\n(?P<body>.*?)\n?[ \t]*```[ \t]*\s*\Z", re.S)
+_FENCE = re.compile(r"\A\s*(?P<fence>```|~~~)[^\n`]*\n(?P<body>.*?)\n?[ \t]*(?P=fence)[ \t]*\s*\Z", re.S)
 
 
 class EditError(SpecServeError):
@@ -60,16 +60,20 @@ class EditResult:
 
 
 def strip_fence(text: str, original: str = "") -> str:
-    """Remove a ``` fence around the whole answer; match the original's trailing newline.
+    """The answer as the file's text: a ``` (or ~~~) fence around it removed, CRLF line ends and
+    a byte-order mark taken out (the model saw neither: files.py puts the file's own back), and
+    the original's trailing newlines (none, one, or a blank last line) kept.
 
     A file that itself opens with a fence (Markdown beginning with a code block) and an answer
     that opens with the same line is the file, not a wrapped answer: nothing is stripped."""
+    text = text.replace("\r\n", "\n").removeprefix("\ufeff")
     m = _FENCE.match(text)
     first = next((ln.strip() for ln in original.splitlines() if ln.strip()), "")
-    opens_like_file = first.startswith("```") and text.lstrip().split("\n", 1)[0].strip() == first
+    opens_like_file = first.startswith(("```", "~~~")) and text.lstrip().split("\n", 1)[0].strip() == first
     code = m.group("body") if m and not opens_like_file else text
-    if original.endswith("\n") and not code.endswith("\n"):
-        code += "\n"
+    if code.strip():
+        ending = original[len(original.rstrip("\n")) :] if original.strip() else code[len(code.rstrip("\n")) :] or "\n"
+        code = code.rstrip("\n") + ending
     return code
 
 

@@ -146,6 +146,14 @@ def definitions(code: str, language: str) -> set[str] | None:
         return None
 
 
+def indented_definitions(code: str, language: str) -> set[str]:
+    """Outside Python: the definitions whose line is indented (methods, nested functions), which
+    go with the class or function that holds them. Python names methods `Class.method` instead."""
+    if language == "python":
+        return set()
+    return {m.group("name") for m in _DEFINITION.finditer(code) if m.group(0)[:1] in (" ", "\t")}
+
+
 def dropped_definitions(original: str, answer: str, language: str, renamed: str | None = None) -> list[str]:
     """The functions and classes the original defines and the answer no longer does (sorted),
     leaving out `renamed` (the old name of a rename the instruction asks for): a model that
@@ -155,6 +163,88 @@ def dropped_definitions(original: str, answer: str, language: str, renamed: str 
     if before is None or after is None:
         return []
     return sorted(n for n in before - after if n.rsplit(".", 1)[-1] != renamed)
+
+
+def _parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _statement_keys(body: list[ast.stmt], prefix: str = "") -> Iterator[str]:
+    """What identifies a top-level (or class-level, with `prefix`) statement that is no
+    definition, across an edit that may change its value: an assignment's targets, an `if`'s
+    test (`if __name__ == "__main__":`), a call's function. Imports, docstrings and other
+    statements are not followed (edits legitimately change them)."""
+    for node in body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        yield prefix + n.id
+        elif isinstance(node, ast.If) and not prefix:
+            yield "if " + ast.unparse(node.test)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and not prefix:
+            yield ast.unparse(node.value.func) + "(...)"
+        elif isinstance(node, ast.ClassDef) and not prefix:
+            yield from _statement_keys(node.body, node.name + ".")
+
+
+def dropped_statements(original: str, answer: str, renamed: str | None = None) -> list[str]:
+    """Python: the top-level statements and class attributes (`_statement_keys`) of the original
+    that the answer no longer has, leaving out `renamed`. [] when either does not parse."""
+    before, after = _parse(original), _parse(answer)
+    if before is None or after is None:
+        return []
+    gone = set(_statement_keys(before.body)) - set(_statement_keys(after.body))
+    return sorted(g for g in gone if g.rsplit(".", 1)[-1] != renamed)
+
+
+def duplicate_definitions(original: str, answer: str) -> list[str]:
+    """Python: the top-level functions and classes (and methods) the answer defines more than
+    once where the original did not (a model that writes a function again further down)."""
+
+    def twice(code: str) -> set[str] | None:
+        tree = _parse(code)
+        if tree is None:
+            return None
+        names = [name for name, _ in _python_definitions(tree)]
+        return {n for n in names if names.count(n) > 1}
+
+    before, after = twice(original), twice(answer)
+    return [] if before is None or after is None else sorted(after - before)
+
+
+def _placeholder_body(node: ast.AST) -> bool:
+    body = [
+        n
+        for n in node.body
+        if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str))
+    ]
+    return len(body) == 1 and (
+        isinstance(body[0], ast.Pass)
+        or (
+            isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and body[0].value.value is Ellipsis
+        )
+    )
+
+
+def emptied_bodies(original: str, answer: str) -> list[str]:
+    """Python: the functions whose body the answer turned into `...` or `pass` (a docstring
+    aside) where the original's did more: code left out, as a `# ... unchanged` comment is."""
+    before, after = _parse(original), _parse(answer)
+    if before is None or after is None:
+        return []
+    old = {name: node for name, node in _python_definitions(before) if not isinstance(node, ast.ClassDef)}
+    return sorted(
+        name
+        for name, node in _python_definitions(after)
+        if name in old and _placeholder_body(node) and not _placeholder_body(old[name])
+    )
 
 
 def python_definition_source(code: str, name: str) -> str | None:
