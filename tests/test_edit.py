@@ -927,3 +927,14 @@ def test_other_languages_refuse_broken_answers(name, original, answer):
 )
 def test_an_answer_keeps_the_file_s_line_ends_and_final_newlines(original, raw, expected):
     assert strip_fence(raw, original) == expected
+
+
+def test_the_new_rules_leave_legitimate_edits_alone():
+    """A renamed list whose method is called (`tests.append` -> `TESTS.append`), a YAML file whose
+    last line changes, tabs turned to spaces when asked."""
+    code = "tests = []\n\n\ndef f():\n    return 1\n\n\ntests.append(f)\n"
+    assert judge_answer(code, code.replace("tests", "TESTS"), "Rename tests to TESTS", "python").failure is None
+    yaml_file = "name: app\nnote: old\n"
+    assert check_answer(yaml_file, "name: app\nnote: new\n", "Change the note", "yaml") == []
+    make = "build:\n\tcc main.c\n"
+    assert check_answer(make, "build:\n    cc main.c\n", "Indent with spaces instead of tabs") == []

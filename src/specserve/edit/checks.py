@@ -83,7 +83,7 @@ _PROSE_START = re.compile(
 # A sentence after the code: "I changed ...", "Let me know ...", "This change ...", "Note: ...".
 _PROSE_END = re.compile(
     r"^(i (changed|updated|added|renamed|removed|replaced|made|modified|have|also)\b|i[\'’](ve|ll)\b|"
-    r"let me know\b|hope this\b|this (change|update|version|code|edit|will|should|way)\b|note:|"
+    r"let me know\b|hope this\b|this (change|update|version|code|edit|will|should|way)\b|"
     r"the (change|changes|above|updated|modified)\b|in this (version|code|update)\b)",
     re.I,
 )
@@ -195,7 +195,8 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
                 f"non-blank lines, {new_chars} of {old_chars} characters) and the instruction "
                 "asks for no removal"
             )
-    if not problems and (spaces := _tabs_turned_to_spaces(original, answer)):
+    reindent = re.search(r"\b(indent\w*|spaces|tabs|whitespace|reformat|format)\b", instruction, re.I)
+    if not problems and not reindent and (spaces := _tabs_turned_to_spaces(original, answer)):
         problems.append(f"the answer indents with spaces lines the file indents with tabs: {_clip(spaces)!r}")
     if not problems and (broken := _data_problem(original, answer, language)):
         problems.append(broken)

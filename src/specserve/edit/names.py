@@ -199,7 +199,7 @@ def dropped_statements(original: str, answer: str, renamed: str | None = None) -
     if before is None or after is None:
         return []
     gone = set(_statement_keys(before.body)) - set(_statement_keys(after.body))
-    return sorted(g for g in gone if g.rsplit(".", 1)[-1] != renamed)
+    return sorted(g for g in gone if renamed not in re.findall(r"[A-Za-z_]\w*", g))
 
 
 def duplicate_definitions(original: str, answer: str) -> list[str]:
