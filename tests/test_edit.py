@@ -938,3 +938,21 @@ def test_the_new_rules_leave_legitimate_edits_alone():
     assert check_answer(yaml_file, "name: app\nnote: new\n", "Change the note", "yaml") == []
     make = "build:\n\tcc main.c\n"
     assert check_answer(make, "build:\n    cc main.c\n", "Indent with spaces instead of tabs") == []
+
+
+def test_shell_functions_arrow_functions_and_methods_count_as_definitions():
+    """An answer that lost a shell function, an arrow function or a class method was written:
+    only `def`/`class`/`function`/`func`/`fn` lines counted."""
+    ts = (
+        "export class Store {\n  find(id: string): User | undefined {\n    if (id) {\n      return this.users[0];\n"
+        "    }\n  }\n  count(): number {\n    return this.users.length;\n  }\n}\n"
+        "export const formatUser = (u: User): string => u.name;\n"
+    )
+    lost = ts.replace("export const formatUser = (u: User): string => u.name;\n", "")
+    assert "formatUser" in judge_answer(ts, lost, "Add a comment to Store", "typescript").failure
+    no_count = ts.replace("  count(): number {\n    return this.users.length;\n  }\n", "")
+    assert "count" in judge_answer(ts, no_count, "Add a comment to Store", "typescript").failure
+    sh = "#!/bin/sh\nset -e\n\ncompile() {\n  cc -o app main.c\n}\n\nrun() {\n  ./app\n}\n\ncompile\nrun\n"
+    no_compile = sh.replace("compile() {\n  cc -o app main.c\n}\n\n", "")
+    assert "compile" in judge_answer(sh, no_compile, "Add -O2 to the build", "bash").failure
+    assert judge_answer(sh, sh.replace("cc -o", "cc -O2 -o"), "Add -O2 to the build", "bash").failure is None

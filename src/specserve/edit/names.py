@@ -125,6 +125,31 @@ _DEFINITION = re.compile(
 )
 
 
+# More definition lines: a shell function `name() {`, a JavaScript/TypeScript function held by a
+# name `const name = (...) =>` / `= function`, and a class method `name(args) {` (control words aside).
+_MORE_DEFINITIONS = (
+    re.compile(r"^[ \t]*(?:function\s+)?(?P<name>[A-Za-z_][\w-]*)\s*\(\)\s*\{", re.M),
+    re.compile(
+        r"^[ \t]*(?:export\s+)?(?:const|let|var)\s+(?P<name>[A-Za-z_$][\w$]*)\s*(?::[^=]+)?=\s*"
+        r"(?:async\s*)?(?:function\b|\([^)]*\)\s*(?::[^=]+)?=>|[A-Za-z_$][\w$]*\s*=>)",
+        re.M,
+    ),
+    re.compile(
+        r"^[ \t]+(?:(?:public|private|protected|static|async|get|set|override|readonly)\s+)*"
+        r"(?!(?:if|for|while|switch|catch|function|return|else|do|try|with)\b)"
+        r"(?P<name>[A-Za-z_$][\w$]*)\s*\([^)]*\)\s*(?::\s*[^{;=]+)?\{\s*$",
+        re.M,
+    ),
+)
+
+
+def _definition_lines(code: str) -> Iterator[re.Match]:
+    """Every definition line the regular expressions find (languages without a parser here)."""
+    yield from _DEFINITION.finditer(code)
+    for pattern in _MORE_DEFINITIONS:
+        yield from pattern.finditer(code)
+
+
 def _python_definitions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
     """(name, node) of the top-level functions and classes, and of the methods of top-level
     classes as `Class.method`."""
@@ -139,7 +164,7 @@ def definitions(code: str, language: str) -> set[str] | None:
     """The functions and classes `code` defines: for Python those of `_python_definitions`,
     elsewhere every definition line `_DEFINITION` finds. None when Python code does not parse."""
     if language != "python":
-        return {m.group("name") for m in _DEFINITION.finditer(code)}
+        return {m.group("name") for m in _definition_lines(code)}
     try:
         return {name for name, _ in _python_definitions(ast.parse(code))}
     except (SyntaxError, ValueError):
@@ -151,7 +176,7 @@ def indented_definitions(code: str, language: str) -> set[str]:
     go with the class or function that holds them. Python names methods `Class.method` instead."""
     if language == "python":
         return set()
-    return {m.group("name") for m in _DEFINITION.finditer(code) if m.group(0)[:1] in (" ", "\t")}
+    return {m.group("name") for m in _definition_lines(code) if m.group(0)[:1] in (" ", "\t")}
 
 
 def dropped_definitions(original: str, answer: str, language: str, renamed: str | None = None) -> list[str]:
