@@ -336,6 +336,16 @@ def test_in_place_follows_a_symlink_and_keeps_the_mode(server, tmp_path):
     assert sorted(p.name for p in real.parent.iterdir()) == ["greet.py"]  # no temporary file left
 
 
+def test_output_to_a_new_file_keeps_the_edited_file_s_mode(server, tmp_path):
+    """`--output new.sh` from an executable script made a 0644 file: the edit lost its x bit."""
+    script = tmp_path / "greet.py"
+    script.write_text(ORIGINAL)
+    script.chmod(0o755)
+    out = tmp_path / "out.py"
+    assert edit_cli(server, script, "--output", str(out)) == 0
+    assert out.read_text() == EDITED and out.stat().st_mode & 0o777 == 0o755
+
+
 def test_in_place_keeps_hard_links(server, src):
     other = src.parent / "also_greet.py"
     other.hardlink_to(src)

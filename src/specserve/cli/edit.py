@@ -279,6 +279,6 @@ def run(args) -> int:
     elif _same_file(dest, args.file):  # --output FILE itself: what the user saved meanwhile still wins
         write_in_place(source, result.code)
     else:
-        write_atomic(dest, source.encode(result.code))
+        write_atomic(dest, source.encode(result.code), mode_of=args.file)
     print(f"wrote {dest}" + (f" (backup: {backup_path(args.file).name})" if args.in_place else ""), file=sys.stderr)
     return 0

@@ -132,11 +132,12 @@ def write_in_place(source: SourceFile, text: str, backup: Path | None = None) ->
     write_atomic(source.path, source.encode(text))
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
+def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> None:
     """Write `data` through a temporary file in the same folder, renamed over the target: never a
     half-written file. A symlink is followed (the file it points to is written, the link stays),
-    and an existing file keeps its permission bits. A file with other hard links is rewritten
-    where it is instead (a rename would leave the other names holding the old text)."""
+    and an existing file keeps its permission bits; a new one takes `mode_of`'s (the edited
+    file's: an executable script's edit stays executable). A file with other hard links is
+    rewritten where it is instead (a rename would leave the other names holding the old text)."""
     real = path.resolve()
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -148,8 +149,9 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     tmp = real.with_name(f".{real.name}.specserve-tmp")
     try:
         tmp.write_bytes(data)
-        if real.exists():
-            os.chmod(tmp, real.stat().st_mode & 0o7777)
+        like = real if real.exists() else mode_of
+        if like is not None and like.exists():
+            os.chmod(tmp, like.stat().st_mode & 0o7777)
         os.replace(tmp, real)
     finally:
         tmp.unlink(missing_ok=True)
