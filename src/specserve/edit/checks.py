@@ -246,10 +246,7 @@ def _data_problem(original: str, answer: str, language: str) -> str | None:
             return json.loads(text)
 
     elif language == "yaml":
-        try:
-            import yaml
-        except ImportError:
-            return None
+        import yaml
 
         def parse(text):
             return list(yaml.safe_load_all(text))
