@@ -8,6 +8,7 @@ How fast a 50 MB body is refused is measured by `scripts/bench_body_limit.py`, n
 from __future__ import annotations
 
 import itertools
+import json
 import os
 
 import httpx
@@ -261,6 +262,10 @@ def _servable(body: dict) -> None:
                 else {"type": "function", "function": {"name": "get_weather"}}
             )
         body["tool_choice"] = choice
+    if body.get("response_format") is None:
+        body.pop("response_format", None)
+    if not chat and isinstance(body.get("response_format"), dict):  # completions take it too: a valid one
+        body["response_format"] = {"type": "json_object"}
     if chat and ("response_format" in body or turn == 2):
         kind = body["response_format"].get("type") if isinstance(body.get("response_format"), dict) else None
         kind = kind if kind in ("text", "json_object") else "json_schema"
@@ -272,12 +277,16 @@ def _servable(body: dict) -> None:
     guides = [k for k in EXTENSION_GUIDES if body.get(k) is not None]
     for k in guides:
         body.pop(k)
-    formatted = chat and body.get("response_format", {}).get("type", "text") != "text"
+    formatted = isinstance(body.get("response_format"), dict) and body["response_format"].get("type", "text") != "text"
     if (guides or (not chat and turn == 2)) and not formatted:  # one grammar from the extension fields
         body["structured_outputs"] = {"regex": "[a-c]{1,4}"} if len(guides) % 2 else {"choice": ["yes", "no"]}
     forced = body.get("tool_choice") not in (None, "none", "auto")
+    if forced:  # a forced call is the constraint: another is a documented 400
+        body.pop("structured_outputs", None)
+        body.pop("response_format", None)
     if forced or "structured_outputs" in body or body.get("response_format", {}).get("type", "text") != "text":
         body.pop("ignore_eos", None)  # with a grammar: a documented 400
+        body.pop("stop", None)  # likewise
 
 
 def _servable_tokens(body: dict) -> None:
@@ -347,3 +356,49 @@ def test_schemathesis(server):
         run()
     assert metric_value(server.metrics(), "specserve_requests_total", status="200") > 0  # the engine was reached
     assert all(reached.get(f) for f in ("n > 1", "tools", "grammar")), reached
+
+
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    "path, extra, param",
+    [
+        # a stop string cut the constrained answer, which came back as finish_reason "stop"
+        ("chat/completions", {"stop": [" is"], "structured_outputs": {"regex": "[A-Z][a-z]+ is"}}, "stop"),
+        ("chat/completions", {"stop": ","} | {"response_format": SCHEMA_FORMAT}, "stop"),
+        ("chat/completions", {"stop": ["Paris"], "tools": [FUZZ_TOOL], "tool_choice": "required"}, "stop"),
+        ("completions", {"stop": "}", "response_format": {"type": "json_object"}}, "stop"),
+        # a forced tool call dropped the other constraint without a word
+        (
+            "chat/completions",
+            {"tools": [FUZZ_TOOL], "tool_choice": "required", "structured_outputs": {"regex": "a+"}},
+            "structured_outputs.regex",
+        ),
+        (
+            "chat/completions",
+            {"tools": [FUZZ_TOOL], "tool_choice": "required", "response_format": SCHEMA_FORMAT},
+            "response_format.json_schema.schema",
+        ),
+        # completions ignored response_format: now it constrains, and two constraints are refused
+        (
+            "completions",
+            {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a+"}},
+            "structured_outputs.regex",
+        ),
+    ],
+)
+def test_constraints_that_would_be_cut_or_dropped_are_refused(server, path, extra, param):
+    base = OK_CHAT if path.startswith("chat") else {"model": MODEL, "prompt": "def add", "max_tokens": 4}
+    _assert_openai_error(_post(server, path, json=base | extra), 400, param)
+
+
+def test_completions_honour_response_format(server):
+    body = {"model": MODEL, "prompt": "def add", "max_tokens": 64, "temperature": 0}
+    r = _post(server, "completions", json=body | {"response_format": {"type": "json_object"}})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["text"]), dict)
+    else:  # cut by max_tokens: still a JSON object's beginning, never free text
+        assert choice["text"].lstrip().startswith("{")

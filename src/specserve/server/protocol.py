@@ -208,7 +208,7 @@ def _extension_fields(req: _Common) -> dict:
     return {k: getattr(req, k) for k in ("structured_outputs", *GUIDED_FIELDS)}
 
 
-def _output_guide(req: ChatCompletionRequest) -> GrammarSpec | None:
+def _output_guide(req: _Common) -> GrammarSpec | None:
     """The answer's constraint: OpenAI's response_format or vLLM's fields, never both (one would
     be dropped without a word)."""
     fmt = response_format_guide(req.response_format)
@@ -223,7 +223,15 @@ def _output_guide(req: ChatCompletionRequest) -> GrammarSpec | None:
 
 def _compile(spec, llm, req: _Common) -> PendingGuide | None:
     """Start compiling the request's grammar (on the grammar threads); the server awaits it before
-    queueing the request, so a bad or too slow one is a 400 and never holds up the prep thread."""
+    queueing the request, so a bad or too slow one is a 400 and never holds up the prep thread.
+    A stop string with a grammar is a 400: it would cut the answer before the grammar completes,
+    and the cut answer (invalid JSON, a tool call without its arguments) came back as "stop"."""
+    if spec is not None and req.stop:
+        raise bad_request(
+            f"stop strings do not go with {spec.param}: they would cut the constrained answer before it is "
+            "complete (the grammar ends the answer by itself)",
+            "stop",
+        )
     check_guided(spec, req.ignore_eos)
     spec = json_whitespace(spec, req.strict_whitespace)
     return None if spec is None else llm.compile_guide(spec, wait=False)
@@ -235,7 +243,13 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages", "empty_array")
     tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
-    spec = tool_guide(tools) or _output_guide(req)
+    spec, output = tool_guide(tools), _output_guide(req)
+    if spec is not None and output is not None:  # a forced call is the answer's constraint already
+        raise ConstraintError(
+            f"only one constraint at a time: tool_choice forces a tool call, so {output.param} cannot apply",
+            output.param,
+        )
+    spec = spec or output
     prompt_ids = chat_prompt_ids(req.messages, tools, continues_final_message(req), llm)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")
@@ -348,7 +362,7 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         _prediction_text(req.prediction, llm),
         bool(req.stream),
         bool(req.stream_options and req.stream_options.include_usage),
-        _compile(extension_guide(_extension_fields(req)), llm, req),
+        _compile(_output_guide(req), llm, req),
         None,
         n,
         echo_texts=echo,

@@ -105,6 +105,7 @@ class _Common(_Strict):
     guided_grammar: Any = None
     guided_choice: Any = None
     strict_whitespace: bool | None = None  # extension (extra_body): JSON outputs in one layout (structured.py)
+    response_format: ResponseFormat | None = None  # chat's; on completions too, as in vLLM
 
 
 class ChatCompletionRequest(_Common):
@@ -119,7 +120,6 @@ class ChatCompletionRequest(_Common):
     function_call: Any = None
     audio: Any = None
     modalities: list[str] | None = None
-    response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
     # extensions (extra_body), as in vLLM: go on writing the last, assistant, message (an answer
     # begun for the model) instead of answering it; the response holds only what follows it
