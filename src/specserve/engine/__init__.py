@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from ..backends import SequenceRunner, as_backend
 from ..config import EngineLimits, SamplingParams, SpeculationConfig
 from .core import EngineCore, StepInfo
-from .request import Request
+from .request import FINISHED, Request
 from .stats import RequestOutput, StepEvent
 from .tokenizer import per_thread
 
@@ -146,7 +146,7 @@ class Generation:
 
     def __init__(self, core: EngineCore, request: Request):
         self.core, self.request = core, request
-        self._events = self._run()
+        self._events = _drive(core, request)  # holds no reference back: dropping this closes it
 
     @property
     def output(self) -> RequestOutput | None:
@@ -164,9 +164,25 @@ class Generation:
             pass
         return self.output
 
-    def _run(self) -> Iterator[StepEvent]:
-        req = self.request
-        self.core.add(req)
+    def close(self) -> None:
+        """Stop the request where it is and free what it holds. Dropping the Generation does the
+        same, and so does leaving a `with` block around it; a `break` alone leaves it open while
+        the variable holds it, and the engine steps it along with the others meanwhile."""
+        self._events.close()
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _drive(core: EngineCore, req: Request) -> Iterator[StepEvent]:
+    """Queue the request and step the engine until it ends, yielding its events. Closed before
+    the end (a `break`, an exception in the caller's loop, the Generation dropped), the request
+    is cancelled and its sequence freed at once."""
+    core.add(req)
+    try:
         while True:
             while req.events:
                 event = req.events.popleft()
@@ -175,7 +191,10 @@ class Generation:
                 yield event
                 if event.finish_reason is not None:
                     return
-            self.core.step()
+            core.step()
+    finally:
+        if req.phase != FINISHED:
+            core.release(req)
 
 
 __all__ = ["Engine", "EngineCore", "EngineLimits", "Generation", "Request", "StepInfo"]

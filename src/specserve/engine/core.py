@@ -548,6 +548,18 @@ class EngineCore:
             self.prefix.drop(r.seq)
         self.target.free_sequence(r.seq)
 
+    def release(self, req: Request) -> None:
+        """A request nobody will read again (its Generation was closed or collected): cancel it and
+        free its sequence now, without a step (no other request may drive the engine for a while,
+        and until then it held its cells and its place in the batch). Any thread."""
+        req.dropped = True
+        with self.lock:
+            if req in self._incoming:
+                self._incoming.remove(req)
+                req.abort()
+            self._drop_cancelled()
+            self._retire()
+
     def _drop_cancelled(self) -> None:
         """Waiting requests whose client left (or whose deadline passed) leave the queue, wherever
         they sit in it."""

@@ -69,7 +69,9 @@ class Request:
         self.prompt_ids, self.params, self.spec = list(prompt_ids), params, spec
         self.prediction, self.constraint = prediction, constraint
         self.max_context = max_context
-        self.should_cancel = should_cancel or (lambda: False)
+        asked = should_cancel or (lambda: False)
+        self.dropped = False  # its caller stopped reading (Generation closed): cancelled like a client gone
+        self.should_cancel = lambda: self.dropped or asked()
         self.on_event = on_event
         self.events: deque[StepEvent] = deque()
         self.phase = WAITING
