@@ -506,3 +506,43 @@ def test_a_stream_nobody_reads_any_more_frees_its_sequence(how):
         assert core.num_running == 0 and core.scheduler.reserved == 0 and backend.live == 0
     out = llm.generate(tiny_tokenizer().encode("def add(a, b):"), SamplingParams(max_tokens=4, temperature=0))
     assert len(out.token_ids) == 4 and backend.live == 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 2.5},
+        {"seed": 1.5},
+        {"seed": "7"},
+        {"top_k": 2.5},
+        {"stop": [5]},
+        {"logprobs": True},
+        {"temperature": "1"},
+        {"temperature": float("nan")},
+    ],
+)
+def test_a_sampling_field_of_the_wrong_type_is_refused_when_built(fields):
+    """These failed inside an engine step as an EngineFault (a 500 from the server)."""
+    with pytest.raises(ValueError, match="must be"):
+        SamplingParams(**fields)
+
+
+def test_numpy_values_and_the_shape_of_generate_s_arguments():
+    """numpy token ids were read as a batch of prompts (TypeError), floats as ids were truncated,
+    and a params list of the wrong length or a dict failed with AttributeError."""
+    import numpy as np
+
+    llm, _ = engine_llm()
+    ids = tiny_tokenizer().encode("def add(a, b):")
+    q = SamplingParams(max_tokens=np.int64(4), seed=np.int32(3), temperature=np.float32(0.0))
+    assert type(q.max_tokens) is int and type(q.temperature) is float
+    assert llm.generate(list(np.array(ids)), q).token_ids == llm.generate(ids, q).token_ids
+    for args, message in [
+        (([1.5, 2], q), "token ids must be integers"),
+        ((["a", "b"], [q]), "a list of 1 for 2 prompts"),
+        (("def add", {"max_tokens": 4}), "params must be a SamplingParams"),
+        (("def add", q, 5), "prediction must be text or token ids"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=message):
+            llm.generate(*args)
+    assert len(llm.generate(["def add", "class A"], [q, q])) == 2

@@ -6,6 +6,8 @@ to get there faster. Neither changes the output distribution: speculation is los
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, replace
 
 METHODS = ("auto", "none", "prediction", "ngram", "draft")
@@ -43,6 +45,7 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
+        self._check_types()
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not 0.0 <= self.temperature <= 100.0:
@@ -66,6 +69,28 @@ class SamplingParams:
         if any(not -100.0 <= b <= 100.0 for _, b in pairs):
             raise ValueError("logit_bias values must be in [-100, 100]")
         object.__setattr__(self, "logit_bias", pairs)
+
+    def _check_types(self) -> None:
+        """Wrong types fail here, in one line, not inside an engine step (`seed=1.5` was an
+        EngineFault there, which the server answers with a 500). Integers: any integral number
+        but a bool (numpy's included)."""
+
+        def integral(v) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        for name in ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if not (integral(value) or (value is None and name in ("seed", "logprobs", "prompt_logprobs"))):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, int(value))  # numpy's too: plain ints from here on
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or math.isnan(value):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
 
     @property
     def greedy(self) -> bool:

@@ -9,6 +9,7 @@ print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].acc
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Callable, Sequence
 
@@ -22,6 +23,25 @@ from .engine.tokenizer import per_thread
 from .errors import InvalidRequestError, ModelLoadError
 from .fim import fim_prompt_ids
 from .models.loader import eos_ids, load
+
+
+def _is_batch(prompts) -> bool:
+    """A list of prompts (texts or token-id sequences), as opposed to one prompt's token ids
+    (whose items are numbers: numpy's too)."""
+    return (
+        isinstance(prompts, (list, tuple))
+        and bool(prompts)
+        and (isinstance(prompts[0], str) or hasattr(prompts[0], "__len__"))
+    )
+
+
+def _per_prompt(value, n: int, what: str, listed: bool) -> list:
+    """`value` for each of n prompts: the list itself when one is given per prompt, else n copies."""
+    if not listed:
+        return [value] * n
+    if len(value) != n:
+        raise InvalidRequestError(f"{what} is a list of {len(value)} for {n} prompts: give one per prompt, or one")
+    return list(value)
 
 
 class LLM:
@@ -232,7 +252,10 @@ class LLM:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
-            ids = [int(t) for t in prompt]
+            ids = list(prompt)
+            if any(not isinstance(t, numbers.Integral) or isinstance(t, bool) for t in ids):  # 1.5 was read as 1
+                raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt")
+            ids = [int(t) for t in ids]  # numpy's integers too
             check_token_ids(ids, self.vocab_size, "prompt")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
@@ -264,6 +287,10 @@ class LLM:
         on_event=None,
     ):
         """A validated engine Request (not yet queued): what `stream`, `generate` and the server run."""
+        if params is not None and not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if prediction is not None and not isinstance(prediction, (str, list, tuple)):
+            raise InvalidRequestError(f"prediction must be text or token ids, got {type(prediction).__name__}")
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
         return self.engine.request(
             self.prompt_ids(prompt),
@@ -304,12 +331,13 @@ class LLM:
         together (continuous batching, up to max_num_seqs at once; the rest join as others end).
 
         params / prediction may also be lists, one per prompt."""
-        if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
+        if _is_batch(prompts):
             n = len(prompts)
-            each = lambda x: x if isinstance(x, list) and len(x) == n and not isinstance(x[0], int) else [x] * n  # noqa: E731
+            params_each = _per_prompt(params, n, "params", isinstance(params, (list, tuple)))
+            predictions = _per_prompt(prediction, n, "prediction", _is_batch(prediction))
             reqs = [
                 self.request(p, sp, pr, speculation, guide=guide)
-                for p, sp, pr in zip(prompts, each(params), each(prediction))
+                for p, sp, pr in zip(prompts, params_each, predictions)
             ]
             return self.engine.run(reqs)
         return self.engine.run([self.request(prompts, params, prediction, speculation, guide=guide)])[0]
