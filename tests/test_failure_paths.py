@@ -546,3 +546,19 @@ def test_numpy_values_and_the_shape_of_generate_s_arguments():
         with pytest.raises(InvalidRequestError, match=message):
             llm.generate(*args)
     assert len(llm.generate(["def add", "class A"], [q, q])) == 2
+
+
+@pytest.mark.parametrize(
+    "messages, message",
+    [
+        ([{"content": "hi"}], r"messages\[0\] must be a dict with a string 'role'"),
+        ([{"role": "user"}], r"messages\[0\] needs 'content'"),
+        ([{"role": "user", "content": None}], r"messages\[0\] needs 'content'"),
+        ("hello", "messages must be a list of dicts"),
+    ],
+)
+def test_malformed_chat_messages_are_a_clear_error(messages, message):
+    """A KeyError, a jinja UndefinedError or an AttributeError from inside the template before."""
+    llm, _ = engine_llm()
+    with pytest.raises(InvalidRequestError, match=message):
+        llm.chat(messages, SamplingParams(max_tokens=2))

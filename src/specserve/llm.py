@@ -25,6 +25,20 @@ from .fim import fim_prompt_ids
 from .models.loader import eos_ids, load
 
 
+def _check_messages(messages) -> None:
+    """Chat messages as the template reads them: a list of dicts, each with a string `role` and
+    text `content` (a string or text parts; an assistant's may be None, beside its tool calls). A
+    KeyError or a jinja error from deep in the template told a Python user nothing."""
+    if not isinstance(messages, (list, tuple)):
+        raise InvalidRequestError(f"messages must be a list of dicts, got {type(messages).__name__}", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequestError(f"messages[{i}] must be a dict with a string 'role'", "messages")
+        content = m.get("content")
+        if not (isinstance(content, (str, list)) or (content is None and m["role"] == "assistant")):
+            raise InvalidRequestError(f"messages[{i}] needs 'content': a string or a list of text parts", "messages")
+
+
 def _is_batch(prompts) -> bool:
     """A list of prompts (texts or token-id sequences), as opposed to one prompt's token ids
     (whose items are numbers: numpy's too)."""
@@ -221,6 +235,7 @@ class LLM:
         no new turn is opened."""
         if not messages:
             raise InvalidRequestError("messages must not be empty")
+        _check_messages(messages)
         if continue_final_message and messages[-1].get("role") != "assistant":
             raise InvalidRequestError(
                 "continue_final_message needs the last message to be the assistant's", "continue_final_message"
