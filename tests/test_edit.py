@@ -966,3 +966,11 @@ def test_shell_functions_arrow_functions_and_methods_count_as_definitions():
     no_compile = sh.replace("compile() {\n  cc -o app main.c\n}\n\n", "")
     assert "compile" in judge_answer(sh, no_compile, "Add -O2 to the build", "bash").failure
     assert judge_answer(sh, sh.replace("cc -o", "cc -O2 -o"), "Add -O2 to the build", "bash").failure is None
+
+
+def test_a_read_only_file_is_not_written_even_by_root(server, src, capsys):
+    """os.access says yes to root, so a 0444 file was overwritten without a word."""
+    src.chmod(0o444)
+    assert edit_cli(server, src, "--in-place") != 0
+    assert src.read_text() == ORIGINAL and server.requests == []  # refused before the model is asked
+    assert "read-only" in capsys.readouterr().err

@@ -113,6 +113,8 @@ def check_writable(path: Path) -> None:
         raise EditError(f"cannot write {path}: it is a folder")
     if not os.access(folder, os.W_OK) or (real.exists() and not os.access(real, os.W_OK)):
         raise EditError(f"cannot write {path}: permission denied")
+    if real.exists() and not real.stat().st_mode & 0o222:  # root may write it: the user said not to
+        raise EditError(f"cannot write {path}: it is read-only (chmod u+w it to let the edit write it)")
 
 
 def write_in_place(source: SourceFile, text: str, backup: Path | None = None) -> None:
