@@ -24,23 +24,25 @@ from .names import (
 
 # An answer far shorter than the file is a lost file, unless the instruction asks to take code out.
 SHORT_FRACTION = 0.5
+# Verbs that take code out, as whole words ("dropout", "CUTOFF" are none). Those of _TAKE_OUT take
+# whole definitions out; the others may only shorten code.
+_TAKE_OUT = (
+    r"delet(e|es|ed|ing|ion)|remov(e|es|ed|ing|al)|drop(s|ped|ping)?|cut(s|ting)?|eliminat(e|es|ed|ing|ion)"
+    r"|get rid|keep only|only keep"
+)
+_KEEP_ONLY_WORDS = r"keep only|only keep|to\s+(?:\S+\s+){0,2}only"
 _REMOVAL = re.compile(
-    r"\b(delet(e|es|ed|ing|ion)|remov(e|es|ed|ing|al)|drop(s|ped|ping)?|strip(s|ped|ping)?|shorten(s|ed|ing)?"
-    r"|simplif(y|ies|ied|ying|ication)|trim(s|med|ming)?|cut(s|ting)?|eliminat(e|es|ed|ing|ion)|get rid"
+    rf"\b({_TAKE_OUT}|strip(s|ped|ping)?|shorten(s|ed|ing)?|simplif(y|ies|ied|ying|ication)|trim(s|med|ming)?"
     r"|condens(e|es|ed|ing)|minif(y|ies|ied|ying)|collaps(e|es|ed|ing)|reduc(e|es|ed|ing|tion)|dedup\w*"
-    r"|clean ?up|keep only|only keep|extract(s|ed|ing)?|split(s|ting)?|mov(e|es|ed|ing))\b",
+    r"|clean ?up|extract(s|ed|ing)?|split(s|ting)?|mov(e|es|ed|ing))\b",
     re.I,
 )
 # Of those, the words that ask to take whole definitions out. "Simplify greet" or "clean up greet"
 # may shorten the file, but an answer that loses the file's other functions is not that edit: it
 # is refused, or (Python) spliced into the file, so the functions are kept.
-_DELETION = re.compile(
-    r"\b(delet(e|es|ed|ing|ion)|remov(e|es|ed|ing|al)|drop(s|ped|ping)?|cut(s|ting)?|eliminat(e|es|ed|ing|ion)"
-    r"|get rid|prun(e|es|ed|ing)|purg(e|es|ed|ing)|keep only|only keep|to\s+(?:\S+\s+){0,2}only)\b",
-    re.I,
-)
+_DELETION = re.compile(rf"\b({_TAKE_OUT}|prun(e|es|ed|ing)|purg(e|es|ed|ing)|{_KEEP_ONLY_WORDS})\b", re.I)
 # Of those, the ones that keep a part and drop all the rest: there any definition may go.
-_KEEP_ONLY = re.compile(r"\b(keep only|only keep|to\s+(?:\S+\s+){0,2}only)\b", re.I)
+_KEEP_ONLY = re.compile(rf"\b({_KEEP_ONLY_WORDS})\b", re.I)
 # A word of the instruction that names code is not a verb: "add type hints to the function split"
 # asks for no removal. Names: in backticks, called (`split(`), after a kind of name, or defined by the file.
 _NAMED_IN_TEXT = re.compile(
@@ -278,9 +280,14 @@ def python_problems(original: str, answer: str, instruction: str) -> list[str]:
         problems.append(f"the answer no longer has {_listed(gone)}, which the file has (cut short?)")
     if twice := duplicate_definitions(original, answer):
         problems.append(f"the answer defines {_listed(twice)} twice")
-    if emptied := [n for n in emptied_bodies(original, answer) if not word_count(instruction, n.rsplit(".", 1)[-1])]:
+    if emptied := [n for n in emptied_bodies(original, answer) if not _named(instruction, n)]:
         problems.append(f"the answer leaves code out: the body of {_listed(emptied)} is only `...` or `pass`")
     return problems
+
+
+def _named(instruction: str, definition: str) -> bool:
+    """Whether the instruction names a definition (`sub`, or `Store.count` by `count`)."""
+    return bool(word_count(instruction, definition.rsplit(".", 1)[-1]))
 
 
 def _key_words(key: str) -> set[str]:
@@ -302,7 +309,7 @@ def _dropped_problem(original: str, answer: str, instruction: str, language: str
     rename = RENAME.search(instruction)
     dropped = dropped_definitions(original, answer, language, rename and rename.group("old"))
     if _asks_for_removal(instruction, original, _DELETION):  # only what it names may go, with its methods
-        named = [n for n in dropped if word_count(instruction, n.rsplit(".", 1)[-1])]
+        named = [n for n in dropped if _named(instruction, n)]
         inside = indented_definitions(original, language) if named else set()
         dropped = [n for n in dropped if n not in named and n.split(".")[0] not in named and n not in inside]
     if not dropped:

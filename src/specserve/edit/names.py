@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import io
 import re
 import tokenize
@@ -41,13 +42,23 @@ _IMPLICIT = frozenset(dir(builtins)) | {
 }
 
 
+@functools.lru_cache(maxsize=8)
+def _parse(code: str) -> ast.Module | None:
+    """The module `code` parses to, or None (a syntax error, a null byte). One answer is judged by
+    several checks against one original, each reading the same two trees: they are parsed once.
+    The trees are shared, so nothing here may change them."""
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+
+
 def unbound_names(code: str) -> set[str] | None:
     """The names `code` reads that nothing in it binds; None when that cannot be told (the code
     does not parse, or a star import binds names we cannot see). Annotations count as reads
     unless the module defers them (`from __future__ import annotations`)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = _parse(code)
+    if tree is None:
         return None
     future = {
         a.name
@@ -165,10 +176,8 @@ def definitions(code: str, language: str) -> set[str] | None:
     elsewhere every definition line `_DEFINITION` finds. None when Python code does not parse."""
     if language != "python":
         return {m.group("name") for m in _definition_lines(code)}
-    try:
-        return {name for name, _ in _python_definitions(ast.parse(code))}
-    except (SyntaxError, ValueError):
-        return None
+    tree = _parse(code)
+    return None if tree is None else {name for name, _ in _python_definitions(tree)}
 
 
 def indented_definitions(code: str, language: str) -> set[str]:
@@ -188,13 +197,6 @@ def dropped_definitions(original: str, answer: str, language: str, renamed: str 
     if before is None or after is None:
         return []
     return sorted(n for n in before - after if n.rsplit(".", 1)[-1] != renamed)
-
-
-def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
 
 
 def _statement_keys(body: list[ast.stmt], prefix: str = "") -> Iterator[str]:
@@ -275,9 +277,8 @@ def emptied_bodies(original: str, answer: str) -> list[str]:
 def python_definition_source(code: str, name: str) -> str | None:
     """The source of the function or class `name` defines in `code` (top level, or `Class.method`
     / a method name inside a top-level class), or None when it parses to no such definition."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = _parse(code)
+    if tree is None:
         return None
     for qualified, node in _python_definitions(tree):
         if name in (qualified, qualified.rsplit(".", 1)[-1]):
