@@ -13,6 +13,11 @@ from dataclasses import dataclass, replace
 METHODS = ("auto", "none", "prediction", "ngram", "draft")
 
 
+def is_integer(value) -> bool:
+    """An integral number that is not a bool: Python's ints and numpy's alike."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters, shaped like vLLM's.
@@ -72,15 +77,11 @@ class SamplingParams:
 
     def _check_types(self) -> None:
         """Wrong types fail here, in one line, not inside an engine step (`seed=1.5` was an
-        EngineFault there, which the server answers with a 500). Integers: any integral number
-        but a bool (numpy's included)."""
-
-        def integral(v) -> bool:
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+        EngineFault there, which the server answers with a 500). Integers: `is_integer`."""
 
         for name in ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if not (integral(value) or (value is None and name in ("seed", "logprobs", "prompt_logprobs"))):
+            if not (is_integer(value) or (value is None and name in ("seed", "logprobs", "prompt_logprobs"))):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
             if value is not None:
                 object.__setattr__(self, name, int(value))  # numpy's too: plain ints from here on

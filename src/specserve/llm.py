@@ -9,12 +9,11 @@ print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].acc
 
 from __future__ import annotations
 
-import numbers
 import sys
 from collections.abc import Callable, Sequence
 
 from .chat import template_messages, template_supports_tools
-from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig, loads_draft_model
+from .config import EngineLimits, LoadOptions, SamplingParams, SpeculationConfig, is_integer, loads_draft_model
 from .engine import Engine, Generation
 from .engine.constrain import CompiledGuide, GrammarSpec, PendingGuide, factory_for
 from .engine.core import check_token_ids
@@ -268,7 +267,7 @@ class LLM:
             ids = self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
-            if any(not isinstance(t, numbers.Integral) or isinstance(t, bool) for t in ids):  # 1.5 was read as 1
+            if not all(is_integer(t) for t in ids):  # 1.5 was read as 1
                 raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt")
             ids = [int(t) for t in ids]  # numpy's integers too
             check_token_ids(ids, self.vocab_size, "prompt")
