@@ -701,6 +701,24 @@ def test_a_rename_of_a_name_the_file_never_mentions_is_not_sent(server, src, cap
     assert len(server.requests) == 1
 
 
+@pytest.mark.parametrize(
+    "instruction, refused",
+    [
+        ("Add type hints to the function greeet", True),  # click's _textwrap.py lacks _split_opt: the
+        ("Add a docstring to the method mian", True),  # 1.5B pack then rewrote a condition elsewhere
+        ("Add type hints to the function greet", False),
+        ("Add a function bye that says bye", False),  # a function the edit is to write
+        ("Add a new class Greeter around greet", False),
+    ],
+)
+def test_an_edit_of_a_function_the_file_lacks_is_not_sent(server, src, capsys, instruction, refused):
+    args = ["edit", str(src), "-i", instruction, "--base-url", server.base_url, "--in-place"]
+    assert (main(args) == 2) == refused
+    assert (server.requests == []) == refused
+    if refused:
+        assert src.read_text() == ORIGINAL and "never mentions" in capsys.readouterr().err
+
+
 def test_later_broken_answers_keep_the_refusal(server, src, capsys):
     server.answer = PLACEHOLDER
     assert edit_cli(server, src, "--in-place") == 2

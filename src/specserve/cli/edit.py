@@ -36,7 +36,7 @@ from ..edit import (
     judge_answer,
     language_for,
     make_client,
-    missing_rename_target,
+    missing_target,
     read_source,
     refactor_with_predicted_outputs,
     write_atomic,
@@ -213,7 +213,7 @@ def run(args) -> int:
     original = source.text
     if not args.instruction.strip():
         raise EditError("the instruction is empty: say what to change (-i '...')")
-    missing = missing_rename_target(original, args.instruction)
+    missing = missing_target(original, args.instruction)
     if missing and not args.force:
         raise EditError(f"{missing}; nothing sent (--force asks anyway)")
     dest = target_path(args)

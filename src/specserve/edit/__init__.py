@@ -14,7 +14,7 @@ One concern per module, in the order an edit goes through them:
 - files.py: the file's language and writing the result without losing anything.
 """
 
-from .checks import SHORT_FRACTION, Verdict, check_answer, judge_answer, missing_rename_target
+from .checks import SHORT_FRACTION, Verdict, check_answer, judge_answer, missing_target
 from .client import (
     DEFAULT_BASE_URL,
     DEFAULT_MODEL,
@@ -66,7 +66,7 @@ __all__ = [
     "judge_answer",
     "language_for",
     "make_client",
-    "missing_rename_target",
+    "missing_target",
     "read_source",
     "refactor_with_predicted_outputs",
     "strip_fence",

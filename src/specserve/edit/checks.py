@@ -332,14 +332,30 @@ _SCOPE = re.compile(
 )
 
 
-def missing_rename_target(original: str, instruction: str) -> str | None:
-    """Why a rename cannot be asked for: the instruction renames a name that the file never
-    mentions (a typo, or the wrong file). Asked anyway, a model makes something up; with an
-    empty file it writes a new one. None when the instruction is no rename or the name is there."""
+# An existing definition the instruction points at: "the function X", "method X", "class X";
+# not "a function X", "a new class X" or "another method X", which the edit is to write.
+_POINTED_AT = re.compile(
+    r"(?<!\ba )(?<!\ban )(?<!\bnew )(?<!\banother )\b(?:function|method|class)\s+`?(?P<name>[A-Za-z_]\w*)`?",
+    re.I,
+)
+
+
+def missing_target(original: str, instruction: str) -> str | None:
+    """Why the edit cannot be asked for: the instruction renames a name, or points at "the
+    function X", that the file never mentions (a typo, or the wrong file). Asked anyway, a model
+    makes something up: with an empty file it wrote a new one, and told to type-hint a function
+    click's _textwrap.py lacks, the 1.5B pack rewrote a condition elsewhere instead. None when
+    every such name is there."""
     m = RENAME.search(instruction)
-    if m is None or word_count(original, m.group("old")):
-        return None
-    return f"the file never mentions `{m.group('old')}`: nothing to rename (check the name and the file)"
+    names = [m.group("old")] if m else []
+    names += [
+        p.group("name") for p in _POINTED_AT.finditer(instruction) if not (m and p.group("name") == m.group("new"))
+    ]
+    for name in names:
+        if not word_count(original, name):
+            what = "nothing to rename" if m and name == m.group("old") else "nothing to change"
+            return f"the file never mentions `{name}`: {what} (check the name and the file)"
+    return None
 
 
 def _rename_problem(original: str, answer: str, instruction: str, language: str = "") -> str | None:
