@@ -992,3 +992,17 @@ def test_a_read_only_file_is_not_written_even_by_root(server, src, capsys):
     assert edit_cli(server, src, "--in-place") != 0
     assert src.read_text() == ORIGINAL and server.requests == []  # refused before the model is asked
     assert "read-only" in capsys.readouterr().err
+
+
+def test_an_edit_of_one_function_may_not_change_another():
+    """Told to add a docstring to one method of click's _textwrap.py, the 1.5B pack also dropped
+    part of a condition in another, and the tool wrote it."""
+    answer = CALC.replace("def add(a, b):\n", 'def add(a, b):\n    """Add."""\n').replace("x < CUTOFF", "x <= CUTOFF")
+    verdict = judge_answer(CALC, answer, "Add a docstring to the function add", "python")
+    assert "also changes `scale`" in verdict.failure
+    only_add = CALC.replace("def add(a, b):\n", 'def add(a, b):\n    """Add."""\n')
+    assert judge_answer(CALC, only_add, "Add a docstring to the function add", "python").failure is None
+    # reaching further is asked for in so many words, or by a rename
+    assert (
+        judge_answer(CALC, answer, "Add a docstring to the function add and fix its callers", "python").failure is None
+    )

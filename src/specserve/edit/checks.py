@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from .names import (
+    changed_functions,
     dropped_definitions,
     dropped_statements,
     duplicate_definitions,
@@ -282,7 +283,20 @@ def python_problems(original: str, answer: str, instruction: str) -> list[str]:
         problems.append(f"the answer defines {_listed(twice)} twice")
     if emptied := [n for n in emptied_bodies(original, answer) if not _named(instruction, n)]:
         problems.append(f"the answer leaves code out: the body of {_listed(emptied)} is only `...` or `pass`")
+    if unasked := _changed_unasked(original, answer, instruction):
+        problems.append(f"the answer also changes {_listed(unasked)}, which the instruction does not name")
     return problems
+
+
+def _changed_unasked(original: str, answer: str, instruction: str) -> list[str]:
+    """Python: when the instruction points at definitions ("add type hints to the function X"),
+    the functions outside them that the answer changed. Told to add a docstring to one method, the
+    1.5B pack also rewrote a condition in another. A rename, a rewrite, or an instruction that
+    reaches further (its callers, everywhere) is not narrowed."""
+    pointed = {m.group("name") for m in _POINTED_AT.finditer(instruction)}
+    if not pointed or RENAME.search(instruction) or _REWRITE.search(instruction) or _REACHES.search(instruction):
+        return []
+    return [n for n in changed_functions(original, answer) if not pointed & set(n.split("."))]
 
 
 def _named(instruction: str, definition: str) -> bool:
@@ -332,6 +346,8 @@ _SCOPE = re.compile(
 )
 
 
+# Words that take an edit beyond the definitions it names.
+_REACHES = re.compile(r"\b(callers?|call sites?|every\w*|all|each|whole|uses?|usages?|references?)\b", re.I)
 # An existing definition the instruction points at: "the function X", "method X", "class X";
 # not "a function X", "a new class X" or "another method X", which the edit is to write.
 _POINTED_AT = re.compile(

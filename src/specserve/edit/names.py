@@ -274,6 +274,26 @@ def emptied_bodies(original: str, answer: str) -> list[str]:
     )
 
 
+def changed_functions(original: str, answer: str) -> list[str]:
+    """Python: the functions and methods both define whose source the answer changed (sorted).
+    [] when either does not parse."""
+
+    def sources(code: str) -> dict[str, str] | None:
+        tree = _parse(code)
+        if tree is None:
+            return None
+        return {
+            name: ast.get_source_segment(code, node) or ""
+            for name, node in _python_definitions(tree)
+            if not isinstance(node, ast.ClassDef)
+        }
+
+    before, after = sources(original), sources(answer)
+    if before is None or after is None:
+        return []
+    return sorted(n for n in before.keys() & after.keys() if before[n] != after[n])
+
+
 def python_definition_source(code: str, name: str) -> str | None:
     """The source of the function or class `name` defines in `code` (top level, or `Class.method`
     / a method name inside a top-level class), or None when it parses to no such definition."""
