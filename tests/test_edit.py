@@ -176,7 +176,7 @@ def test_check_answer_accepts_real_edits():
     assert check_answer(MODULE, hinted, "Add type hints to area.", "python") == []
     assert check_answer(MODULE, MODULE, "Add a docstring to area.", "python") == []  # no-op: not broken
     assert check_answer(MODULE, MODULE, "Rename perimeter to circumference.", "python") == [
-        "the rename is not done: `circumference` appears nowhere in the answer"
+        "the rename is not done: `circumference` appears nowhere in the answer's code"
     ]
     # A removal asked for: a much shorter answer is what was wanted.
     only_area = MODULE.split("def perimeter")[0]
@@ -1006,3 +1006,61 @@ def test_an_edit_of_one_function_may_not_change_another():
     assert (
         judge_answer(CALC, answer, "Add a docstring to the function add and fix its callers", "python").failure is None
     )
+
+
+README = "# App\n\nInstall:\n\n```bash\npip install app\n```\n\nRun it with `app serve`.\n"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # split at a heading, each part in its own ```markdown wrapper
+        "```markdown\n# App\n\nInstall:\n```\n\n```markdown\n```bash\npip install app\n```\n\n"
+        "Run it with `app run`.\n```",
+        # two untagged wrappers: an empty block between the parts
+        "```\n# App\n\nInstall:\n\n```bash\npip install app\n```\n```\n\n```\nRun it with `app run`.\n```",
+    ],
+)
+def test_a_markdown_answer_split_over_two_fenced_blocks_is_refused(server, tmp_path, raw):
+    """strip_fence unwrapped the outer fences as one and wrote the inner ones into the README."""
+    doc = tmp_path / "README.md"
+    doc.write_text(README)
+    verdict = judge_answer(README, strip_fence(raw, README), "Say run, not serve", "markdown")
+    assert verdict.failure and "split over several fenced blocks" in verdict.failure
+    server.answer = raw
+    assert main(["edit", str(doc), "-i", "Say run, not serve", "--base-url", server.base_url, "--in-place"]) != 0
+    assert doc.read_text() == README
+    # The same edit in one wrapper, or with a new code block added, is written.
+    fixed = README.replace("app serve", "app run")
+    assert (
+        judge_answer(README, strip_fence("```markdown\n" + fixed + "```", README), "Say run", "markdown").failure
+        is None
+    )
+    example = fixed + "\n```python\nimport app\n```\n"
+    assert judge_answer(README, example, "Add a Python example", "markdown").failure is None
+
+
+@pytest.mark.parametrize(
+    "language, original, answer",
+    [
+        (
+            "javascript",
+            "function load(id) {\n  return db.get(id);\n}\n\nexport const user = load(1);\n",
+            'function load(id) {\n  return db.get(id); // was fetchUser\n}\n\nexport const user = load("fetchUser");\n',
+        ),
+        (
+            "go",
+            "package main\n\nfunc load(id int) int {\n\treturn id\n}\n\nfunc main() {\n\tload(1)\n}\n",
+            "package main\n\nfunc load(id int) int {\n\treturn id\n}\n\n"
+            "func main() {\n\tprintln(`fetchUser`)\n\tload(1)\n}\n",
+        ),
+    ],
+)
+def test_a_rename_that_only_changed_a_string_or_comment_is_not_done(language, original, answer):
+    """Outside Python the new name counted anywhere, so a narrowed rename whose answer only
+    mentioned it in a string or a comment was written as done."""
+    instruction = "Rename load to fetchUser in main"
+    failure = judge_answer(original, answer, instruction, language).failure
+    assert failure and "`fetchUser` appears nowhere in the answer's code" in failure
+    done = original.replace("load", "fetchUser")
+    assert judge_answer(original, done, instruction, language).failure is None

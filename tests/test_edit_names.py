@@ -49,7 +49,7 @@ def test_a_rename_not_done_is_refused_in_any_language():
     no_rename = FILE.replace("after any equal items", "after any items equal to x")
     for language in ("python", "text"):
         [problem] = check_answer(FILE, no_rename, RENAME, language)
-        assert problem == "the rename is not done: `insort_after` appears nowhere in the answer"
+        assert problem == "the rename is not done: `insort_after` appears nowhere in the answer's code"
     ts = "export function toView(o) {\n  return o;\n}\n\nconst v = toView(order);\n"
     half = ts.replace("function toView", "function serializeOrder")
     problem = check_answer(ts, half, "Rename the function toView to serializeOrder.", "typescript")
@@ -92,7 +92,7 @@ def test_a_rename_narrowed_to_one_function_may_leave_the_old_name_elsewhere():
         "the rename is left half done: `margin` is still there 2 times"
     ]
     assert check_answer(code, code, scoped, "python") == [
-        "the rename is not done: `common_margin` appears nowhere in the answer"
+        "the rename is not done: `common_margin` appears nowhere in the answer's code"
     ]
     # Left half done inside the function the rename is narrowed to: Python shows where.
     half = code.replace("    margin = 0\n", "    common_margin = 0\n")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .names import (
     changed_functions,
+    code_uses,
     dropped_definitions,
     dropped_statements,
     duplicate_definitions,
@@ -201,6 +202,8 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
     reindent = re.search(r"\b(indent\w*|spaces|tabs|whitespace|reformat|format)\b", instruction, re.I)
     if not problems and not reindent and (spaces := _tabs_turned_to_spaces(original, answer)):
         problems.append(f"the answer indents with spaces lines the file indents with tabs: {_clip(spaces)!r}")
+    if not problems and language == "markdown" and (split := _fence_problem(original, answer)):
+        problems.append(split)
     if not problems and (broken := _data_problem(original, answer, language)):
         problems.append(broken)
     if language == "python" and not problems:
@@ -230,6 +233,45 @@ def _wrapped(new_lines: list[str], old_set: set[str]) -> bool:
 
     last = new_lines[-1].strip()
     return len(new_lines) > 2 and fence(new_lines[1]) and (fence(last) or bool(_PROSE_END.match(last)))
+
+
+_WRAPPER_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*(markdown|md)\s*$", re.I)
+_FENCE_LINE = re.compile(r"^ {0,3}(?P<mark>`{3,}|~{3,})(?P<info>[^\n]*)$")
+
+
+def _fenced_blocks(text: str) -> tuple[int, bool]:
+    """How many of Markdown `text`'s fenced code blocks are empty (blank lines only), and whether
+    its last block is left open. A block closes on a bare fence of its own character, at least as
+    long as the one that opened it (CommonMark): "```markdown" inside a block is content."""
+    opened, empty, content = "", 0, False
+    for line in text.splitlines():
+        m = _FENCE_LINE.match(line)
+        if not opened:
+            if m:
+                opened, content = m.group("mark"), False
+        elif (
+            m
+            and m.group("mark")[0] == opened[0]
+            and len(m.group("mark")) >= len(opened)
+            and not m.group("info").strip()
+        ):
+            empty += not content
+            opened = ""
+        else:
+            content = content or bool(line.strip())
+    return empty, bool(opened)
+
+
+def _fence_problem(original: str, answer: str) -> str | None:
+    """Markdown: an answer split over several fenced blocks, which strip_fence unwrapped as one,
+    writes its inner wrapper fences into the file. They show as a ```markdown fence, a code block
+    left open at the end, or an empty one between the parts, where the file has none of them."""
+    old_empty, old_open = _fenced_blocks(original)
+    new_empty, new_open = _fenced_blocks(answer)
+    wrapper = {ln.strip() for ln in answer.splitlines() if _WRAPPER_FENCE.match(ln)}
+    if wrapper - {ln.strip() for ln in original.splitlines()} or (new_open and not old_open) or new_empty > old_empty:
+        return "the answer is split over several fenced blocks: their fences would be written into the file"
+    return None
 
 
 def _tabs_turned_to_spaces(original: str, answer: str) -> str | None:
@@ -385,12 +427,12 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
     old, new = m.group("old"), m.group("new")
 
     def count(name: str, text: str) -> int:
-        return name_uses(text, name) if language == "python" else word_count(text, name)
+        return name_uses(text, name) if language == "python" else code_uses(text, name, language)
 
     if old == new or not count(old, original) or count(new, original):
         return None  # nothing to rename, or the new name is taken already: the check cannot tell
     if not count(new, answer):
-        return f"the rename is not done: `{new}` appears nowhere in the answer"
+        return f"the rename is not done: `{new}` appears nowhere in the answer's code"
     left = count(old, answer)
     scope = _SCOPE.search(m.group("rest"))
     where = ""

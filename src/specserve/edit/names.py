@@ -323,6 +323,40 @@ def name_uses(code: str, name: str) -> int:
     )
 
 
+# Comments and string literals of the languages `specserve edit` knows besides Python, as one
+# alternation each: what `code_uses` blanks out before counting a name. Single quotes are whole
+# strings where the language says so, and only character literals ('a', '\\n') in the C family,
+# where Rust's lifetimes ('a) would otherwise swallow the code between two of them.
+_DOUBLE = r'"(?:\\.|[^"\\\n])*"'
+_SINGLE = r"'(?:\\.|[^'\\\n])*'"
+_CHAR = r"'(?:\\.|[^'\\\n])'"
+_BACKTICK = r"`(?:\\.|[^`\\])*`"
+_SLASHES = r"//[^\n]*|/\*.*?\*/"
+_HASH = r"#[^\n]*"
+_C_FAMILY = "|".join((_SLASHES, _DOUBLE, _CHAR))
+_NOISE = {
+    "javascript": "|".join((_SLASHES, _DOUBLE, _SINGLE, _BACKTICK)),
+    "bash": "|".join((_HASH, _DOUBLE, _SINGLE)),
+    "ruby": "|".join((_HASH, _DOUBLE, _SINGLE)),
+    "php": "|".join((_SLASHES, _HASH, _DOUBLE, _SINGLE)),
+    "sql": "|".join((r"--[^\n]*", r"/\*.*?\*/", _DOUBLE, _SINGLE)),
+    "css": "|".join((r"/\*.*?\*/", _DOUBLE, _SINGLE)),
+    "go": "|".join((_SLASHES, _DOUBLE, _CHAR, _BACKTICK)),
+}
+_NOISE |= {lang: _NOISE["javascript"] for lang in ("typescript", "tsx", "jsx")}
+_NOISE |= {lang: _C_FAMILY for lang in ("rust", "java", "c", "cpp", "csharp", "kotlin", "swift")}
+_NOISE_RE = {lang: re.compile(pattern, re.S) for lang, pattern in _NOISE.items()}
+
+
+def code_uses(text: str, name: str, language: str) -> int:
+    """How often `name` occurs as a whole word in the code of `text`, a file in `language`: its
+    comments and string literals blanked out first, so a rename that only changed a log message
+    is not counted as done. Languages without a rule (and Python: see `name_uses`) are counted by
+    whole words, comments and strings included."""
+    noise = _NOISE_RE.get(language)
+    return word_count(noise.sub(" ", text) if noise else text, name)
+
+
 def word_count(text: str, name: str) -> int:
     """How often `name` occurs in `text` as a whole word (comments and strings included)."""
     return len(re.findall(rf"(?<!\w){re.escape(name)}(?!\w)", text))
