@@ -562,3 +562,28 @@ def test_malformed_chat_messages_are_a_clear_error(messages, message):
     llm, _ = engine_llm()
     with pytest.raises(InvalidRequestError, match=message):
         llm.chat(messages, SamplingParams(max_tokens=2))
+
+
+def test_a_hung_up_request_s_drafts_count_per_source():
+    """The per-source speculation counters were fed from answers, so a stream whose client hung
+    up counted its drafts in the step counter but never in its source's counters."""
+    from specserve.server.metrics import Metrics
+
+    llm, _ = engine_llm()
+    metrics = Metrics()
+    llm.engine.core.on_step = metrics.observe_step
+    plain = llm.generate(tiny_tokenizer().encode("def add(a, b):"), SamplingParams(max_tokens=40, temperature=0))
+    with llm.stream(
+        tiny_tokenizer().encode("def add(a, b):"),
+        SamplingParams(max_tokens=40, temperature=0),
+        prediction=plain.text,
+        speculation="prediction",
+    ) as gen:
+        for _, event in zip(range(2), gen):  # a client that reads two steps and hangs up
+            assert event.token_ids
+    text = metrics.render()[0].decode()
+    drafted = metric_value(text, "specserve_step_draft_tokens_total")
+    assert drafted > 0
+    assert metric_value(text, "specserve_spec_proposed_tokens_total", source="prediction") == drafted
+    assert metric_value(text, "specserve_spec_steps_total", source="prediction") >= 1
+    assert 0 < metric_value(text, "specserve_spec_accepted_tokens_total", source="prediction") <= drafted

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..backends import Backend, SeqInput, SequenceRunner
 from ..backends.compute import on_compute_thread
@@ -72,6 +72,9 @@ class StepInfo:
     seconds: float
     cache_used: float  # share of cache cells reserved by running requests
     waiting: int
+    # per draft source: [proposed, accepted, steps] of the requests this step verified. Counted
+    # here, not from each answer, so a request whose client hung up still counts its drafts.
+    speculation: dict[str, list[int]] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -362,7 +365,7 @@ class EngineCore:
             seconds = time.perf_counter() - start
             self.scheduler.observe(plan, self._prices, seconds)
             if logits is not None:
-                self._commit(plan, logits, seconds)
+                self._commit(plan, logits, seconds, info.speculation)
             self._retire()
             if self.prefix is not None:  # what the pass fed (the plan's drafts are cleared by the commit)
                 self.prefix.charge(info.tokens)
@@ -596,10 +599,18 @@ class EngineCore:
                 self._fail(r, e)
             return None
 
-    def _commit(self, plan: StepPlan, logits, seconds: float) -> None:
+    def _commit(self, plan: StepPlan, logits, seconds: float, tally: dict[str, list[int]]) -> None:
+        """Each request takes its rows; tally gets each verified draft's source and counts."""
         for r, rows in zip(plan.decode, logits):
             try:
+                r.stats.last_step = None
                 keep = r.commit(rows, seconds)
+                if r.stats.last_step is not None:
+                    source, proposed, accepted = r.stats.last_step
+                    counts = tally.setdefault(source, [0, 0, 0])
+                    counts[0] += proposed
+                    counts[1] += accepted
+                    counts[2] += 1
                 if r.phase != FINISHED:
                     self.target.truncate(r.seq, keep)
             except Exception as e:  # noqa: BLE001

@@ -66,8 +66,10 @@ class SpecStats(_Acceptance):
     verify_time: float = 0.0
     total_time: float = 0.0
     time_to_first_token: float | None = None
+    last_step: tuple[str, int, int] | None = None  # (source, proposed, accepted) of the latest step
 
     def record_step(self, source: str, proposed: int, accepted: int, committed: int) -> None:
+        self.last_step = (source, proposed, accepted)
         s = self.by_source[source]
         s.proposed += proposed
         s.accepted += accepted

@@ -128,6 +128,10 @@ class Metrics:
         self.step_tokens.observe(info.tokens)
         self.step_draft_tokens.inc(info.draft_tokens)
         self.step_seconds.observe(info.seconds)
+        for source, (proposed, accepted, steps) in info.speculation.items():
+            self.proposed.labels(source=source).inc(proposed)
+            self.accepted.labels(source=source).inc(accepted)
+            self.steps.labels(source=source).inc(steps)
 
     def set_engine_state(
         self, waiting: int, running: int, cache_used: float, cached_cells: int, host: dict | None = None
@@ -154,7 +158,7 @@ class Metrics:
         self.completion_tokens.inc(usage["completion_tokens"])
 
     def observe_output(self, output: RequestOutput, ttft: float | None, e2e: float, endpoint: str) -> None:
-        """Latencies and per-source speculation counters of one generation."""
+        """Latencies of one generation (its speculation counts come from the steps: observe_step)."""
         stats = output.stats
         if stats.cached_tokens:
             self.prefix_hits.inc()
@@ -163,10 +167,6 @@ class Metrics:
             self.ttft.observe(ttft)
             if stats.output_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (stats.output_tokens - 1))
-        for source, s in stats.by_source.items():
-            self.proposed.labels(source=source).inc(s.proposed)
-            self.accepted.labels(source=source).inc(s.accepted)
-            self.steps.labels(source=source).inc(s.steps)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
