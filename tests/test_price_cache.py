@@ -121,6 +121,7 @@ def test_a_corrupt_cache_file_is_measured_again(home):
         ([[1, 0.0], [2, 0.0]], {}),  # free passes: ZeroDivisionError
         ([[1, 1.0], [1, 1.0]], {}),  # the same count twice: ZeroDivisionError
         ([[1, 1.0], [8, 6.0], [4, 3.0]], {}),
+        ([[1, 1.0], [8, 6.0], [16, 5.0]], {}),  # a longer pass cheaper: calibrate never writes it
         ([[1, 1.0], [2, float("inf")]], {}),
         ([[1, 1.0], [2, 1.5]], {"draft": -1.0}),
         ([[1, 1.0], [2, 1.5]], {"agreement": 3.0}),

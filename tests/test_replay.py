@@ -169,9 +169,18 @@ def test_cli_replay(tokenizer, tmp_path, capsys):
     assert rc == 0 and "tokens per step" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("flags", [["--cost-ratio", "nan"], ["--cost-ratio", "inf"], ["--curve", "1:1,8:inf"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--cost-ratio", "nan"],
+        ["--cost-ratio", "inf"],
+        ["--curve", "1:1,8:inf"],
+        ["--curve", "1:1,8:6,8:7"],  # one count twice: a ZeroDivisionError traceback
+        ["--curve", "2:1,8:6"],
+    ],
+)
 def test_cli_replay_refuses_numbers_that_are_not_finite(tokenizer, tmp_path, capsys, flags):
-    """They used to print a `nanx` speedup and exit 0."""
+    """They used to print a `nanx` speedup and exit 0, or a traceback."""
     (tmp_path / "before.py").write_text(BEFORE)
     (tmp_path / "after.py").write_text(edited(BEFORE))
     files = ["--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "after.py")]

@@ -3,7 +3,6 @@ CLI can show them in `--help` without importing torch and the engine."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,16 +17,15 @@ LLAMACPP_2CORE_CURVE = ((1, 1.0), (8, 6.6), (32, 15.4), (128, 44.9))
 
 def parse_curve(text: str) -> CostModel:
     """'1:1,8:6.6,128:44.9' (tokens in a pass : its cost in decoding steps) -> a CostModel."""
-    from ..engine.governor import CostModel  # the engine's prices; imported late: --help stays light
+    from ..engine.governor import CostModel, curve_problem  # imported late: --help stays light
 
+    example = "such as 1:1,8:6.6,128:44.9"
     try:
         points = sorted((int(n), float(c)) for n, c in (p.split(":") for p in text.split(",") if p.strip()))
     except ValueError:
-        raise ValueError(f"a cost curve is 'tokens:cost,...' such as 1:1,8:6.6,128:44.9; got {text!r}") from None
-    if not all(math.isfinite(c) for _, c in points):
-        raise ValueError(f"a cost curve's costs are finite numbers; got {text!r}")
-    if len(points) < 2 or points[0] != (1, 1.0) or any(c1 < c0 for (_, c0), (_, c1) in zip(points, points[1:])):
-        raise ValueError("a cost curve starts at 1:1, has at least two points and never gets cheaper")
+        raise ValueError(f"a cost curve is 'tokens:cost,...' {example}; got {text!r}") from None
+    if problem := curve_problem(points):
+        raise ValueError(f"a cost curve {problem}, {example}; got {text!r}")
     return CostModel(tuple(points))
 
 

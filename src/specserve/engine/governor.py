@@ -48,6 +48,7 @@ are drafted does not change what verification commits.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -61,6 +62,25 @@ CHEAP_PASS_S = 0.05  # a longer pass this quick (a small model) is noisy too: ta
 # A saved prefix pays when saving and restoring a cell costs at most this share of prefilling
 # it: the saved entry then pays for itself if one in four is used again (CostModel.copy_pays).
 COPY_SHARE = 0.25
+
+
+def curve_problem(curve: Sequence[tuple[int, float]]) -> str | None:
+    """Why `curve` cannot be a CostModel's curve, as the end of "a cost curve ..."; None when it
+    can. The one rule for prices read back from disk (prices.sane) and for a curve typed on the
+    command line (bench.curves.parse_curve): a curve of one point, or of two at one token count,
+    failed every step it priced (IndexError, ZeroDivisionError)."""
+    counts, costs = [n for n, _ in curve], [c for _, c in curve]
+    if len(curve) < 2:
+        return "has at least two points"
+    if tuple(curve[0]) != (1, 1.0):
+        return "starts at 1:1 (one token costs one plain step)"
+    if any(b <= a for a, b in zip(counts, counts[1:])):
+        return "has each token count once, rising"
+    if not all(math.isfinite(c) for c in costs):
+        return "has finite costs"
+    if any(c1 < c0 for c0, c1 in zip(costs, costs[1:])):
+        return "never gets cheaper as the pass grows"
+    return None
 
 
 @dataclass(frozen=True)

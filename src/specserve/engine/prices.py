@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .. import hardware
 from ..config import AGREEMENT_TEXT
-from .governor import CALIBRATION_SIZES, CostModel
+from .governor import CALIBRATION_SIZES, CostModel, curve_problem
 
 CACHE_VERSION = 6  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
 # 4: logits rows in reused memory made passes of 64+ tokens cheaper (backends/row_buffers.py);
@@ -129,17 +129,12 @@ def load(key: str) -> CostModel | None:
 
 
 def sane(prices: CostModel) -> bool:
-    """Whether prices read from a file can be used: a curve of at least two points with rising
-    token counts from 1 and finite positive costs, and finite non-negative other prices. A curve
-    of one point or two at the same count failed every step (IndexError, ZeroDivisionError)."""
-    ns = [n for n, _ in prices.curve]
-    costs = [c for _, c in prices.curve] + [prices.draft, prices.copy or 0.0, prices.agreement or 0.0]
+    """Whether prices read from a file can be used: a curve that governor.curve_problem accepts,
+    and finite non-negative other prices (agreement at most 1)."""
+    others = [prices.draft, prices.copy or 0.0, prices.agreement or 0.0]
     return (
-        len(ns) >= 2
-        and ns[0] >= 1
-        and all(a < b for a, b in zip(ns, ns[1:]))
-        and all(math.isfinite(c) and c > 0 for _, c in prices.curve)
-        and all(math.isfinite(c) and c >= 0 for c in costs)
+        curve_problem(prices.curve) is None
+        and all(math.isfinite(c) and c >= 0 for c in others)
         and (prices.agreement is None or prices.agreement <= 1)
     )
 
