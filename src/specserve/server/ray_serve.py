@@ -40,6 +40,7 @@ DEPLOYMENT = "SpecServe"
 HUB_NAMESPACE = "specserve"
 PUSH_INTERVAL_S = 2.0
 STALE_AFTER_S = 15.0  # a replica that stopped pushing (dead) drops out of /metrics
+DRAIN_STEP_S = 10.0  # after the drain's grace, how long ending the last requests may take (an engine step)
 
 
 @dataclass(frozen=True)
@@ -195,13 +196,32 @@ def merge_metrics(texts: dict[str, str]) -> str:
 
 
 class MetricsHub:
-    """A Ray actor holding the latest metrics text of every live replica."""
+    """A Ray actor holding the latest metrics text of every live replica; on shutdown, also what
+    tells the replicas to drain (Ray Serve's own stop gives a user hook only after its drain, and
+    kills a replica whose streams outlast graceful_shutdown_timeout_s: their clients saw a cut
+    connection, not the error event and [DONE] a single server sends)."""
 
     def __init__(self):
         self.latest: dict[str, tuple[float, str]] = {}
+        self.busy: dict[str, int] = {}  # requests each replica had in flight at its last push
+        self.draining_since: float | None = None
 
-    def push(self, replica: str, text: str) -> None:
+    def push(self, replica: str, text: str, busy: int = 0) -> bool:
+        """Record a replica's metrics and load; answer whether it should drain."""
         self.latest[replica] = (time.time(), text)
+        self.busy[replica] = busy
+        return self.draining_since is not None
+
+    def drain(self) -> None:
+        """Shutdown has begun: every replica's next push is told to drain (server.drain)."""
+        if self.draining_since is None:
+            self.draining_since = time.time()
+            self.busy = {}  # only pushes from now on say a replica is idle
+
+    def drained(self) -> bool:
+        """Whether every live replica has pushed since the drain began, with nothing in flight."""
+        live = self.collect()
+        return self.draining_since is not None and all(self.busy.get(r, 1) == 0 for r in live)
 
     def collect(self) -> dict[str, str]:
         """Texts of replicas heard from in the last STALE_AFTER_S seconds."""
@@ -221,15 +241,43 @@ def metrics_hub(app_name: str = APP_NAME):
 
 
 def _push_forever(server, replica: str, app_name: str) -> None:
-    """Replica thread: push this replica's metrics to the hub; find the hub again if it went away."""
+    """Replica thread: push this replica's metrics and load to the hub, and drain the server when
+    the hub says shutdown has begun; find the hub again if it went away."""
+    import ray
+
+    from .app import DRAIN_GRACE_S
+
     hub = None
     while True:
         try:
             hub = hub or metrics_hub(app_name)
-            hub.push.remote(replica, server.metrics.render()[0].decode())
+            push = hub.push.remote(replica, server.metrics.render()[0].decode(), len(server.jobs))
+            if ray.get(push, timeout=STALE_AFTER_S):
+                server.drain(DRAIN_GRACE_S)  # idempotent: refuse new requests, end the rest after the grace
         except Exception:  # noqa: BLE001 - metrics must never take a replica down
             hub = None
         time.sleep(PUSH_INTERVAL_S)
+
+
+def drain_replicas(app_name: str = APP_NAME) -> bool:
+    """Tell every replica to drain and wait until none has a request in flight: running requests
+    get DRAIN_GRACE_S, then end as on a single server (a 503, or an error event and [DONE]).
+    False when the replicas did not all say so in time (the caller stops them anyway)."""
+    import ray
+
+    from .app import DRAIN_GRACE_S
+
+    try:
+        hub = ray.get_actor(f"{app_name}-metrics", namespace=HUB_NAMESPACE)
+        ray.get(hub.drain.remote(), timeout=STALE_AFTER_S)
+        deadline = time.monotonic() + DRAIN_GRACE_S + 2 * PUSH_INTERVAL_S + DRAIN_STEP_S
+        while time.monotonic() < deadline:
+            if ray.get(hub.drained.remote(), timeout=STALE_AFTER_S):
+                return True
+            time.sleep(PUSH_INTERVAL_S / 4)
+    except Exception:  # noqa: BLE001 - best effort on the way out: no hub, or Ray already gone
+        log.debug("draining the replicas failed", exc_info=True)
+    return False
 
 
 def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
@@ -446,6 +494,8 @@ def shutdown(local: bool, app_name: str = APP_NAME) -> None:
     import ray
     from ray import serve
 
+    if not drain_replicas(app_name):
+        log.warning("replicas still busy after the drain: stopping them anyway")
     try:
         serve.delete(app_name)
         ray.kill(ray.get_actor(f"{app_name}-metrics", namespace=HUB_NAMESPACE))

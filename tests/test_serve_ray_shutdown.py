@@ -1,0 +1,86 @@
+"""Stopping `specserve serve --ray` while streams run: they end as on a single server.
+
+Ray Serve's own stop waits graceful_shutdown_timeout_s for a replica's requests, then kills it;
+its user hook (`__del__`) runs only after that wait. Streams longer than the wait were cut, and
+a client saw a closed connection with no error and no [DONE] (the openai SDK then returns the
+text so far as if it were the whole answer). `specserve serve --ray` now tells the replicas to
+drain first (ray_serve.drain_replicas): each stream gets DRAIN_GRACE_S, then an error event
+and [DONE].
+
+Its own module: it starts its own Ray cluster, which must not overlap test_serve_ray's.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from server_proc import ServerProcess, save_slow_tiny
+
+from specserve.server.app import DRAIN_GRACE_S
+
+MODEL = "tiny"
+STREAMS = 6  # x 400 plain steps of the slow model, one pass each: well past the drain's grace
+
+
+def _stream(url: str, i: int, events: dict, started: threading.Event) -> None:
+    """One streaming client: every SSE data line it got, in order."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"def add(a, b):  # {i}"}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    got = events.setdefault(i, [])
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    got.append(line.removeprefix("data: "))
+                    if len(got) >= 3:
+                        started.set()
+    except httpx.HTTPError as e:
+        got.append(f"transport error: {e!r}")
+
+
+@pytest.mark.ray
+def test_stopping_the_server_ends_running_streams_with_an_error_event(tmp_path):
+    import ray.serve  # noqa: F401 - `-m ray` asks for this test: a missing Ray fails it, never skips it
+
+    model = save_slow_tiny(tmp_path / "slow")
+    srv = ServerProcess(
+        model, "--ray", "--replicas", "1", "--replica-cpus", "1", "--served-model-name", MODEL, "--speculation", "none"
+    )
+    with srv:
+        events: dict[int, list[str]] = {}
+        started = [threading.Event() for _ in range(STREAMS)]
+        threads = [
+            threading.Thread(target=_stream, args=(srv.url, i, events, started[i]), daemon=True) for i in range(STREAMS)
+        ]
+        for t in threads:
+            t.start()
+        assert all(s.wait(120) for s in started), events
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(120)
+        ended = time.monotonic() - t0
+        assert srv.proc.wait(120) == 0
+    assert not [t for t in threads if t.is_alive()], "a stream hung"
+    ended_by_stop = 0
+    for i, got in events.items():
+        assert got[-1] == "[DONE]", (i, got[-3:])  # not a cut connection
+        last = json.loads(got[-2])
+        if "error" in last:
+            assert "shutting down" in last["error"]["message"], (i, last)
+            ended_by_stop += 1
+        else:  # it finished within the grace: its finish chunk came before the usage chunk
+            assert any('"finish_reason":"length"' in g for g in got), (i, got[-3:])
+    assert ended_by_stop, "every stream finished before the stop: nothing was tested"
+    assert ended >= DRAIN_GRACE_S - 1  # the streams had their grace
