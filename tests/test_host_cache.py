@@ -19,6 +19,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -28,11 +29,12 @@ from test_prefix_cache import FILE, GREEDY, LIMITS, fed_to, prefilled_tokens, sa
 from tiny import tiny_model, tiny_tokenizer
 from tiny_gguf import write_tiny_gguf
 
+from specserve import SamplingParams
 from specserve.backends import SeqInput
 from specserve.backends.base import SavedSequence
 from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.backends.transformers import TransformersBackend
-from specserve.config import EngineLimits
+from specserve.config import SPARE_CELLS, EngineLimits
 from specserve.engine.client import EngineWorker
 from specserve.engine.governor import CostModel
 from specserve.engine.host_cache import GIB, HostCache, Saved, default_budget
@@ -224,6 +226,47 @@ def test_a_branch_restores_only_the_shared_part(llms):
     out = warm.generate(branch, GREEDY)
     same(out, cold.generate(branch, GREEDY))
     assert out.cached_tokens == len(held) // 2 >= BLOCK
+
+
+def test_a_restore_frees_the_entry_it_was_preferred_to_when_its_cells_are_needed(tmp_path):
+    """Admission spares the cell entry a prompt matches (it may be copied); when the host tier
+    holds a longer prefix and the request restores that instead, the spared entry must still go
+    if its cells are needed. Kept, it made a request that fits the empty cache overfill it:
+    llama.cpp refused the prefill ("KV cache full") and the request failed with a 500."""
+    tok, rng = tiny_tokenizer(), random.Random(0)
+    path = write_tiny_gguf(tmp_path / "t.gguf", 0)
+
+    def make(prefix_caching: bool) -> LLM:
+        limits = EngineLimits(
+            max_num_seqs=2, kv_cache_tokens=500, max_num_batched_tokens=1024, prefix_caching=prefix_caching
+        )
+        target = LlamaCppBackend(
+            path, max_sequences=3, batch_invariant=True, cache_tokens=500 + SPARE_CELLS, prefix_sequences=2
+        )
+        return LLM.from_backends(target, tok, name="tiny", limits=limits)
+
+    def words(n: int) -> list[int]:
+        return [rng.randrange(10, len(tok) - 10) for _ in range(n)]
+
+    warm, cold = make(True), make(False)
+    core, params = warm.engine.core, SamplingParams(max_tokens=20, ignore_eos=True)
+    head = words(BLOCK)
+    first = head + words(180)
+    out1 = warm.generate(first, params)
+    warm.generate(head + words(280), params)  # its prompt feeds more than the rent: the first goes to the host tier
+    assert core.host.match(first) is not None and len(core.prefix.owners) == 1
+    # the first answer's next turn, as long as the cache: it shares a block with the entry in the
+    # cells and ~200 tokens with the saved one
+    turn2 = first + out1.token_ids + words(490 - len(first) - len(out1.token_ids))
+    req = warm.request(turn2, SamplingParams(max_tokens=10, ignore_eos=True))
+    core.add(req)
+    core.step()
+    assert req.error is None and req.stats.cached_tokens == len(first) + len(out1.token_ids) - 1
+    assert core.scheduler.reserved + core.prefix.cells <= core.scheduler.cache_tokens
+    while not req.finished:
+        core.step()
+    assert req.error is None
+    same(req.output, cold.generate(turn2, SamplingParams(max_tokens=10, ignore_eos=True)))
 
 
 @pytest.mark.parametrize("kind", ["llama.cpp", "transformers"])

@@ -461,6 +461,12 @@ class EngineCore:
         restores = self.host is not None and self._copies and not req.scores_prompt
         host = self.host.match(req.prompt_ids) if restores else None
         if host is not None and host.length >= have + self.host.block:
+            p, s = self.prefix, self.scheduler
+            if hit is not None and hit.entry and s.reserved + req.reserve + p.cells > s.cache_tokens:
+                # the entry _make_room spared for this request is not used: its cells are needed
+                # (and freed first, so that the restored cells do not lie above them)
+                p.release(hit.seq, spill=True)
+                hit = None
             stored = host.saved
             ok = self.target.restore_sequence(seq, stored.copy)
             self.host.restored(host, ok)
