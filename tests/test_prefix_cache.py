@@ -603,3 +603,51 @@ def test_next_turn_shares_the_draft_models_prefix_too(backend, tmp_path):
     assert warm.cached_tokens > BLOCK
     assert cold_fed >= n - 1  # without the cache the draft model is fed the whole prompt again
     assert warm_fed < cold_fed - warm.cached_tokens + BLOCK  # with it, the shared prefix is not fed again
+
+
+@pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
+def test_n_choices_read_the_prompt_into_the_draft_model_once(backend, tmp_path):
+    """n > 1 choices start from choice 0's prefill; its draft model reads the prompt only at its
+    first proposal, after the others were admitted, so they take its draft prefix then (in the
+    same step) instead of each feeding the whole prompt to the draft model again. Greedy and
+    seeded sampled choices write what a run without any cache writes."""
+
+    def make(prefix_caching: bool) -> LLM:
+        limits = EngineLimits(**{**LIMITS.__dict__, "prefix_caching": prefix_caching})
+        seqs = limits.max_num_seqs + 1
+        if backend == "llama.cpp":
+            t, d = (
+                LlamaCppBackend(
+                    write_tiny_gguf(tmp_path / f"{name}-{prefix_caching}.gguf", seed),
+                    max_sequences=seqs,
+                    batch_invariant=True,
+                    prefix_sequences=4,
+                )
+                for name, seed in (("t", 0), ("d", 1))
+            )
+        else:
+            t, d = (TransformersBackend(tiny_model("qwen2", seed), max_sequences=seqs + 4) for seed in (0, 1))
+        return LLM.from_backends(t, tiny_tokenizer(), d, name="tiny", speculation="draft", limits=limits)
+
+    warm, cold = make(True), make(False)
+    draft = warm.engine.core.draft
+    reads, forward = [], draft.forward
+
+    def counting(inputs):  # the draft model's reads of many tokens at once: a prompt
+        reads.extend(len(x.token_ids) for x in inputs if len(x.token_ids) >= 2 * BLOCK)
+        return forward(inputs)
+
+    warm.engine.core.prices()  # measured beforehand: it feeds the draft model too
+    draft.forward = counting
+    prompt = warm.encode(FILE + "Summarise the file.")
+    for params in (
+        [GREEDY] * 3,
+        [SamplingParams(max_tokens=16, temperature=1.0, seed=s) for s in range(3)],
+    ):
+        warm.engine.clear_prefix_cache()
+        reads.clear()
+        outs = warm.generate([prompt] * 3, params)
+        for p, o in zip(params, outs):
+            same(o, cold.generate(prompt, p))
+        assert all(o.stats.by_source["draft"].proposed > 0 for o in outs)
+        assert reads == [len(prompt)]  # once, not once per choice

@@ -588,6 +588,8 @@ class EngineCore:
         for r in list(self.scheduler.running):
             if r.phase == DECODE:
                 try:
+                    if self.draft_prefixes is not None:
+                        self.draft_prefixes.catch_up(r, self.scheduler.running)
                     r.plan_draft()
                 except Exception as e:  # noqa: BLE001 - a proposer failed: this request fails
                     self._fail(r, e)

@@ -75,17 +75,31 @@ class DraftPrefixes:
 
     def share(self, req, hit: Hit, running) -> int:
         """Before `req` is admitted from `hit`: give its draft sequence the prefix the source's
-        draft sequence holds. Returns the tokens shared (0 when there is nothing to share)."""
+        draft sequence holds. Returns the tokens shared (0 when there is nothing to share).
+        A running source whose draft model has not read the prompt yet (it reads it on its first
+        proposal: n > 1 choices start together) is remembered, and `catch_up` shares it later."""
         source = self._source(hit.seq, running)
-        if source is None:
-            return 0
-        src, fed = source
+        n = 0
+        if source is not None:
+            src, fed = source
 
-        def fill(seq: int, n: int) -> bool:
-            self.backend.copy_prefix(src, seq, n)
-            return True
+            def fill(seq: int, n: int) -> bool:
+                self.backend.copy_prefix(src, seq, n)
+                return True
 
-        return self._give(req, fed, hit.length, fill)
+            n = self._give(req, fed, hit.length, fill)
+        req.draft_source = hit if n == 0 and not hit.entry and draft_proposer(req) is not None else None
+        return n
+
+    def catch_up(self, req, running) -> None:
+        """Before `req` drafts: take the prefix of the running request it was admitted from, if
+        that one's draft model has read it since (it drafts earlier in the same step) and `req`'s
+        own has fed nothing yet, instead of reading the same prompt again."""
+        hit, runner = getattr(req, "draft_source", None), getattr(req, "draft_runner", None)
+        if hit is None or runner is None:
+            return
+        if runner.length or self.share(req, hit, running):
+            req.draft_source = None
 
     def _give(self, req, tokens: list[int], limit: int, fill) -> int:
         """Give req's (empty) draft sequence the first n tokens it shares with `tokens` (at most
