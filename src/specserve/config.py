@@ -199,7 +199,9 @@ class EngineLimits:
     kv_cache_tokens: cache cells shared by all running requests (None: max_num_seqs full
     contexts). A request is admitted only when its prompt + max_tokens fits in what is left,
     so a running request can never run out of cache.
-    max_num_batched_tokens: tokens one step may feed the target (pending + drafts + prefill).
+    max_num_batched_tokens: tokens one step may feed the target (pending + drafts + prefill): the
+    prefill chunks fill it and, with prices measured, trim the greedy drafts of a batch to what is
+    left; a lone decoding request's draft and sampled drafts are not cut, and come on top.
     prefill_slowdown: while other requests decode, a prompt is prefilled in chunks small enough
     that a step costs at most this many times a step without the chunk (measured prices).
     min_prefill_chunk: the smallest such chunk, so a long prompt still makes progress.
