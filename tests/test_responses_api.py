@@ -249,3 +249,26 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(**{"model": MODEL, "input": ASK, **extra})
     assert e.value.body["param"] == param, e.value.body
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_chat_request_over_the_context_names_the_maximum_it_sent(client, field):
+    """A client that sets max_completion_tokens (the SDK's current name) was told to reduce
+    max_tokens, a field it never sent, and the error's param named that field."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK}], **{field: 10**6})
+    body = e.value.body
+    assert body["code"] == "context_length_exceeded" and body["param"] == field
+    assert body["message"].endswith(f"or {field}."), body["message"]
+
+
+def test_a_response_over_the_context_is_worded_in_the_responses_fields(client):
+    """The Responses 400 named the right param but its message spoke of chat's "messages" and
+    "max_completion_tokens", which a Responses client never sent."""
+    for extra in ({"max_output_tokens": 10**6}, {"input": "word " * 2000}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(**{"model": MODEL, "input": ASK, **extra})
+        message = e.value.body["message"]
+        assert e.value.body["code"] == "context_length_exceeded"
+        assert "the input" in message and "messages" not in message and "max_completion_tokens" not in message
+        assert "max_tokens" not in message, message

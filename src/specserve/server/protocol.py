@@ -151,9 +151,15 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
 
 
 def _max_tokens(
-    requested: int | None, default: int | None, prompt_len: int, max_context: int, prompt_param: str
+    requested: int | None,
+    default: int | None,
+    prompt_len: int,
+    max_context: int,
+    prompt_param: str,
+    max_param: str = "max_tokens",
 ) -> int:
-    """Check prompt + max_tokens against the context; fill the default (capped to what fits)."""
+    """Check prompt + max_tokens against the context; fill the default (capped to what fits).
+    max_param: the field the request set its maximum with, which the error names."""
     room = max_context - prompt_len
     if room <= 0:
         raise bad_request(
@@ -168,8 +174,8 @@ def _max_tokens(
         raise bad_request(
             f"This model's maximum context length is {max_context} tokens. However, you requested "
             f"{prompt_len + requested} tokens ({prompt_len} in the {prompt_param}, {requested} for "
-            f"the completion). Please reduce the length of the {prompt_param} or max_tokens.",
-            "max_tokens",
+            f"the completion). Please reduce the length of the {prompt_param} or {max_param}.",
+            max_param,
             "context_length_exceeded",
         )
     return requested
@@ -251,8 +257,9 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
         )
     spec = spec or output
     prompt_ids = chat_prompt_ids(req.messages, tools, continues_final_message(req), llm)
-    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages")
+    max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    requested = getattr(req, max_param)
+    max_tokens = _max_tokens(requested, None, len(prompt_ids), llm.max_context, "messages", max_param)
     top_n = (req.top_logprobs or 0) if req.logprobs else None
     return Prepared(
         prompt_ids,

@@ -187,7 +187,14 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
                 "previous_response_not_found",
             )
     messages = _messages(req, history)
-    prepared = prepare_chat(to_chat(req, messages), llm)
+    try:
+        prepared = prepare_chat(to_chat(req, messages), llm)
+    except APIError as e:
+        if e.code == "context_length_exceeded":  # worded for chat: name what this request sent
+            e.message = e.message.replace("the messages", "the input").replace(
+                "max_completion_tokens", "max_output_tokens"
+            )
+        raise
     prepared.include_usage = False  # the usage travels in response.completed
     if req.store is not False:
         prepared.history = messages
