@@ -231,6 +231,30 @@ def test_next_turn_equals_a_cold_run(pair):
     assert out3.cached_tokens == common_prefix(branch, turn1, len(branch) - 1) >= BLOCK
 
 
+def test_an_answer_ending_on_a_recovered_token_caches_no_rejected_draft(pair):
+    """Turn 1 ends (here on a stop string; EOS and the context limit alike) at the token the target
+    wrote where it rejected a draft token: that token was never fed, and the cell after the accepted
+    tokens holds the rejected draft token's keys. The entry must not claim it, or turn 2 (which
+    re-sends turn 1's answer) reads them as the answer's last token and writes other logprobs."""
+    warm, cold = pair
+    warm.engine.clear_prefix_cache()
+    turn1 = warm.encode(FILE + "Question one?")
+    plain = cold.generate(turn1, GREEDY).token_ids
+    text = [warm.tokenizer.decode(plain[: i + 1]) for i in range(len(plain))]
+    m = next(i for i in range(2, 8) if warm.tokenizer.decode([plain[i]]) not in text[i - 1] and text[i] != text[i - 1])
+    wrong = next(t for t in range(10, 100) if t != plain[m])
+    stop = SamplingParams(max_tokens=24, stop=(warm.tokenizer.decode([plain[m]]),))
+    out1 = warm.generate(turn1, stop, prediction=plain[:m] + [wrong] + plain[m + 1 :], speculation="prediction")
+    assert out1.token_ids == plain[: m + 1] and out1.finish_reason == "stop"
+    assert out1.stats.by_source["prediction"].proposed > m  # the draft went past the recovered token
+    turn2 = turn1 + out1.token_ids + warm.encode("\nAnd a follow-up question:")
+    scored = SamplingParams(max_tokens=8, logprobs=3)
+    out2, expected = warm.generate(turn2, scored), cold.generate(turn2, scored)
+    same(out2, expected)
+    assert [lp.logprob for lp in out2.logprobs] == pytest.approx([lp.logprob for lp in expected.logprobs], abs=1e-5)
+    assert out2.cached_tokens == len(turn1) + m  # the answer's last token was never fed
+
+
 def test_a_second_answer_to_the_same_file_releases_the_first(pair):
     """A request sharing most of an entry's prompt (a second edit of the same file) is its sibling:
     once it has the prefix, the entry goes, so on llama.cpp's unified cache the first answer's

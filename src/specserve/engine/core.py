@@ -414,7 +414,8 @@ class EngineCore:
     # -- prefix caching (prefix_cache.py) ---------------------------------------------------------
     def _valid(self, r: Request) -> int:
         """Tokens of r.tokens its sequence holds (between steps: the prompt's prefilled part, or
-        every committed token but the pending one; a finished request may hold cut draft tokens)."""
+        every committed token but the pending one; a request finished inside an accepted draft
+        also holds its last token)."""
         return min(self.target.length(r.seq), len(r.tokens))
 
     def _track_running(self) -> None:
@@ -619,8 +620,9 @@ class EngineCore:
                     counts[0] += proposed
                     counts[1] += accepted
                     counts[2] += 1
-                if r.phase != FINISHED:
-                    self.target.truncate(r.seq, keep)
+                # finished too: past the accepted tokens the cells hold draft tokens, and where the
+                # last committed token replaced a rejected one, its cell holds the rejected token
+                self.target.truncate(r.seq, keep)
             except Exception as e:  # noqa: BLE001
                 self._fail(r, e)
         for (r, n), rows in zip(plan.prefill, logits[len(plan.decode) :]):
