@@ -77,6 +77,16 @@ class StepInfo:
     speculation: dict[str, list[int]] = field(default_factory=dict)
 
 
+def _count_step(tally: dict[str, list[int]], step: tuple[str, int, int] | None) -> None:
+    """Add one request's verified step, (source, proposed, accepted), to a step's tally."""
+    if step is not None:
+        source, proposed, accepted = step
+        counts = tally.setdefault(source, [0, 0, 0])
+        counts[0] += proposed
+        counts[1] += accepted
+        counts[2] += 1
+
+
 class EngineCore:
     """Owns the target (and draft) backend, the scheduler and every request in flight."""
 
@@ -614,12 +624,7 @@ class EngineCore:
             try:
                 r.stats.last_step = None
                 keep = r.commit(rows, seconds)
-                if r.stats.last_step is not None:
-                    source, proposed, accepted = r.stats.last_step
-                    counts = tally.setdefault(source, [0, 0, 0])
-                    counts[0] += proposed
-                    counts[1] += accepted
-                    counts[2] += 1
+                _count_step(tally, r.stats.last_step)
                 # finished too: past the accepted tokens the cells hold draft tokens, and where the
                 # last committed token replaced a rejected one, its cell holds the rejected token
                 self.target.truncate(r.seq, keep)
