@@ -402,3 +402,15 @@ def test_completions_honour_response_format(server):
         assert isinstance(json.loads(choice["text"]), dict)
     else:  # cut by max_tokens: still a JSON object's beginning, never free text
         assert choice["text"].lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("role", ["user", "system", "tool"])
+def test_a_message_without_content_is_a_400(server, role):
+    """A user message with no `content` was templated as an empty turn and answered (a 200)."""
+    messages = [{"role": "user", "content": "hi"}, {"role": role}] if role != "user" else [{"role": "user"}]
+    r = _post(server, "chat/completions", json={**OK_CHAT, "messages": messages})
+    err = _assert_openai_error(r, 400, f"messages[{len(messages) - 1}]")
+    assert f"a {role} message needs content" in err["message"]
+    # an assistant message may carry tool calls instead, or be left empty before a next turn
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "and?"}]
+    assert _post(server, "chat/completions", json={**OK_CHAT, "messages": turns}).status_code == 200

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 # OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
 # "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
@@ -56,6 +56,14 @@ class ChatMessage(_Open):
     content: Content | None = None
     name: str | None = None
     tool_calls: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        """Only an assistant message may leave `content` out (it may carry tool calls instead), as
+        OpenAI's API says: a user message without it was templated as an empty turn, a 200."""
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
 
 class Prediction(_Strict):
