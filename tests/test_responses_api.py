@@ -272,3 +272,30 @@ def test_a_response_over_the_context_is_worded_in_the_responses_fields(client):
         assert e.value.body["code"] == "context_length_exceeded"
         assert "the input" in message and "messages" not in message and "max_completion_tokens" not in message
         assert "max_tokens" not in message, message
+
+
+def test_output_text_logprobs_are_served_when_included(client):
+    """`include: ["message.output_text.logprobs"]` was accepted and ignored: `logprobs` stayed []."""
+    kw = {"model": MODEL, "temperature": 0, "max_output_tokens": 12}
+    chat = client.chat.completions.create(
+        messages=[{"role": "user", "content": ASK}],
+        logprobs=True,
+        top_logprobs=2,
+        max_tokens=12,
+        **{k: v for k, v in kw.items() if k != "max_output_tokens"},
+    )
+    want = [e.model_dump() for e in chat.choices[0].logprobs.content]
+    resp = client.responses.create(input=ASK, include=["message.output_text.logprobs"], top_logprobs=2, **kw)
+    part = resp.output[0].content[0]
+    assert [e.model_dump() for e in part.logprobs] == want and len(want[0]["top_logprobs"]) == 2
+    deltas, done = [], None
+    for event in client.responses.create(
+        input=ASK, include=["message.output_text.logprobs"], top_logprobs=2, stream=True, **kw
+    ):
+        if event.type == "response.output_text.delta":
+            deltas += [e.model_dump() for e in event.logprobs]
+        elif event.type == "response.output_text.done":
+            done = [e.model_dump() for e in event.logprobs]
+    assert deltas == done == want
+    plain = client.responses.create(input=ASK, **kw)  # not asked for: none
+    assert plain.output[0].content[0].logprobs == []

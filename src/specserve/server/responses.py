@@ -152,10 +152,11 @@ class ChatDialect(Dialect):
     def _logprobs(self, ctx: ResponseContext, lps: list[TokenLogprob] | None) -> dict | None:
         if not ctx.logprobs or lps is None:
             return None
-        return {"content": [self._entry(ctx, lp) for lp in lps], "refusal": None}
+        return {"content": [self.entry(ctx, lp) for lp in lps], "refusal": None}
 
     @staticmethod
-    def _entry(ctx: ResponseContext, lp: TokenLogprob) -> dict:
+    def entry(ctx: ResponseContext, lp: TokenLogprob) -> dict:
+        """One token's logprob as chat (and the Responses API's output_text) describes it."""
         text, raw = ctx.namer(lp.token_id)
         top = []
         for tid, val in lp.top:

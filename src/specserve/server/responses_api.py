@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from ..engine.stats import RequestOutput
+from ..engine.stats import RequestOutput, TokenLogprob
 from .errors import APIError, bad_request, unsupported
 from .protocol import Prepared, prepare_chat
-from .responses import Dialect, ResponseContext
+from .responses import ChatDialect, Dialect, ResponseContext
 from .schemas import ChatCompletionRequest, ResponsesRequest
 from .tools import ToolCall, parse_tool_calls
 
 TEXT_PARTS = ("input_text", "output_text", "text")
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` entry that asks for output_text logprobs
 CHAT_PARAMS = (  # (chat field path prefix, what the Responses request calls it), first match wins
     ("messages", "input"),
     ("max_completion_tokens", "max_output_tokens"),
@@ -161,6 +162,8 @@ def to_chat(req: ResponsesRequest, messages: list[dict]) -> ChatCompletionReques
         "seed": req.seed,
         "top_k": req.top_k,
     }
+    if LOGPROBS_INCLUDE in (req.include or ()) or req.top_logprobs is not None:
+        body |= {"logprobs": True, "top_logprobs": req.top_logprobs or 0}
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as e:  # a field of the right JSON type whose content chat refuses
@@ -291,6 +294,8 @@ class ResponsesContext(ResponseContext):
     sequence: int = 0
     opened: bool = False  # the message item (and its output_text part) was announced
     text: str = ""  # output text streamed so far
+    logprobs_sent: list[dict] = field(default_factory=list)  # with text deltas sent so far
+    logprobs_held: list[dict] = field(default_factory=list)  # of tokens whose text is not sent yet
 
     def event(self, kind: str, **fields) -> dict:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -309,8 +314,14 @@ def _usage(output: RequestOutput) -> dict:
     }
 
 
-def _message(ctx: ResponsesContext, text: str, status: str) -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _logprobs(ctx: ResponsesContext, lps: list[TokenLogprob] | None) -> list[dict]:
+    """An output_text's `logprobs`: chat's entries (token, logprob, bytes, top_logprobs), asked
+    for with include ["message.output_text.logprobs"] (or top_logprobs); [] when not asked."""
+    return [ChatDialect.entry(ctx, lp) for lp in lps] if ctx.logprobs and lps else []
+
+
+def _message(ctx: ResponsesContext, text: str, status: str, logprobs: list[dict] | None = None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {"id": ctx.message_id, "type": "message", "status": status, "role": "assistant", "content": [part]}
 
 
@@ -344,6 +355,7 @@ class ResponsesDialect(Dialect):
             f"{self.id_prefix}{uuid.uuid4().hex}",
             model,
             namer,
+            logprobs=prepared.params.logprobs is not None,
             tools=prepared.tools,
             request_fields=prepared.request_fields,
             history=prepared.history,
@@ -381,7 +393,7 @@ class ResponsesDialect(Dialect):
         output = outputs[0] if isinstance(outputs, list) else outputs
         content, calls = self._calls(ctx, output.text)
         done = "incomplete" if output.finish_reason == "length" else "completed"
-        items = [_message(ctx, content, done)] if content else []
+        items = [_message(ctx, content, done, _logprobs(ctx, output.logprobs))] if content else []
         items += [_function_call(c, "completed") for c in calls]
         return self._remember(ctx, self.body(ctx, output, items))
 
@@ -405,6 +417,8 @@ class ResponsesDialect(Dialect):
         return [ctx.event("response.created", response=skeleton), ctx.event("response.in_progress", response=skeleton)]
 
     def _text_events(self, ctx: ResponsesContext, text: str) -> list[dict]:
+        """A text delta (the message and its part announced first), with the logprobs of the
+        tokens since the last one (held back with the text a tool-call splitter held)."""
         if not text:
             return []
         events = []
@@ -416,10 +430,13 @@ class ResponsesDialect(Dialect):
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             events.append(ctx.event("response.content_part.added", **where, content_index=0, part=part))
         ctx.text += text
-        events.append(ctx.event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[]))
+        lps, ctx.logprobs_held = ctx.logprobs_held, []
+        ctx.logprobs_sent += lps
+        events.append(ctx.event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=lps))
         return events
 
     def delta_chunks(self, ctx, text: str, lps, index: int = 0) -> list[dict]:
+        ctx.logprobs_held += _logprobs(ctx, lps)
         if ctx.tools is not None:  # hold back what may be a <tool_call> block
             text = ctx.splitter(index).feed(text)
         return self._text_events(ctx, text)
@@ -435,8 +452,9 @@ class ResponsesDialect(Dialect):
         items = []
         if ctx.opened:
             where = {"item_id": ctx.message_id, "output_index": 0}
-            message = _message(ctx, ctx.text, done)
-            events.append(ctx.event("response.output_text.done", **where, content_index=0, text=ctx.text, logprobs=[]))
+            lps = ctx.logprobs_sent + ctx.logprobs_held
+            message = _message(ctx, ctx.text, done, lps)
+            events.append(ctx.event("response.output_text.done", **where, content_index=0, text=ctx.text, logprobs=lps))
             events.append(ctx.event("response.content_part.done", **where, content_index=0, part=message["content"][0]))
             events.append(ctx.event("response.output_item.done", output_index=0, item=message))
             items.append(message)

@@ -167,7 +167,8 @@ class ResponsesRequest(_Strict):
     conversation: Any = None
     background: bool | None = None
     reasoning: Any = None  # accepted and ignored: the packs are not reasoning models
-    include: list[str] | None = None  # accepted and ignored
+    include: list[str] | None = None  # "message.output_text.logprobs" is served; the rest accepted and ignored
+    top_logprobs: Int | None = Field(None, ge=0, le=20)  # with that include: alternatives per token
     truncation: Literal["auto", "disabled"] | None = None
     user: str | None = None
     safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)
