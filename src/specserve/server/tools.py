@@ -244,7 +244,10 @@ class ToolStreamSplitter:
     an answer that may be a call written without the tags (see `_bare_calls`).
 
     feed(text) -> content safe to send now. Once a block opens, everything after it is held
-    for `parse_tool_calls` at the end (arguments are sent whole, in one delta per call)."""
+    for `parse_tool_calls` at the end (arguments are sent whole, in one delta per call).
+    Whitespace is held until text follows it: before a call, `parse_tool_calls` strips it, and a
+    stream that sent it gave a whitespace-only content delta (a whitespace-only message item in
+    the Responses API) where the answer's content is null."""
 
     def __init__(self, names: Collection[str] = ()):
         self.names = names  # the declared tools ((): tagged blocks only)
@@ -271,6 +274,7 @@ class ToolStreamSplitter:
         return self._release(len(self.text) - hold)
 
     def _release(self, end: int) -> str:
+        end = self.sent + len(self.text[self.sent : end].rstrip())  # trailing whitespace waits
         out = self.text[self.sent : end]
         self.sent = max(self.sent, end)
         return out
