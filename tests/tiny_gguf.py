@@ -112,3 +112,53 @@ def llamacpp_llms(folder: Path):
         LLM.from_backends(exact(target), tok, exact(other), name="llama.cpp"),
         LLM.from_backends(exact(target), tok, exact(target), name="llama.cpp"),
     )
+
+
+def write_tiny_swa_gguf(path: str | Path, window: int = 16, seed: int = 0, layers: int = 2) -> Path:
+    """A seeded random Gemma-3-shaped f32 GGUF whose layers all use sliding-window attention over
+    `window` positions (as Gemma 3's do over 512), with the tiny tokenizer's vocabulary: llama.cpp
+    gives it the same two-part cache (`llama_kv_cache_iswa`) as the gemma-3-270m pack."""
+    rng = np.random.default_rng(seed)
+    vocab, heads, kv_heads, ff = len(tiny_tokenizer()), 4, 2, HIDDEN * 2
+    head = HIDDEN // heads
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_name(f"tiny-gemma3-swa{window}-seed{seed}")
+    w.add_file_type(LlamaFileType.ALL_F32)
+    w.add_context_length(512)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head)
+    w.add_value_length(head)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_sliding_window(window)
+    _add_vocab(w, tiny_tokenizer(), vocab)
+
+    def random(name: str, ne0: int, ne1: int, scale: float = 0.2) -> None:  # llama.cpp's {ne0, ne1}
+        w.add_tensor(name, (rng.standard_normal((ne1, ne0)) * scale).astype(np.float32))
+
+    random("token_embd.weight", HIDDEN, vocab, scale=0.1)  # Gemma scales it by sqrt(HIDDEN)
+    output = rng.standard_normal((vocab, HIDDEN)).astype(np.float32)  # untied: not the last token again
+    output[: len(SPECIAL) + 1] = 0  # as tiny_model: text, not control tokens (nor EOS)
+    w.add_tensor("output.weight", output)
+    w.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
+    for i in range(layers):
+        for norm, width in [("attn_norm", HIDDEN), ("post_attention_norm", HIDDEN), ("ffn_norm", HIDDEN)]:
+            w.add_tensor(f"blk.{i}.{norm}.weight", np.ones(width, np.float32))
+        for norm, width in [("post_ffw_norm", HIDDEN), ("attn_q_norm", head), ("attn_k_norm", head)]:
+            w.add_tensor(f"blk.{i}.{norm}.weight", np.ones(width, np.float32))
+        random(f"blk.{i}.attn_q.weight", HIDDEN, heads * head)
+        random(f"blk.{i}.attn_k.weight", HIDDEN, kv_heads * head)
+        random(f"blk.{i}.attn_v.weight", HIDDEN, kv_heads * head)
+        random(f"blk.{i}.attn_output.weight", heads * head, HIDDEN)
+        random(f"blk.{i}.ffn_gate.weight", HIDDEN, ff)
+        random(f"blk.{i}.ffn_up.weight", HIDDEN, ff)
+        random(f"blk.{i}.ffn_down.weight", ff, HIDDEN)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

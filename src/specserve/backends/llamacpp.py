@@ -294,6 +294,13 @@ class LlamaCppBackend:
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self._lengths: dict[int, int] = {}
         self._free_ids = list(range(self.max_sequences - 1, -1, -1))
+        # Sliding-window attention (Gemma 3: 512 positions; 0 = none). llama.cpp's cache for those
+        # layers treats a cell whose position fell out of its sequence's window as free: any pass
+        # may overwrite it (the default placement; `exact`'s in-order placement takes only empty
+        # cells), and a saved copy leaves it out. A sequence cut back below its longest length
+        # would then attend over positions that are gone.
+        self.sliding_window: int = ll.llama_model_n_swa(self._model)
+        self._longest: dict[int, int] = {}  # per sequence: its length when a pass ran (sliding window only)
 
     # -- set-up ---------------------------------------------------------------------------
     def _load_model(self, gpu_layers: int | None):
@@ -411,6 +418,7 @@ class LlamaCppBackend:
             raise RuntimeError(f"all {self.max_sequences} sequences are in use")
         seq = self._free_ids.pop()
         self._lengths[seq] = 0
+        self._longest[seq] = 0
         return seq
 
     def free_sequence(self, seq: int) -> None:
@@ -426,6 +434,16 @@ class LlamaCppBackend:
         if length < self._lengths[seq]:
             self._ll.llama_memory_seq_rm(self._mem, seq, length, -1)
             self._lengths[seq] = length
+
+    def keeps_prefix(self, seq: int, length: int) -> bool:
+        """Whether `seq`'s cells still hold everything a sequence cut to its first `length`
+        positions attends to (`copy_prefix`, `truncate`). Always, except on a sliding-window model
+        whose cells for positions that left the window may have been overwritten (see __init__):
+        then only a cut at or above the longest length the sequence had when a pass ran."""
+        if not self.sliding_window or (self.batch_invariant and not _placed_below):
+            return True
+        longest = self._longest.get(seq, 0)
+        return length >= longest or longest < self.sliding_window
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """`dst` (empty) shares `src`'s cells for positions [0, length): `llama_memory_seq_cp` tags
@@ -444,7 +462,7 @@ class LlamaCppBackend:
         it is; None when it is empty or llama.cpp cannot save it. 2000 tokens of the 1.5B model:
         55 MiB, 56-68 ms on 2 EPYC cores (the prefix cache's host tier, engine/host_cache.py)."""
         ll, n = self._ll, self._lengths[seq]
-        if not n:
+        if not n or n > self.sliding_window > 0:  # the copy would lack what fell out of the window
             return None
         size = ll.llama_state_seq_get_size(self._ctx, seq)
         data = (ctypes.c_uint8 * size)()
@@ -522,6 +540,9 @@ class LlamaCppBackend:
         """One llama_decode over `chunk` = [(input index, seq, token, wants logits)]; the wanted
         rows are copied from llama.cpp's buffer (overwritten by the next decode) into `out`."""
         b = self._batch
+        if self.sliding_window:  # the placement may overwrite what fell out of any sequence's window
+            for seq, n in self._lengths.items():
+                self._longest[seq] = max(self._longest.get(seq, 0), n)
         for k, (_, seq, tok, want) in enumerate(chunk):
             b.token[k] = tok
             b.pos[k] = self._lengths[seq]

@@ -486,7 +486,8 @@ class EngineCore:
                 if self.draft_prefixes is not None and stored.draft is not None:
                     self.draft_prefixes.restore(req, stored.draft, host.length)
                 return host.length, None
-        if hit is None:
+        keeps = getattr(self.target, "keeps_prefix", None)  # a sliding window may have lost the cells it needs
+        if hit is None or (keeps is not None and not keeps(hit.seq, hit.length)):
             return 0, None
         self.target.copy_prefix(hit.seq, seq, hit.length)
         if self.draft_prefixes is not None:
