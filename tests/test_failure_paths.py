@@ -8,6 +8,7 @@ are armed through POST /debug/fault (server/faults.py).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -587,3 +588,19 @@ def test_a_hung_up_request_s_drafts_count_per_source():
     assert metric_value(text, "specserve_spec_proposed_tokens_total", source="prediction") == drafted
     assert metric_value(text, "specserve_spec_steps_total", source="prediction") >= 1
     assert 0 < metric_value(text, "specserve_spec_accepted_tokens_total", source="prediction") <= drafted
+
+
+@pytest.mark.parametrize("template", [True, False])
+def test_chat_text_parts_are_their_text(template):
+    """Content given as text parts (which the server and _check_messages accept) reached the
+    template, and the plain transcript of a model without one (gemma-3-270m), as the list's Python
+    repr: "user: [{'type': 'text', 'text': 'hi'}]"."""
+    tok = copy.deepcopy(tiny_tokenizer())
+    if not template:
+        tok.chat_template = None
+    llm = LLM.from_backends(TransformersBackend(tiny_model("qwen2", 0)), tok, speculation="none")
+    parts = [{"type": "text", "text": "def add"}, {"type": "text", "text": "(a, b):"}]
+    want = llm.apply_chat_template([{"role": "user", "content": "def add(a, b):"}])
+    assert llm.apply_chat_template([{"role": "user", "content": parts}]) == want
+    with pytest.raises(InvalidRequestError, match="only text parts"):
+        llm.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])

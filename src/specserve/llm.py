@@ -36,6 +36,22 @@ def _check_messages(messages) -> None:
         content = m.get("content")
         if not (isinstance(content, (str, list)) or (content is None and m["role"] == "assistant")):
             raise InvalidRequestError(f"messages[{i}] needs 'content': a string or a list of text parts", "messages")
+        if isinstance(content, list) and not all(
+            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            for part in content
+        ):
+            raise InvalidRequestError(
+                f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}})", "messages"
+            )
+
+
+def _text_content(messages: list[dict]) -> list[dict]:
+    """Each message's text parts joined into one string, as the server does (content_text): a chat
+    template, and the transcript of a model without one, printed the list as Python's repr."""
+    return [
+        {**m, "content": "".join(part["text"] for part in m["content"])} if isinstance(m.get("content"), list) else m
+        for m in messages
+    ]
 
 
 def _is_batch(prompts) -> bool:
@@ -235,6 +251,7 @@ class LLM:
         if not messages:
             raise InvalidRequestError("messages must not be empty")
         _check_messages(messages)
+        messages = _text_content(messages)
         if continue_final_message and messages[-1].get("role") != "assistant":
             raise InvalidRequestError(
                 "continue_final_message needs the last message to be the assistant's", "continue_final_message"
