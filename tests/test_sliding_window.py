@@ -37,7 +37,7 @@ def swa_llm(path, host_cache_bytes: int | None = None) -> LLM:
 def test_a_branch_of_an_evicted_entry_answers_as_a_cold_run(tmp_path):
     """Turn 1 leaves the cells for the host tier; a prompt sharing its first half is then started
     from the saved copy cut to that half, which lacked every position more than WINDOW before the
-    copy's end: the answer was garbage (before 2026-12-05). Now such a copy is never kept."""
+    copy's end: the answer was garbage (before 2026-12-04). Now such a copy is never kept."""
     path = write_tiny_swa_gguf(tmp_path / "swa.gguf", WINDOW)
     warm, cold = swa_llm(path), swa_llm(path, host_cache_bytes=0)
     cold.engine.core.prefix = None
@@ -95,3 +95,40 @@ def test_the_default_placement_overwrites_cells_that_left_the_window(tmp_path):
     wrong, keeps_part, keeps_whole = run.stdout.split()
     assert wrong == "True"  # the copy lacks positions 15-19: its logits differ from a cold run's
     assert keeps_part == "False" and keeps_whole == "True"
+
+
+# -- transformers ---------------------------------------------------------------------------------
+def test_a_sliding_window_model_on_transformers_speculates_and_shares_prefixes():
+    """A Hugging Face sliding-window model (Gemma 3, Mistral) got caches whose window layers drop
+    what leaves the window: the first rejected draft past it failed the request ("`crop` was
+    called, but the current layer does not track past states"). The backend now keeps every
+    position; the answers equal transformers' own generate, with and without speculation, and
+    from a cached prefix."""
+    import torch
+    from tiny import SLIDING_WINDOW, tiny_model
+
+    from specserve import SamplingParams
+    from specserve.backends.transformers import TransformersBackend
+
+    model, tok = tiny_model("gemma3", layers=4), tiny_tokenizer()
+
+    def llm(speculation: str) -> LLM:
+        backend = TransformersBackend(model, max_sequences=LIMITS.max_num_seqs + 1 + 4)  # 4 cached entries
+        return LLM.from_backends(backend, tok, name="g", speculation=speculation, limits=LIMITS)
+
+    prompt = tok.encode("def add(a, b):\n    return a + b\n" * 3)
+    params = SamplingParams(max_tokens=3 * SLIDING_WINDOW, temperature=0, ignore_eos=True)
+    assert len(prompt) > SLIDING_WINDOW
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=params.max_tokens, do_sample=False)
+    want = ref[0, len(prompt) :].tolist()
+    plain = llm("none").generate(prompt, params)
+    assert plain.token_ids == want
+    wrong = want[:5] + [want[5] + 1] + want[6:]  # one divergence: a rejection past the window
+    pred = llm("prediction").generate(prompt, params, prediction=wrong)
+    assert pred.token_ids == want and pred.stats.accepted > 0
+    assert llm("ngram").generate(prompt, params).token_ids == want
+    cached = llm("none")
+    cached.generate(prompt + want, SamplingParams(max_tokens=1, temperature=0))
+    again = cached.generate(prompt, params)  # its prompt copied from the longer request's cells
+    assert again.cached_tokens > SLIDING_WINDOW and again.token_ids == want

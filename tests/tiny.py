@@ -12,6 +12,8 @@ import string
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
@@ -27,6 +29,7 @@ CORPUS = [
     "Le café coûte 3 €. Über naïve façade — 東京 日本語 テキスト ✓\n",
     "The quick brown fox jumps over the lazy dog. " * 3,
 ]
+SLIDING_WINDOW = 16  # the gemma3 kind's window, short enough that any test runs past it
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -62,7 +65,7 @@ def tiny_model(
     hidden: int = 64,
     max_positions: int = 512,
 ):
-    """A seeded random-weight causal LM (Llama- or Qwen2-shaped), float32, eval mode."""
+    """A seeded random-weight causal LM (Llama-, Qwen2- or Gemma3-shaped), float32, eval mode."""
     vocab = vocab_size or len(tiny_tokenizer())
     common = dict(
         vocab_size=vocab,
@@ -81,6 +84,10 @@ def tiny_model(
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "gemma3":  # sliding-window attention: 3 of every 4 layers see the last SLIDING_WINDOW positions
+        types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
+        config = Gemma3TextConfig(**common, head_dim=hidden // 4, sliding_window=SLIDING_WINDOW, layer_types=types)
+        model = Gemma3ForCausalLM(config)
     else:
         raise ValueError(kind)
     # Sharper logits than the default init, so greedy outputs have clear winners and repeat

@@ -20,6 +20,15 @@ from .base import SavedSequence, SeqInput
 from .compute import on_compute_thread
 
 
+def _full_cache() -> DynamicCache:
+    """An empty cache that keeps every position in every layer. Built from the model's config, a
+    sliding-window layer's cache (Gemma 3, Mistral) drops the positions that leave its window: it
+    could not be cut back after a rejected draft (transformers raised "`crop` was called, but the
+    current layer does not track past states", a 500 on the first rejection past the window), nor
+    copied as a prefix. The model's attention mask still keeps those layers to their window."""
+    return DynamicCache()
+
+
 class TransformersBackend:
     """Owns one Hugging Face causal LM and the KV caches of its sequences."""
 
@@ -47,7 +56,7 @@ class TransformersBackend:
         if len(self._caches) >= self.max_sequences:
             raise RuntimeError(f"all {self.max_sequences} sequences are in use")
         seq, self._next_id = self._next_id, self._next_id + 1
-        self._caches[seq] = DynamicCache(config=self.model.config)
+        self._caches[seq] = _full_cache()
         self._lengths[seq] = 0
         return seq
 
@@ -83,7 +92,7 @@ class TransformersBackend:
             raise ValueError(f"sequence {dst} is not empty")
         if not 0 <= length <= self._lengths[src]:
             raise ValueError(f"sequence {src} holds {self._lengths[src]} positions, not {length}")
-        cache = DynamicCache(config=self.model.config)
+        cache = _full_cache()
         if length:
             for i, layer in enumerate(self._caches[src].layers):  # keys/values [B, heads, T, head_dim]
                 cache.update(layer.keys[:, :, :length], layer.values[:, :, :length], i)  # cat: a copy
@@ -94,7 +103,7 @@ class TransformersBackend:
         cur = self._lengths[seq]
         if length < cur:
             if length == 0:
-                self._caches[seq] = DynamicCache(config=self.model.config)
+                self._caches[seq] = _full_cache()
             else:
                 self._caches[seq].crop(length - cur)  # negative: number of positions to drop
             self._lengths[seq] = length
@@ -125,7 +134,7 @@ class TransformersBackend:
             tensors = load_tensors(data)
         except Exception:  # noqa: BLE001  safetensors' own error type for bytes that are not its format
             return False
-        cache = DynamicCache(config=self.model.config)
+        cache = _full_cache()
         layers = len(tensors) // 2
         if saved.length > self.max_context or layers != self.model.config.num_hidden_layers:
             return False
