@@ -241,7 +241,8 @@ def test_markdown_marks_near_tie_and_bug():
     skipped = Run("s", "hf-assisted", "transformers", skipped="no draft model loaded")
     md = markdown_table([tie, bug, skipped], env)
     assert "near-tie @3 (gap 0.06)" in md and "DIFFERS @5 (gap 4.0)" in md and "skipped: no draft model" in md
-    assert "top-2 logit gap there is 0.06, a near-tie" in bench.divergence_row(tie)["equal to plain decoding"]
+    row = bench.divergence_row(tie)["equal to plain decoding"]
+    assert "is 0.06 below the target's best logit there, a near-tie" in row
     assert "NOT a near-tie" in bench.divergence_row(bug)["equal to plain decoding"]
 
 
@@ -256,6 +257,34 @@ def test_first_difference_reports_gap(tiny_pair):
     d = bench.first_difference(llm, prompt, plain, other)
     assert d["position"] == 2 and d["plain_token"] == plain[2] and d["top2"][0] == plain[2]
     assert d["top2_gap"] >= 0
+
+
+def test_a_run_token_far_below_the_top_is_not_a_near_tie():
+    """The top two logits are 0.1 apart, but the run wrote a token 6 below them: not a rounding
+    near-tie (it was reported as one from the top-2 gap alone), and the gap shown is the 6."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    logits = torch.zeros(1, 8)
+    logits[0, 1], logits[0, 2], logits[0, 5] = 10.0, 9.9, 4.0
+
+    class Target:
+        def forward(self, ids, last_only=False):
+            return logits
+
+    llm = SimpleNamespace(
+        engine=SimpleNamespace(scratch=lambda: contextlib.nullcontext(Target())),
+        tokenizer=SimpleNamespace(decode=lambda ids: f"<{ids[0]}>"),
+    )
+    far = bench.first_difference(llm, [0], [7, 1], [7, 5])
+    assert far["position"] == 1 and far["top2_gap"] == pytest.approx(0.1) and far["pair_gap"] == pytest.approx(6.0)
+    assert far["near_tie"] is False and far["gap"] == pytest.approx(6.0)
+    run = Run("s", "draft", "specserve", output_tokens=2, equal_to_plain=False, first_difference=far)
+    assert bench._equal_cell(run) == "DIFFERS @1 (gap 6.0)"
+    tie = bench.first_difference(llm, [0], [7, 1], [7, 2])  # the top two: a near-tie
+    assert tie["near_tie"] is True and tie["gap"] == pytest.approx(0.1)
 
 
 def test_auto_without_prediction_is_a_mode_on_request(tiny_pair, tmp_path):

@@ -2,7 +2,7 @@
 
 Every scenario runs plain decoding first; every other run of that scenario is compared with it
 token for token (greedy: a lossless engine must reproduce it exactly; in bf16 a difference is
-located and the target's top-2 logit gap there is reported, so a rounding near-tie can be told
+located and its logit gap (both tokens against the best) is reported, so a rounding near-tie can be told
 from a bug). Speed is only ever reported as a ratio to the plain run of the same scenario in
 the same process: never a wall-clock number compared across machines.
 
@@ -229,11 +229,15 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
     from ..backends.compute import on_compute_thread  # the backends package imports torch
 
     top = on_compute_thread(lambda: logits.topk(2))  # no torch op off that thread (backends/compute.py)
-    gap = float(top.values[0] - top.values[1])
+    top2_gap = gap = float(top.values[0] - top.values[1])
     tok = lambda i: llm.tokenizer.decode([i]) if i is not None else None  # noqa: E731
     a = plain[n] if n < len(plain) else None
     b = other[n] if n < len(other) else None
     pair_gap = float(logits[a] - logits[b]) if a is not None and b is not None else None  # plain's minus run's
+    # A near-tie only if both tokens are near the top: a run token the target ranks far below is
+    # no rounding tie, however close the top two happen to be.
+    if pair_gap is not None:
+        gap = max(gap, float(top.values[0]) - min(float(logits[a]), float(logits[b])))
     return {
         "position": n,
         "plain_token": a,
@@ -241,8 +245,9 @@ def first_difference(llm, prompt_ids: list[int], plain: list[int], other: list[i
         "run_token": b,
         "run_text": tok(b),
         "top2": top.indices.tolist(),
-        "top2_gap": round(gap, 4),
+        "top2_gap": round(top2_gap, 4),
         "pair_gap": None if pair_gap is None else round(pair_gap, 4),
+        "gap": round(gap, 4),  # how far below the best logit the lower of the two tokens is
         "near_tie": gap < NEAR_TIE,
     }
 
@@ -488,8 +493,8 @@ def divergence_row(r: Run) -> dict:
     kind = "a near-tie" if d.get("near_tie") else "NOT a near-tie"
     return {
         "equal to plain decoding": f"no: first difference at output token {d.get('position')} "
-        f"(plain {d.get('plain_text')!r}, this run {d.get('run_text')!r}); the "
-        f"target's top-2 logit gap there is {d.get('top2_gap')}, {kind}"
+        f"(plain {d.get('plain_text')!r}, this run {d.get('run_text')!r}); the lower of the two "
+        f"is {d.get('gap', d.get('top2_gap'))} below the target's best logit there, {kind}"
     }
 
 
@@ -500,7 +505,7 @@ def _equal_cell(r: Run) -> str:
         return "yes"
     d = r.first_difference or {}
     kind = "near-tie" if d.get("near_tie") else "DIFFERS"
-    return f"{kind} @{d.get('position')} (gap {d.get('top2_gap')})"
+    return f"{kind} @{d.get('position')} (gap {d.get('gap', d.get('top2_gap'))})"
 
 
 def markdown_table(runs: list[Run], env: dict) -> str:
