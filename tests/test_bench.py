@@ -111,6 +111,10 @@ def test_quick_bench_files_written(quick_run):
     html = (out / "report.html").read_text()
     assert "equal to plain decoding" in html and "yes, token for token" in html
     assert html.startswith("<!doctype html>") and "py-rename / prediction" in html
+    # the page quotes the table's rate for the run it shows (not the engine's, timed from the prefill's end)
+    pred = next(r for r in json.loads((out / "bench.json").read_text())["runs"] if r["mode"] == "prediction")
+    assert f"<td>output tokens/s</td><td>{pred['tokens_per_second']:.2f} (after the first token" in html
+    assert f"| {pred['tokens_per_second']:.2f} |" in md
 
 
 def test_quick_bench_on_llamacpp_with_its_peers(tmp_path):

@@ -483,6 +483,15 @@ def _f(v, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if v is None else f"{v:{spec}}{suffix}"
 
 
+def html_rows(r: Run) -> dict:
+    """The HTML report's summary rows from the bench: its decode rate replaces the engine's
+    (output tokens over the time after prefill), so that the page quotes bench.md's tok/s."""
+    return {
+        "output tokens/s": f"{r.tokens_per_second:.2f} (after the first token, as in bench.md)",
+        "speedup vs plain": _f(r.speedup, ".2f", "x"),
+    } | divergence_row(r)
+
+
 def divergence_row(r: Run) -> dict:
     """The HTML report's line on how a run compares with plain decoding."""
     if r.equal_to_plain is None:

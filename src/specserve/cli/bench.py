@@ -19,9 +19,9 @@ from ..bench.runner import (
     MODES,
     PEERS,
     BenchOptions,
-    divergence_row,
     environment,
     headlines,
+    html_rows,
     load_scenarios,
     run_bench,
     write_results,
@@ -233,7 +233,7 @@ def run(args) -> int:
                 llm.tokenizer,
                 html["output"],
                 f"specserve bench: {html['title']}",
-                divergence_row(html["run"]),
+                html_rows(html["run"]),
             )
     print(paths["markdown"].read_text())
     for line in headlines(runs):
