@@ -291,6 +291,38 @@ def test_a_run_token_far_below_the_top_is_not_a_near_tie():
     assert tie["near_tie"] is True and tie["gap"] == pytest.approx(0.1)
 
 
+def test_a_run_that_fails_is_a_failed_row_and_the_others_are_written(tiny_pair, tmp_path, monkeypatch, capsys):
+    """One peer raising (out of memory, a crashing build) used to end the whole bench with an error
+    and no report: every finished run was lost. Now its row says FAILED with the error, the other
+    runs are written, and the bench exits 1."""
+    target, _ = tiny_pair
+    real = bench.run_peer
+
+    def run_peer(llm, prompt_ids, max_tokens, peer, clock):
+        if peer == "hf-prompt-lookup" and max_tokens == 8:  # the scenario's run, not the 4-token warm-up
+            raise MemoryError("no room for the scores")
+        return real(llm, prompt_ids, max_tokens, peer, clock)
+
+    monkeypatch.setattr(bench, "run_peer", run_peer)
+    rc = main(
+        ["bench", "--quick", "--model", target, "--draft-model", "none", "--modes", "plain,prediction"]
+        + ["--max-tokens", "8", "--peers", "hf,hf-prompt-lookup", "--out", str(tmp_path)]
+    )
+    assert rc == 1
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [(r["mode"], r["skipped"]) for r in runs] == [
+        ("plain", None),
+        ("prediction", None),
+        ("hf", None),
+        ("hf-prompt-lookup", "FAILED: MemoryError: no room for the scores"),
+    ]
+    assert (
+        "| hf-prompt-lookup | transformers | FAILED: MemoryError: no room for the scores |"
+        in (tmp_path / "bench.md").read_text()
+    )
+    assert "1 run(s) failed: py-rename/hf-prompt-lookup" in capsys.readouterr().err
+
+
 def test_auto_without_prediction_is_a_mode_on_request(tiny_pair, tmp_path):
     """`--modes auto-no-prediction` runs `auto` on the edit scenario without its prediction (what
     an agent that never sends one gets); it is not among the default modes."""

@@ -59,6 +59,7 @@ METHOD = {
 }
 REFERENCE_MODES = ("plain", "hf", "llama.cpp")  # plain decoding: ours and the peers'
 CONTEXT_COST_AT = 2048  # cached tokens the context cost is timed at (engine.context_cost)
+FAILED = "FAILED: "  # how a run that raised is marked in `skipped` (no figures; bench exits 1)
 NEAR_TIE = 0.5  # logits: a bf16 logit of magnitude ~20 is rounded in steps of 0.125
 
 
@@ -355,16 +356,25 @@ def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: d
             runs.append(Run(s.name, mode, PEER_ENGINE.get(mode, "specserve"), skipped=reason))
             outer.update(1)
             continue
-        with tqdm(
-            total=opts.cap(mode), desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr, disable=None
-        ) as bar:
-            if mode in PEERS:
-                run, ids = _peer_run(llm, s, mode, prompt_ids, trimmed, opts, bar)
-            else:
-                run, out = _ours_run(llm, s, mode, prompt_ids, prediction, trimmed, opts, bar)
-                ids = out.token_ids
-                if _wants_html(opts, s, mode, html_sink):
-                    html_sink.update(output=out, title=f"{s.name} / {mode}", run=run)
+        try:
+            with tqdm(
+                total=opts.cap(mode), desc=f"  {s.name}/{mode}", unit="tok", leave=False, file=sys.stderr, disable=None
+            ) as bar:
+                if mode in PEERS:
+                    run, ids = _peer_run(llm, s, mode, prompt_ids, trimmed, opts, bar)
+                else:
+                    run, out = _ours_run(llm, s, mode, prompt_ids, prediction, trimmed, opts, bar)
+                    ids = out.token_ids
+                    if _wants_html(opts, s, mode, html_sink):
+                        html_sink.update(output=out, title=f"{s.name} / {mode}", run=run)
+        except Exception as e:  # noqa: BLE001 - one failed run is a row of the report, not the end of it
+            if plain_run is None:
+                raise  # no reference: nothing of this scenario can be compared
+            error = f"{type(e).__name__}: {e}"
+            print(f"{s.name}/{mode} failed: {error}", file=sys.stderr)
+            runs.append(Run(s.name, mode, PEER_ENGINE.get(mode, "specserve"), skipped=FAILED + error))
+            outer.update(1)
+            continue
         if plain_run is None:
             plain_run, plain_ids = run, ids
         compare(llm, run, plain_run, plain_ids, ids, prompt_ids)
@@ -547,7 +557,8 @@ def markdown_table(runs: list[Run], env: dict) -> str:
     rows = []
     for r in runs:
         if r.skipped:
-            rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | skipped: {r.skipped} |||||||||||\n")
+            why = r.skipped if r.skipped.startswith(FAILED) else f"skipped: {r.skipped}"
+            rows.append(f"| {r.scenario} | {r.mode} | {r.engine} | {why} |||||||||||\n")
             continue
         rows.append(
             f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..bench import require
 from ..bench.runner import (
     EXTRA_MODES,
+    FAILED,
     MODES,
     PEERS,
     BenchOptions,
@@ -240,6 +241,9 @@ def run(args) -> int:
         print(line)
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)
+    failed = [f"{r.scenario}/{r.mode}" for r in runs if r.skipped and r.skipped.startswith(FAILED)]
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)} (bench.md has their errors)", file=sys.stderr)
     bad = [r for r in runs if r.engine == "specserve" and r.equal_to_plain is False]
     if bad and exact(env):
         print(
@@ -248,7 +252,7 @@ def run(args) -> int:
             file=sys.stderr,
         )
         return 1
-    return 0
+    return 1 if failed else 0
 
 
 def run_load(args) -> int:
