@@ -134,6 +134,7 @@ def test_more_threads_than_cores_is_warned_about(capsys):
         (["bench", "--scenarios", " , "], "--scenarios names no scenario"),
         (["bench", "--peers", ""], "--peers names no peer"),
         (["bench", "--modes", "none", "--peers", "none"], "nothing to run"),
+        (["bench", "--modes", "plain,prediction,plain"], "--modes names plain twice"),
         (["bench", "--out", __file__], "is a file, not a folder"),
         (["bench", "--html", "/nonexistent/folder/report.html"], "the folder /nonexistent/folder does not exist"),
         (["edit", __file__, "-i", "x", "--max-tokens", "0"], "argument --max-tokens: must be >= 1"),

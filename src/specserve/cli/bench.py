@@ -56,6 +56,8 @@ def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = 
     if not names:
         raise ValueError(f"--{what}s names no {what}" + ("; write 'none' for none" if what != "scenario" else ""))
     items = names if what == "scenario" else tuple(v for v in names if v != "none")
+    if twice := sorted({v for v in items if items.count(v) > 1}):
+        raise ValueError(f"--{what}s names {', '.join(twice)} twice")  # it would run twice, minutes each
     if allowed is not None:
         bad = [v for v in items if v not in allowed]
         if bad:
