@@ -202,3 +202,15 @@ def test_strict_whitespace_request_option():
         with pytest.raises(ConstraintError, match="JSON outputs only") as e:
             json_whitespace(other, False)
         assert e.value.param == "strict_whitespace"
+
+
+def test_schemas_differing_only_in_property_order_do_not_share_a_grammar():
+    """The output writes properties in the schema's order, so {b, a} is a different grammar from
+    {a, b}. The cache key used to sort the schema's keys: a request for {b, a} after one for
+    {a, b} got the first one's grammar and its answer came back as {"a": ..., "b": ...}."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    ab = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+    ba = {**ab, "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}}
+    f.prepare(GrammarSpec("json_schema", ab))
+    m = xgr.GrammarMatcher(f.prepare(GrammarSpec("json_schema", ba)).compiled)
+    assert m.accept_string('{"b": 1, "a": 2}') and m.is_completed()

@@ -237,7 +237,7 @@ class GrammarSpec:
     def cache_key(self) -> tuple:
         """What makes two specs compile to the same grammar (the request field they came from does not)."""
         if self.kind == "json_schema":
-            source = json.dumps(self.source, sort_keys=True)
+            source = json.dumps(self.source)  # key order kept: properties are written in the schema's order
         elif self.kind == "grammar":
             source = str(self.source)  # an xgrammar Grammar prints as its EBNF
         else:
