@@ -183,6 +183,54 @@ def test_unsupported_keywords_are_refused(schema, word):
         check_schema(schema)
 
 
+# Schemas xgrammar compiles but does not enforce: each compiled, and plain decoding wrote output
+# the schema rejects (`{"minimum": 5}` gave -0, an external $ref any value, `required: ["b"]`
+# with no property b an object without it, a maxLength next to a pattern was dropped, ...).
+# Malformed ones (`properties` a list, `anyOf` a number) raised AttributeError/TypeError: a 500.
+IGNORED_BY_THE_GRAMMAR = [
+    ({"minimum": 5}, "needs a 'type'"),
+    ({"type": "array", "items": {"maxLength": 1}}, "needs a 'type'"),
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, "'pattern' cannot be combined with 'maxLength'"),
+    ({"type": "string", "format": "email", "maxLength": 8}, "'format' cannot be combined with 'maxLength'"),
+    ({"type": "string", "enum": ["a", "abcdef"], "maxLength": 3}, "'enum' cannot be combined with 'maxLength'"),
+    ({"type": "string", "enum": ["a", 1]}, "the enum value 1 is not of type 'string'"),
+    ({"type": "string", "const": 5}, "the const value 5 is not of type 'string'"),
+    ({"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "maxLength": 2}, "'\\$ref' cannot be combined"),
+    ({"type": "object", "properties": {"a": INT}, "anyOf": [INT]}, "'anyOf' cannot be combined"),
+    ({"type": "object", "properties": {"a": INT}, "required": ["a", "b"]}, "required property 'b' is not in"),
+    ({"type": "object", "properties": {"a": {"$ref": "http://example.com/a.json"}}}, "only references inside"),
+    ({"type": "string", "pattern": "(?=a)b"}, "lookahead"),
+    ({"type": "object", "properties": [1]}, "properties must be an object"),
+    ({"anyOf": 5}, "anyOf must be an array"),
+    ({"type": [{}], "enum": [1]}, None),  # no usable type: nothing to check the values against
+]
+
+
+@pytest.mark.parametrize("schema,message", IGNORED_BY_THE_GRAMMAR)
+def test_schemas_the_grammar_would_not_enforce_are_refused(schema, message):
+    if message is None:
+        check_schema(schema)
+        return
+    with pytest.raises(ConstraintError, match=message):
+        check_schema(schema)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"title": "Color", "type": "string", "enum": ["red", "green"]},  # pydantic's Enum
+        {"type": "integer", "const": 3, "description": "x"},
+        {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Opt"},  # Optional
+        {"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "description": "ref with a note"},
+        {"properties": {"a": INT}, "required": ["a"]},  # an object by its properties
+        {"items": INT, "maxItems": 2},  # an array by its items
+        {"type": ["string", "null"], "maxLength": 3},
+    ],
+)
+def test_schemas_the_grammar_enforces_are_accepted(schema):
+    check_schema(schema)
+
+
 @pytest.mark.parametrize("spec", [GrammarSpec("ebnf", "root ::= root"), GrammarSpec("regex", r"[^\s\S]")])
 def test_a_grammar_that_no_text_satisfies_is_refused_before_it_runs(llm, spec):
     """It allows no first token: a ConstraintError (a 400) while the request is prepared. It used

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -164,6 +165,68 @@ def _check_satisfiable(spec: GrammarSpec, compiled, vocab_size: int, banned: tor
         raise ConstraintError(f"no text satisfies the {spec.kind} constraint: it allows no first token", spec.param)
 
 
+# Keywords xgrammar 0.2.9 applies only to a value of one type (integer and number share theirs).
+# Next to no `type` (and no `properties`/`items` to infer one from) it drops them without a word
+# and allows any value: `{"maxLength": 2}` let through a 40-character string, `{"minimum": 5}` -0.
+_TYPED_KEYWORDS = {
+    **dict.fromkeys(("minLength", "maxLength", "pattern", "format"), ("string",)),
+    **dict.fromkeys(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"), ("integer", "number")),
+    **dict.fromkeys(("minItems", "maxItems"), ("array",)),
+    "required": ("object",),
+}
+# xgrammar enforces one of these alone: every validation keyword next to it was dropped (an enum
+# next to `maxLength`, `{"$ref": ..., "maxLength": 2}`, an object's `required` next to `anyOf`).
+_ALTERNATIVES = ("enum", "const", "anyOf", "oneOf", "$ref")
+_NOT_VALIDATION = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "strict"})
+_JSON_TYPES = {"null": type(None), "boolean": bool, "string": str, "array": list, "object": dict}
+
+
+def _is_of_type(value, name: str) -> bool:
+    if name in ("integer", "number") and not isinstance(value, bool):
+        return isinstance(value, int) or (isinstance(value, float) and (name == "number" or value.is_integer()))
+    return name in _JSON_TYPES and isinstance(value, _JSON_TYPES[name])
+
+
+def _check_combinations(schema: dict, path: str) -> None:
+    """Refuse what xgrammar would compile but not enforce (measured: each let invalid output through)."""
+    ref = schema.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+        raise ConstraintError(f"{path}: $ref {ref!r} is not supported, only references inside the schema ('#/...')")
+    types = schema.get("type")
+    types = {t for t in (types if isinstance(types, list) else [types]) if isinstance(t, str)}
+    alternatives = [k for k in _ALTERNATIVES if k in schema]
+    if alternatives:
+        word = alternatives[0]
+        allowed = _NOT_VALIDATION | {"$defs", "definitions", word}
+        if word in ("enum", "const"):  # with a `type` (as pydantic writes them), every value must have it
+            allowed |= {"type"}
+            values = schema["enum"] if word == "enum" else [schema["const"]]
+            for value in values if types and isinstance(values, list) else []:
+                if not any(_is_of_type(value, t) for t in types):
+                    raise ConstraintError(f"{path}: the {word} value {value!r} is not of type {schema['type']!r}")
+        others = sorted(set(schema) - allowed)
+        if others:
+            raise ConstraintError(f"{path}: {word!r} cannot be combined with {others[0]!r}")
+        return
+    if "properties" in schema or "additionalProperties" in schema:
+        types.add("object")
+    if "items" in schema or "prefixItems" in schema:
+        types.add("array")
+    for key in schema:
+        if key in _TYPED_KEYWORDS and not types:
+            raise ConstraintError(f"{path}: {key!r} needs a 'type' next to it ({' or '.join(_TYPED_KEYWORDS[key])})")
+    for key in ("pattern", "format"):
+        for length in ("minLength", "maxLength"):
+            if key in schema and length in schema:
+                raise ConstraintError(f"{path}: {key!r} cannot be combined with {length!r}")
+    if isinstance(schema.get("pattern"), str) and re.search(r"\(\?<?[=!]", schema["pattern"]):
+        raise ConstraintError(f"{path}: lookahead and lookbehind in a pattern are not supported")
+    properties, required = schema.get("properties") or {}, schema.get("required")
+    for name in required if isinstance(required, list) else []:
+        if isinstance(name, str) and name not in properties:
+            raise ConstraintError(f"{path}: the required property {name!r} is not in 'properties'")
+
+
 def check_schema(schema, path: str = "schema") -> None:
     """Refuse JSON-schema keywords the grammar would not enforce (raises ConstraintError)."""
     if isinstance(schema, bool):
@@ -176,13 +239,18 @@ def check_schema(schema, path: str = "schema") -> None:
         if key == "format" and value not in SUPPORTED_FORMATS:
             raise ConstraintError(f"{path}: the string format {value!r} is not supported")
         if key in _SCHEMA_MAPS:
+            if not isinstance(value, (dict, type(None))):
+                raise ConstraintError(f"{path}.{key} must be an object")
             for name, sub in (value or {}).items():
                 check_schema(sub, f"{path}.{key}.{name}")
         elif key in _SCHEMA_LISTS:
+            if not isinstance(value, (list, type(None))):
+                raise ConstraintError(f"{path}.{key} must be an array")
             for i, sub in enumerate(value or []):
                 check_schema(sub, f"{path}.{key}[{i}]")
         elif key in _SCHEMA_ONE:
             check_schema(value, f"{path}.{key}")
+    _check_combinations(schema, path)
 
 
 # Raw control characters are never valid in compact JSON (strings must escape them), but
