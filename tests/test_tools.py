@@ -153,15 +153,19 @@ def test_refusals_name_the_param():
         ([{"type": "function", "function": {"name": "a b"}}], "tools[0].function.name"),
         ([{"type": "function"}], "tools[0]"),
         ([TOOL, TOOL], "tools"),
-        (
-            [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "if": {}}}}],
-            "tools[0].function.parameters",
-        ),
     ]
     for tools, param in bad:
         with pytest.raises(ConstraintError) as e:
             check_tools(tools)
         assert e.value.param == param
+    # a keyword the grammar cannot enforce: refused where a call is forced, served under "auto"
+    unenforceable = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "if": {}}}}
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        with pytest.raises(ConstraintError) as e:
+            tool_setup([TOOL, unenforceable], choice, None)
+        assert e.value.param == "tools[1].function.parameters"
+    assert tool_setup([TOOL, unenforceable], "auto", None).choice == "auto"
+    assert tool_setup([TOOL, unenforceable], {"type": "function", "function": {"name": "lookup"}}, None).tools
     for choice in ("always", {"type": "function", "function": {"name": "nope"}}, {"name": "lookup"}):
         with pytest.raises(ConstraintError) as e:
             tool_setup([TOOL], choice, None)

@@ -72,15 +72,25 @@ def check_tools(tools: list) -> list[dict]:
                 f"{p}.function.parameters must be a schema of type 'object', got {params.get('type')!r}",
                 f"{p}.function.parameters",
             )
-        try:
-            check_schema(params, f"{p}.function.parameters")
-        except ConstraintError as e:
-            raise ConstraintError(str(e), f"{p}.function.parameters") from None
         out.append({"type": "function", "function": {**fn, "parameters": params}})
     names = [t["function"]["name"] for t in out]
     if len(set(names)) != len(names):
         raise ConstraintError("tools: function names must be unique", "tools")
     return out
+
+
+def check_forced_schemas(tools: list[dict], choice: str) -> None:
+    """A forced call (tool_choice "required" or a named function) is written under a grammar of
+    the functions' parameters: refuse the keywords it would not enforce (check_schema). Under
+    "auto" nothing is enforced, and the schemas only describe the tools to the model: agents send
+    MCP tools with formats and patterns a grammar cannot honour, and those requests stay served."""
+    for i, tool in enumerate(tools):
+        if choice in ("required", tool["function"]["name"]):
+            param = f"tools[{i}].function.parameters"
+            try:
+                check_schema(tool["function"]["parameters"], param)
+            except ConstraintError as e:
+                raise ConstraintError(str(e), param) from None
 
 
 def check_message_tool_calls(calls: list, param: str) -> list[dict]:
