@@ -590,31 +590,33 @@ def fed_to(backend) -> list[int]:
     return fed
 
 
+def draft_pair_llm(backend: str, tmp_path, prefix_caching: bool) -> LLM:
+    """A tiny target and draft model (speculation "draft") on `backend`, the prefix cache on or off."""
+    limits = EngineLimits(**{**LIMITS.__dict__, "prefix_caching": prefix_caching})
+    seqs = limits.max_num_seqs + 1
+    if backend == "llama.cpp":
+        t, d = (
+            LlamaCppBackend(
+                write_tiny_gguf(tmp_path / f"{name}-{prefix_caching}.gguf", seed),
+                max_sequences=seqs,
+                batch_invariant=True,
+                prefix_sequences=4,
+            )
+            for name, seed in (("t", 0), ("d", 1))
+        )
+    else:
+        t, d = (TransformersBackend(tiny_model("qwen2", seed), max_sequences=seqs + 4) for seed in (0, 1))
+    return LLM.from_backends(t, tiny_tokenizer(), d, name="tiny", speculation="draft", limits=limits)
+
+
 @pytest.mark.parametrize("backend", ["transformers", "llama.cpp"])
 def test_next_turn_shares_the_draft_models_prefix_too(backend, tmp_path):
     """Turn 2 feeds the draft model only what turn 1 did not give it (engine/draft_prefix.py),
     and its output equals a cold run's; with the prefix cache off the draft model is fed it all."""
 
-    def make(prefix_caching: bool) -> LLM:
-        limits = EngineLimits(**{**LIMITS.__dict__, "prefix_caching": prefix_caching})
-        seqs = limits.max_num_seqs + 1
-        if backend == "llama.cpp":
-            t, d = (
-                LlamaCppBackend(
-                    write_tiny_gguf(tmp_path / f"{name}-{prefix_caching}.gguf", seed),
-                    max_sequences=seqs,
-                    batch_invariant=True,
-                    prefix_sequences=4,
-                )
-                for name, seed in (("t", 0), ("d", 1))
-            )
-        else:
-            t, d = (TransformersBackend(tiny_model("qwen2", seed), max_sequences=seqs + 4) for seed in (0, 1))
-        return LLM.from_backends(t, tiny_tokenizer(), d, name="tiny", speculation="draft", limits=limits)
-
     runs = {}
     for caching in (True, False):
-        llm = make(caching)
+        llm = draft_pair_llm(backend, tmp_path, caching)
         turn1 = llm.encode(FILE + "Question one?")
         out1 = llm.generate(turn1, GREEDY)
         turn2 = turn1 + out1.token_ids + llm.encode("\nAnd a follow-up question:")
@@ -636,24 +638,7 @@ def test_n_choices_read_the_prompt_into_the_draft_model_once(backend, tmp_path):
     same step) instead of each feeding the whole prompt to the draft model again. Greedy and
     seeded sampled choices write what a run without any cache writes."""
 
-    def make(prefix_caching: bool) -> LLM:
-        limits = EngineLimits(**{**LIMITS.__dict__, "prefix_caching": prefix_caching})
-        seqs = limits.max_num_seqs + 1
-        if backend == "llama.cpp":
-            t, d = (
-                LlamaCppBackend(
-                    write_tiny_gguf(tmp_path / f"{name}-{prefix_caching}.gguf", seed),
-                    max_sequences=seqs,
-                    batch_invariant=True,
-                    prefix_sequences=4,
-                )
-                for name, seed in (("t", 0), ("d", 1))
-            )
-        else:
-            t, d = (TransformersBackend(tiny_model("qwen2", seed), max_sequences=seqs + 4) for seed in (0, 1))
-        return LLM.from_backends(t, tiny_tokenizer(), d, name="tiny", speculation="draft", limits=limits)
-
-    warm, cold = make(True), make(False)
+    warm, cold = draft_pair_llm(backend, tmp_path, True), draft_pair_llm(backend, tmp_path, False)
     draft = warm.engine.core.draft
     reads, forward = [], draft.forward
 
