@@ -7,6 +7,7 @@ logprobs and tool-call deltas of its endpoint from the engine's `RequestOutput`s
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 import uuid
@@ -67,7 +68,7 @@ class ResponseContext:
     include_usage: bool = False
     logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
-    text_offset: dict = field(default_factory=dict)  # completions logprobs: chars described, per choice
+    text_offset: dict = field(default_factory=dict)  # completions logprobs, per choice: (chars decoded, UTF-8 decoder)
     echo_texts: list[str] | None = None  # completions echo: each prompt, which its answers begin with
     scores_only: bool = False  # completions max_tokens 0: the echoed prompt alone, its generated token left out
     tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
@@ -256,12 +257,15 @@ class CompletionDialect(Dialect):
 
     @staticmethod
     def _entry(ctx: ResponseContext, out: dict, index: int, token_id: int, lp: TokenLogprob | None) -> None:
-        text, _ = ctx.namer(token_id)
+        text, raw = ctx.namer(token_id)
         out["tokens"].append(text)
         out["token_logprobs"].append(lp.logprob if lp else None)
         out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top} if lp else None)
-        out["text_offset"].append(ctx.text_offset.get(index, 0))
-        ctx.text_offset[index] = ctx.text_offset.get(index, 0) + len(text)
+        # where the token starts in the choice's text: a token that holds part of a character
+        # (a byte piece) starts at that character, and the character counts once, not once per piece
+        chars, decoder = ctx.text_offset.get(index) or (0, codecs.getincrementaldecoder("utf-8")("replace"))
+        out["text_offset"].append(chars)
+        ctx.text_offset[index] = (chars + len(decoder.decode(bytes(raw))), decoder)
 
     def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
         return self._chunk(
