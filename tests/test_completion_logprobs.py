@@ -1,18 +1,24 @@
-"""The completions endpoint's legacy logprobs object, built from token ids without a model.
+"""The completions endpoint's legacy logprobs object: `text_offset` indexes the choice's text.
 
 A byte-level BPE (GPT-2's, Qwen's, SmolLM2's kind) spells a character its vocabulary lacks as
-byte pieces, so `text_offset` must count characters of the answer's text, not token names.
+byte pieces, so offsets must count characters of the text, not token names; and a tokenizer that
+puts a BOS in front of a text (Gemma's) adds a token that an echoed text prompt does not hold.
 """
 
 from __future__ import annotations
 
-from tiny import CORPUS
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+import copy
+
+from tiny import CORPUS, tiny_model, tiny_tokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from specserve.engine.stats import TokenLogprob
+from specserve.llm import LLM
 from specserve.server.logprobs import TokenNamer
+from specserve.server.protocol import prepare_completion
 from specserve.server.responses import COMPLETIONS, ResponseContext
+from specserve.server.schemas import CompletionRequest
 
 TEXT = "Le café: 東京 🎉 ok"  # 東, 京 and 🎉 are byte pieces (the corpus below never holds them)
 
@@ -43,3 +49,25 @@ def test_text_offset_counts_characters_split_across_byte_tokens():
             assert offset == len(raw[:start].decode("utf-8", errors="ignore")), (tok.convert_ids_to_tokens(t), offsets)
             start += len(namer(t)[1])
         assert TEXT[offsets[-1] :] == tok.decode(ids[-1:])  # offsets index into the text
+
+
+def test_text_offset_of_an_echoed_text_prompt_leaves_out_the_bos_the_tokenizer_adds():
+    tok = copy.deepcopy(tiny_tokenizer())
+    bos = tok.convert_tokens_to_ids("<|im_start|>")
+    tok.bos_token = "<|im_start|>"
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[(tok.bos_token, bos)]
+    )
+    llm = LLM.from_models(tiny_model(vocab_size=len(tok)), tok, speculation="none")
+    prompt = "def add(a, b):"
+    assert llm.prompt_ids(prompt)[0] == bos  # as Gemma's tokenizer starts every text
+    for sent in (prompt, [prompt, "import os"]):
+        req = CompletionRequest(model="m", prompt=sent, echo=True, logprobs=1, max_tokens=2, temperature=0)
+        job = prepare_completion(req, llm)
+        ctx = COMPLETIONS.context("m", TokenNamer(tok), job)
+        outputs = [llm.generate(ids, job.params) for ids in job.prompts]
+        for choice in COMPLETIONS.response(ctx, outputs)["choices"]:
+            text, lp = choice["text"], choice["logprobs"]
+            assert lp["tokens"][0] == "<|im_start|>" and lp["text_offset"][:2] == [0, 0]
+            for token, offset in zip(lp["tokens"][1:], lp["text_offset"][1:]):
+                assert text[offset : offset + len(token)] == token, (text, lp["tokens"], lp["text_offset"])

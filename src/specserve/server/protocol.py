@@ -57,6 +57,7 @@ class Prepared:
     request_fields: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
     history: list[dict] | None = None  # the Responses API: the conversation's messages, kept with the answer
     echo_texts: list[str] | None = None  # completions `echo`: each prompt's text, which its answers begin with
+    echo_hidden: list[int] | None = None  # ... and how many of its first tokens that text leaves out (a BOS added)
     batch: list[list[int]] | None = None  # completions with several prompts: each one's ids (prompt_ids: the first)
     scores_only: bool = False  # completions `max_tokens: 0` with echo: the prompt and its logprobs, no completion
 
@@ -327,6 +328,17 @@ def _infill_prompt_ids(prompt, suffix: str, llm) -> list[int]:
         raise bad_request(str(e), "suffix") from None
 
 
+def _echo(prompt, ids: list[int], llm) -> tuple[str, int]:
+    """The text an echoed prompt is answered with: a text prompt as it was sent, token ids as
+    their text; and how many of its first tokens that text leaves out (the ones the tokenizer
+    puts in front of a text, as Gemma's BOS), whose text_offset stays at 0."""
+    if not isinstance(prompt, str):
+        return llm.tokenizer.decode(ids), 0
+    plain = llm.encode(prompt)
+    added = len(ids) - len(plain)
+    return prompt, added if added > 0 and ids[added:] == plain else 0
+
+
 def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     """Validate a completions request against the model and turn it into a job. With a
     `suffix` the prompt and the suffix are the two sides of a gap the model fills. With `echo`
@@ -361,7 +373,7 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     params = sampling_params(req, max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
         params = replace(params, prompt_logprobs=req.logprobs)
-    echo = [p if isinstance(p, str) else llm.tokenizer.decode(i) for p, i in zip(prompts, ids)] if req.echo else None
+    echo = [_echo(p, i, llm) for p, i in zip(prompts, ids)] if req.echo else None
     return Prepared(
         ids[0],
         params,
@@ -372,7 +384,8 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         _compile(_output_guide(req), llm, req),
         None,
         n,
-        echo_texts=echo,
+        echo_texts=[text for text, _ in echo] if echo else None,
+        echo_hidden=[hidden for _, hidden in echo] if echo else None,
         batch=ids if len(ids) > 1 else None,
         scores_only=scores_only,
     )

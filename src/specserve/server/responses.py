@@ -70,6 +70,7 @@ class ResponseContext:
     created: int = field(default_factory=lambda: int(time.time()))
     text_offset: dict = field(default_factory=dict)  # completions logprobs, per choice: (chars decoded, UTF-8 decoder)
     echo_texts: list[str] | None = None  # completions echo: each prompt, which its answers begin with
+    echo_hidden: list[int] | None = None  # completions echo: each prompt's first tokens its text leaves out (a BOS)
     scores_only: bool = False  # completions max_tokens 0: the echoed prompt alone, its generated token left out
     tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
     n: int = 1
@@ -103,6 +104,7 @@ class Dialect:
             tools=prepared.tools,
             n=prepared.n,
             echo_texts=prepared.echo_texts,
+            echo_hidden=prepared.echo_hidden,
             scores_only=prepared.scores_only,
         )
 
@@ -249,14 +251,18 @@ class CompletionDialect(Dialect):
             return None
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         if prompt is not None:
-            for tid, lp in zip(prompt.prompt_token_ids, prompt.prompt_logprobs):
-                self._entry(ctx, out, index, tid, lp)
+            hidden = ctx.echo_hidden[index // ctx.n]
+            for j, (tid, lp) in enumerate(zip(prompt.prompt_token_ids, prompt.prompt_logprobs)):
+                self._entry(ctx, out, index, tid, lp, written=j >= hidden)
         for lp in lps:
             self._entry(ctx, out, index, lp.token_id, lp)
         return out
 
     @staticmethod
-    def _entry(ctx: ResponseContext, out: dict, index: int, token_id: int, lp: TokenLogprob | None) -> None:
+    def _entry(
+        ctx: ResponseContext, out: dict, index: int, token_id: int, lp: TokenLogprob | None, written: bool = True
+    ) -> None:
+        """One token's entry; written: its text is in the choice's text (not a BOS an echoed text leaves out)."""
         text, raw = ctx.namer(token_id)
         out["tokens"].append(text)
         out["token_logprobs"].append(lp.logprob if lp else None)
@@ -265,7 +271,8 @@ class CompletionDialect(Dialect):
         # (a byte piece) starts at that character, and the character counts once, not once per piece
         chars, decoder = ctx.text_offset.get(index) or (0, codecs.getincrementaldecoder("utf-8")("replace"))
         out["text_offset"].append(chars)
-        ctx.text_offset[index] = (chars + len(decoder.decode(bytes(raw))), decoder)
+        if written:
+            ctx.text_offset[index] = (chars + len(decoder.decode(bytes(raw))), decoder)
 
     def delta_chunk(self, ctx, text: str, lps, index: int = 0) -> dict:
         return self._chunk(
