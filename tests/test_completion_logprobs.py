@@ -71,3 +71,17 @@ def test_text_offset_of_an_echoed_text_prompt_leaves_out_the_bos_the_tokenizer_a
             assert lp["tokens"][0] == "<|im_start|>" and lp["text_offset"][:2] == [0, 0]
             for token, offset in zip(lp["tokens"][1:], lp["text_offset"][1:]):
                 assert text[offset : offset + len(token)] == token, (text, lp["tokens"], lp["text_offset"])
+
+
+def test_top_logprobs_hold_the_chosen_token_too():
+    """OpenAI: "The API will always return the logprob of the sampled token, so there may be up
+    to logprobs+1 elements" (vLLM answers the same); with logprobs 0 that is the token alone."""
+    tok = tiny_tokenizer()
+    a, b, c = tok.convert_tokens_to_ids(["a", "b", "c"])
+    ctx = ResponseContext("cmpl-x", "m", TokenNamer(tok), logprobs=True)
+    lps = [TokenLogprob(a, -0.1, [(a, -0.1), (b, -2.5)]), TokenLogprob(c, -4.0, [(a, -0.3), (b, -1.5)])]
+    assert COMPLETIONS._logprobs(ctx, lps)["top_logprobs"] == [
+        {"a": -0.1, "b": -2.5},
+        {"a": -0.3, "b": -1.5, "c": -4.0},
+    ]
+    assert COMPLETIONS._logprobs(ctx, [TokenLogprob(c, -4.0, [])])["top_logprobs"] == [{"c": -4.0}]  # logprobs: 0

@@ -266,7 +266,8 @@ class CompletionDialect(Dialect):
         text, raw = ctx.namer(token_id)
         out["tokens"].append(text)
         out["token_logprobs"].append(lp.logprob if lp else None)
-        out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top} if lp else None)
+        # the k best, and the token itself when it is not among them (OpenAI: "up to logprobs+1 elements")
+        out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top} | {text: lp.logprob} if lp else None)
         # where the token starts in the choice's text: a token that holds part of a character
         # (a byte piece) starts at that character, and the character counts once, not once per piece
         chars, decoder = ctx.text_offset.get(index) or (0, codecs.getincrementaldecoder("utf-8")("replace"))
