@@ -303,6 +303,8 @@ def test_tokenize_counts_what_a_request_is_billed(server, client):
     assert client.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=1).usage.prompt_tokens == len(ids)
     r = httpx.post(f"{server.url}/detokenize", json={"model": MODEL, "tokens": ids}, headers=AUTH, timeout=30)
     assert r.json() == {"prompt": "def add(a, b):"}
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": "def add", "return_token_strs": True}, headers=AUTH)
+    assert r.json()["token_strs"] == tiny_tokenizer().convert_ids_to_tokens(r.json()["tokens"])  # vLLM's option
     for path, bad, param in [
         ("tokenize", {"prompt": "x", "messages": MSGS}, "prompt"),
         ("tokenize", {}, "messages"),

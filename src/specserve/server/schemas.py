@@ -187,6 +187,7 @@ class TokenizeRequest(_Strict):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = True
+    return_token_strs: bool | None = False  # also each token's string (the vocabulary's spelling)
     tools: list[Any] | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = False

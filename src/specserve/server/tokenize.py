@@ -15,7 +15,8 @@ from .structured import tool_setup
 
 
 def tokenize(req: TokenizeRequest, llm) -> dict:
-    """{"count", "max_model_len", "tokens", "token_strs"} for a prompt or chat messages."""
+    """{"count", "max_model_len", "tokens", "token_strs"} for a prompt or chat messages (token_strs:
+    with return_token_strs, each token as the vocabulary spells it, as vLLM answers)."""
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of prompt and messages", "prompt" if req.prompt is not None else "messages")
     if req.messages is not None:
@@ -26,7 +27,8 @@ def tokenize(req: TokenizeRequest, llm) -> dict:
         ids = llm.encode(req.prompt)
     else:
         ids = list(llm.tokenizer.encode(req.prompt))
-    return {"count": len(ids), "max_model_len": llm.max_context, "tokens": ids, "token_strs": None}
+    strs = llm.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+    return {"count": len(ids), "max_model_len": llm.max_context, "tokens": ids, "token_strs": strs}
 
 
 def detokenize(req: DetokenizeRequest, llm) -> dict:
