@@ -422,6 +422,7 @@ BAD = [  # (endpoint, body, status, param)
         {
             **OK_CHAT,
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}],
+            "tool_choice": "required",  # forced: its schema must be enforceable (under "auto" it is only described)
         },
         400,
         "tools[0].function.parameters",
