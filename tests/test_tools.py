@@ -46,6 +46,21 @@ def test_parse_tool_calls():
     assert parse_tool_calls(CALL[: -len("</tool_call>")])[1][0].name == "lookup"  # EOS before the close tag
 
 
+def test_a_closing_tag_inside_an_argument_does_not_cut_the_call():
+    """The forcing grammar lets a string argument hold "</tool_call>" (a soak's forced call wrote
+    the city "]}</tool_call> #TODO"); the block was cut at it, the JSON no longer parsed, and the
+    `tool_choice: "required"` answer came back as content with finish_reason "stop"."""
+    call = CALL.replace('"ab"', '"]}</tool_call> #x"')
+    for text in (call, "Sure.\n" + call + "\nafter"):
+        content, calls = parse_tool_calls(text, {"lookup"})
+        assert [json.loads(c.arguments) for c in calls] == [{"key": "]}</tool_call> #x", "n": 3}]
+        assert content == (None if text == call else "Sure.\n\nafter")
+        s = ToolStreamSplitter({"lookup"})
+        sent = "".join(s.feed(ch) for ch in text)
+        rest, streamed = s.finish()
+        assert (sent + rest).strip() == (content or "") and len(streamed) == 1
+
+
 BARE = '{"name": "lookup", "arguments": {"key": "ab", "n": 3}}'
 UNTAGGED = [  # how the 1.5B pack writes a call when it leaves out the tags
     BARE,

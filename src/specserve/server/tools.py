@@ -38,7 +38,7 @@ from ..engine.constrain import (
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
+_AFTER_CALL = re.compile(r"\s*(?:" + re.escape(CLOSE) + r"|$)")  # what may follow a block's JSON
 
 
 @dataclass(frozen=True)
@@ -161,12 +161,35 @@ def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
 
 
 # -- parsing -------------------------------------------------------------------------------------
-def _call_from_json(text: str) -> ToolCall | None:
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return _call_from_obj(obj)
+def _blocks(text: str) -> list[tuple[int, int, ToolCall]] | None:
+    """Each `<tool_call>` block of the text as (start, end, call); None when one does not parse.
+    The block's JSON is decoded before its closing tag is looked for: a string argument may
+    itself hold "</tool_call>" (the forcing grammar allows it), and cutting the block at it
+    turned a valid forced call into content."""
+    blocks, at = [], text.find(OPEN)
+    while at >= 0:
+        start = at + len(OPEN)
+        start += len(text[start:]) - len(text[start:].lstrip())
+        try:
+            obj, end = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:
+            return None
+        tail, call = _AFTER_CALL.match(text, end), _call_from_obj(obj)
+        if tail is None or call is None:
+            return None
+        blocks.append((at, tail.end(), call))
+        at = text.find(OPEN, tail.end())
+    return blocks
+
+
+def _without_blocks(text: str, blocks: list[tuple[int, int, ToolCall]], offset: int = 0) -> str:
+    """text (which starts at `offset` of the parsed text) with the blocks cut out."""
+    out, at = [], 0
+    for start, end, _ in blocks:
+        start, end = max(start - offset, 0), max(end - offset, 0)
+        out.append(text[at:start])
+        at = max(at, end)
+    return "".join(out) + text[at:]
 
 
 def _call_from_obj(obj) -> ToolCall | None:
@@ -219,14 +242,11 @@ def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None
     if OPEN not in text:
         calls = _bare_calls(text, names) if names else []
         return (None, calls) if calls else (text, [])
-    calls = []
-    for match in _BLOCK.finditer(text):
-        call = _call_from_json(match.group(1))
-        if call is None:
-            return text, []
-        calls.append(call)
-    content = _BLOCK.sub("", text).strip()
-    return (content or None), calls
+    blocks = _blocks(text)
+    if not blocks:
+        return text, []
+    content = _without_blocks(text, blocks).strip()
+    return (content or None), [call for _, _, call in blocks]
 
 
 def _may_be_bare_call(text: str) -> bool:
@@ -297,5 +317,5 @@ class ToolStreamSplitter:
             return self.text[self.sent :], []
         if not content:
             return "", calls
-        rest = _BLOCK.sub("", self.text[self.sent :])  # the text held since the first block, calls cut out
+        rest = _without_blocks(self.text[self.sent :], _blocks(self.text), self.sent)  # held text, calls cut out
         return (rest.strip() if not self.text[: self.sent].strip() else rest.rstrip()), calls
