@@ -604,3 +604,24 @@ def test_chat_text_parts_are_their_text(template):
     assert llm.apply_chat_template([{"role": "user", "content": parts}]) == want
     with pytest.raises(InvalidRequestError, match="only text parts"):
         llm.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}])
+
+
+def test_a_failed_pass_s_drafts_are_not_counted_as_verified():
+    """A pass that raised verified nothing, but its drafts counted in specserve_step_draft_tokens
+    and in no source (the soak's books would drift by them)."""
+    from specserve.server.metrics import Metrics
+
+    llm, backend = engine_llm()
+    metrics = Metrics()
+    llm.engine.core.on_step = metrics.observe_step
+    ids = tiny_tokenizer().encode("def add(a, b):")
+    plain = llm.generate(ids, SamplingParams(max_tokens=40, temperature=0))
+    req = llm.request(ids, SamplingParams(max_tokens=40, temperature=0), plain.text, "prediction")
+    llm.engine.core.add(req)
+    llm.engine.core.step()  # admitted and prefilled: the next pass verifies the prediction
+    backend.arm("step")
+    llm.engine.core.step()
+    assert isinstance(req.error, EngineFault)
+    text = metrics.render()[0].decode()
+    assert metric_value(text, "specserve_step_draft_tokens_total") == 0
+    assert metric_value(text, "specserve_spec_proposed_tokens_total") == 0

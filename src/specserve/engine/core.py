@@ -68,7 +68,7 @@ class StepInfo:
     decoding: int
     prefilling: int
     tokens: int
-    draft_tokens: int
+    draft_tokens: int  # planned, then (in on_step's copy) those the pass verified: the sum over `speculation`
     seconds: float
     cache_used: float  # share of cache cells reserved by running requests
     waiting: int
@@ -380,7 +380,8 @@ class EngineCore:
             if self.prefix is not None:  # what the pass fed (the plan's drafts are cleared by the commit)
                 self.prefix.charge(info.tokens)
             if self.on_step is not None:
-                self.on_step(replace(info, seconds=seconds))
+                verified = sum(counts[0] for counts in info.speculation.values())  # a failed pass verified none
+                self.on_step(replace(info, seconds=seconds, draft_tokens=verified))
 
     def _admit(self) -> None:
         sched = self.scheduler
