@@ -60,6 +60,9 @@ class EngineClient(Protocol):
     def submit(self, requests: Sequence[Request]) -> None:
         """Queue requests together, or raise QueueFull / ShuttingDown / EngineDead without queueing any."""
 
+    def has_room(self, n: int = 1) -> bool:
+        """Whether `submit` would take n requests now (a hint: the queue may fill meanwhile)."""
+
     def wake(self) -> None:
         """Something changed (a request was cancelled): step soon even if idle."""
 
@@ -161,15 +164,23 @@ class EngineWorker:
                 raise EngineDead(self._dead.__cause__, str(self._dead))
             if self._stopping:
                 raise ShuttingDown()
-            waiting = self.core.num_waiting
-            # A job larger than the queue and the batch together (a batch of prompts, n > 1) is
-            # taken when nothing waits: refused, it would be told to retry for ever.
-            never_fits = len(requests) > self.max_queue + self.core.limits.max_num_seqs
-            if waiting + len(requests) > self.max_queue + self._free_slots() and not (never_fits and not waiting):
-                raise QueueFull(waiting)
+            if self._refuses(len(requests)):
+                raise QueueFull(self.core.num_waiting)
             for r in requests:
                 self.core.add(r)
             self._cond.notify()
+
+    def has_room(self, n: int = 1) -> bool:
+        with self._cond:
+            return not self._refuses(n)
+
+    def _refuses(self, n: int) -> bool:
+        """Whether n more requests would overfill the queue (the caller holds the lock). A job
+        larger than the queue and the batch together (a batch of prompts, n > 1) is taken when
+        nothing waits: refused, it would be told to retry for ever."""
+        waiting = self.core.num_waiting
+        never_fits = n > self.max_queue + self.core.limits.max_num_seqs
+        return waiting + n > self.max_queue + self._free_slots() and not (never_fits and not waiting)
 
     def _free_slots(self) -> int:
         """Requests that would join the batch at once rather than wait."""

@@ -214,6 +214,25 @@ class Server:
         self.engine.stop()
         self.prep.shutdown(wait=False, cancel_futures=True)
 
+    def check_room(self) -> None:
+        """Refuse at once (429, 503) a request the queue could not take now, before the prep
+        thread tokenizes it: under overload every refused request used to be prepared first
+        (2378 chat 429s in a 4-minute soak), which backed up the requests that would fit."""
+        if self.draining:
+            raise unavailable("the server is shutting down")
+        if not self.engine.has_room(1):
+            raise self._busy(self.engine.num_waiting)
+
+    def _busy(self, waiting: int) -> APIError:
+        retry = str(max(1, math.ceil(self.mean_request_s)))
+        return APIError(
+            429,
+            f"the server is busy ({waiting} requests waiting); retry later",
+            "rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": retry},
+        )
+
     def submit(self, job: Job) -> None:
         """Queue a job's requests, or refuse with 429 (Retry-After) / 503."""
         if self.draining:
@@ -221,14 +240,7 @@ class Server:
         try:
             self.engine.submit(job.requests)
         except QueueFull as e:
-            retry = str(max(1, math.ceil(self.mean_request_s)))
-            raise APIError(
-                429,
-                f"the server is busy ({e.waiting} requests waiting); retry later",
-                "rate_limit_error",
-                code="queue_full",
-                headers={"Retry-After": retry},
-            ) from None
+            raise self._busy(e.waiting) from None
         except ShuttingDown:
             raise unavailable("the server is shutting down") from None
         except EngineDead as e:
@@ -268,6 +280,7 @@ class Server:
         try:
             req = parse_body(dialect.request_model, await request.body())
             self.check_model(req.model)
+            self.check_room()
             prepared = await self._prepare(dialect, req)
             loop = asyncio.get_running_loop()
             timeout = self.options.request_timeout
