@@ -19,12 +19,22 @@ import time
 
 import httpx
 import pytest
-from server_proc import ServerProcess, save_slow_tiny
+from server_proc import ServerProcess
+from tiny import tiny_model, tiny_tokenizer
 
 from specserve.server.app import DRAIN_GRACE_S
 
 MODEL = "tiny"
-STREAMS = 6  # x 400 plain steps of the slow model, one pass each: well past the drain's grace
+STREAMS = 2  # Ray Serve's max_ongoing_requests per replica (ScaleConfig): both run at once
+MAX_TOKENS = 1800  # x 2 streams of a deep tiny model, one pass each: tens of seconds, far past the drain's grace
+
+
+def save_long_slow_tiny(path) -> str:
+    """server_proc's slow model with room for long answers: a stream outlives the drain's grace
+    on any machine, so the stop always finds streams running."""
+    tiny_model(layers=24, hidden=128, max_positions=2048).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
 
 
 def _stream(url: str, i: int, events: dict, started: threading.Event) -> None:
@@ -32,7 +42,7 @@ def _stream(url: str, i: int, events: dict, started: threading.Event) -> None:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"def add(a, b):  # {i}"}],
-        "max_tokens": 400,
+        "max_tokens": MAX_TOKENS,
         "temperature": 0,
         "stream": True,
         "ignore_eos": True,
@@ -53,9 +63,20 @@ def _stream(url: str, i: int, events: dict, started: threading.Event) -> None:
 def test_stopping_the_server_ends_running_streams_with_an_error_event(tmp_path):
     import ray.serve  # noqa: F401 - `-m ray` asks for this test: a missing Ray fails it, never skips it
 
-    model = save_slow_tiny(tmp_path / "slow")
+    model = save_long_slow_tiny(tmp_path / "slow")
     srv = ServerProcess(
-        model, "--ray", "--replicas", "1", "--replica-cpus", "1", "--served-model-name", MODEL, "--speculation", "none"
+        model,
+        "--ray",
+        "--replicas",
+        "1",
+        "--replica-cpus",
+        "1",
+        "--served-model-name",
+        MODEL,
+        "--speculation",
+        "none",
+        "--max-num-seqs",
+        str(STREAMS),
     )
     with srv:
         events: dict[int, list[str]] = {}

@@ -469,11 +469,11 @@ def run(args: argparse.Namespace, limits) -> int:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
     replica, scale = configs_from_args(args, limits)
     ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
-    serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
-    print(f"specserve on Ray Serve: http://{args.host}:{args.port}/v1 ({_replica_summary(scale)})", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
-    try:
+    try:  # from here on: the app may serve before serve.run returns, and a Ctrl-C then must clean up too
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
+        print(f"specserve on Ray Serve: http://{args.host}:{args.port}/v1 ({_replica_summary(scale)})", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
