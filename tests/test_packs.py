@@ -487,3 +487,19 @@ def test_cli_errors_are_one_line(fake, monkeypatch, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("specserve: error:") for line in lines)
     assert "Traceback" not in "".join(lines)
+
+
+def test_a_folder_holding_one_gguf_is_that_file(tmp_path):
+    """A pack's folder (or any folder with one .gguf) given as --model was refused as "a folder
+    without config.json"; it is the .gguf it holds, with the folder's tokenizer files."""
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    source = packs.resolve_model(str(tmp_path))
+    assert (source.path, source.gguf_file) == (str(tmp_path.resolve()), "model.gguf")
+    (tmp_path / "other.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match=r"holds 2 .gguf files \(model.gguf, other.gguf\); name one"):
+        packs.resolve_model(str(tmp_path))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelLoadError, match="without config.json or a .gguf file"):
+        packs.resolve_model(str(empty))

@@ -599,7 +599,7 @@ def resolve_model(spec: str | None, role: str = "target") -> ModelSource:
     """Turn a user's model spec into a ModelSource; the one place every command does this.
 
     ``None`` → the default pack for ``role``; a pack name → that pack (pulled on first use);
-    a folder with config.json → it; a ``.gguf`` file → its folder and file name; ``org/name``
+    a folder with config.json → it; a ``.gguf`` file, or a folder holding one → its folder and file name; ``org/name``
     → a hub id (an error when the hub is offline). Anything else raises ModelLoadError.
     """
     if spec is None:
@@ -625,11 +625,17 @@ def resolve_model(spec: str | None, role: str = "target") -> ModelSource:
 
 
 def _local_source(spec: str, path: Path) -> ModelSource:
-    """A local HF folder (with config.json) or a local .gguf file."""
+    """A local HF folder (with config.json), a folder holding one .gguf file (a pack's folder,
+    say), or a local .gguf file."""
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{spec} is a folder without config.json (not a Hugging Face model folder)")
-        return ModelSource(path=str(path.resolve()), display_name=path.resolve().name)
+        if (path / "config.json").is_file():
+            return ModelSource(path=str(path.resolve()), display_name=path.resolve().name)
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if len(ggufs) == 1:  # as if the file were named: its folder's tokenizer files are used too
+            return _local_source(spec, path / ggufs[0])
+        if ggufs:
+            raise ModelLoadError(f"{spec} holds {len(ggufs)} .gguf files ({', '.join(ggufs)}); name one of them")
+        raise ModelLoadError(f"{spec} is a folder without config.json or a .gguf file (not a model folder)")
     if path.suffix.lower() == ".gguf":
         path = path.resolve()
         return ModelSource(path=str(path.parent), gguf_file=path.name, display_name=path.name)
