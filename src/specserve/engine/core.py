@@ -68,13 +68,17 @@ class StepInfo:
     decoding: int
     prefilling: int
     tokens: int
-    draft_tokens: int  # planned, then (in on_step's copy) those the pass verified: the sum over `speculation`
     seconds: float
     cache_used: float  # share of cache cells reserved by running requests
     waiting: int
     # per draft source: [proposed, accepted, steps] of the requests this step verified. Counted
     # here, not from each answer, so a request whose client hung up still counts its drafts.
     speculation: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def draft_tokens(self) -> int:
+        """Draft tokens the pass verified (none when it failed)."""
+        return sum(counts[0] for counts in self.speculation.values())
 
 
 def _count_step(tally: dict[str, list[int]], step: tuple[str, int, int] | None) -> None:
@@ -380,8 +384,7 @@ class EngineCore:
             if self.prefix is not None:  # what the pass fed (the plan's drafts are cleared by the commit)
                 self.prefix.charge(info.tokens)
             if self.on_step is not None:
-                verified = sum(counts[0] for counts in info.speculation.values())  # a failed pass verified none
-                self.on_step(replace(info, seconds=seconds, draft_tokens=verified))
+                self.on_step(replace(info, seconds=seconds))
 
     def _admit(self) -> None:
         sched = self.scheduler
@@ -696,7 +699,6 @@ class EngineCore:
             len(plan.decode),
             len(plan.prefill),
             plan.tokens,
-            sum(len(r.draft_ids) for r in plan.decode),
             0.0,
             self.cache_used,
             waiting,
