@@ -1064,3 +1064,34 @@ def test_a_rename_that_only_changed_a_string_or_comment_is_not_done(language, or
     assert failure and "`fetchUser` appears nowhere in the answer's code" in failure
     done = original.replace("load", "fetchUser")
     assert judge_answer(original, done, instruction, language).failure is None
+
+
+INTRANGES = '''"""Given a list of integers, made up of (hopefully) a small number of long runs
+of consecutive integers, compute a representation of the form
+((start1, end1), (start2, end2) ...). Then answer the question "was x present
+in the original list?" in time O(log(# runs)).
+"""
+
+
+def _decode_range(r: int) -> tuple[int, int]:
+    return (r >> 32), (r & ((1 << 32) - 1))
+
+
+def intranges_contain(int_: int, ranges: tuple[int, ...]) -> bool:
+    left, right = _decode_range(ranges[0])
+    return left <= int_ < right
+'''
+
+
+def test_a_rename_that_also_rewrites_other_lines_is_refused():
+    """Asked to rename a function of idna's intranges.py, the 1.5B pack renamed it right and also
+    rewrote the module docstring, dropping a sentence; the tool wrote it."""
+    instruction = "Rename the function _decode_range to _unpack_range."
+    renamed = INTRANGES.replace("_decode_range", "_unpack_range")
+    rewritten = renamed.replace('. Then answer the question "was x present', ", such that the original")
+    assert rewritten != renamed
+    failure = judge_answer(INTRANGES, rewritten, instruction, "python").failure
+    assert failure and failure.startswith("the answer changes lines the rename does not touch")
+    assert judge_answer(INTRANGES, renamed, instruction, "python").failure is None
+    # asked for more than the rename, other lines may change
+    assert judge_answer(INTRANGES, rewritten, instruction + " Rewrite the docstring too.", "python").failure is None

@@ -221,6 +221,8 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
         problems.append(dropped)
     if not problems and language == "python":
         problems += python_problems(original, answer, instruction)
+    if not problems and (unasked := _beyond_rename(original, answer, instruction)):
+        problems.append(unasked)  # last: the checks above name a fault more precisely
     return problems
 
 
@@ -443,6 +445,26 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
         left = 0  # narrowed to a part the check cannot find: the old name may rightly stay elsewhere
     if left:
         return f"the rename is left half done{where}: `{old}` is still there {left} time{'s' * (left > 1)}"
+    return None
+
+
+def _beyond_rename(original: str, answer: str, instruction: str) -> str | None:
+    """An instruction that only renames ("Rename X to Y.") changes no line but those naming X:
+    the answer with Y named X again must have the original's lines. Asked to rename a function
+    of idna's intranges.py, the 1.5B pack also rewrote the module's docstring, dropping a
+    sentence, and the tool wrote it. None when the instruction asks for more than the rename,
+    or the new name was in the file already (then the way back is ambiguous)."""
+    m = RENAME.search(instruction)
+    if m is None or instruction.replace(m.group(0), "").strip(" \t\n.!") or word_count(original, m.group("new")):
+        return None
+    back = re.sub(rf"(?<!\w){re.escape(m.group('new'))}(?!\w)", m.group("old"), answer)
+    old_lines = {ln.strip() for ln in original.splitlines() if ln.strip()}
+    new_lines = {ln.strip() for ln in back.splitlines() if ln.strip()}
+    changed = [ln.strip() for ln in back.splitlines() if ln.strip() and ln.strip() not in old_lines]
+    lost = [ln.strip() for ln in original.splitlines() if ln.strip() and ln.strip() not in new_lines]
+    if changed or lost:
+        line = changed[0] if changed else lost[0]
+        return f"the answer changes lines the rename does not touch: {_clip(line)!r}"
     return None
 
 
