@@ -547,9 +547,13 @@ def test_wrong_method_is_openai_shaped(server):
 
 
 def test_api_key(server):
+    before = metric_value(httpx.get(f"{server.url}/metrics").text, "specserve_requests_total", status="401")
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic test-key"}):
         r = httpx.post(f"{server.base_url}/chat/completions", json=OK_CHAT, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    # the refused requests are counted like any other answer (they were not: only 400s and later were)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert metric_value(text, "specserve_requests_total", endpoint="chat", status="401") - before == 3
     bad = openai.OpenAI(base_url=server.base_url, api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

@@ -110,6 +110,9 @@ def test_max_body_bytes_flag(tmp_path):
         r = _post(srv, "chat/completions", json={**OK_CHAT, "stop": ["x" * 300]})
         _assert_openai_error(r, 413, None, "request_too_large")
         _still_serving(srv)
+        # counted under its endpoint, as a 400 is (a 413 never reached the counter before)
+        assert metric_value(srv.metrics(), "specserve_requests_total", endpoint="chat", status="413") == 1
+        assert metric_value(srv.metrics(), "specserve_requests_total", status="413") == 1
 
 
 # -- OpenAI's limits ------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ from .tokenize import detokenize, tokenize, tokenizer_info
 log = logging.getLogger("specserve.server.app")
 DRAIN_GRACE_S = 5.0  # on shutdown, how long running requests may go on before they are ended (503)
 GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
+# The generation routes, by the endpoint label their requests are counted under in specserve_requests_total.
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
 
 
 @dataclass(frozen=True)
@@ -260,9 +262,16 @@ class Server:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
+            self.refused(request.url.path, 401)
             raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
         if not hmac.compare_digest(token.strip().encode(), key.encode()):
+            self.refused(request.url.path, 401)
             raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+
+    def refused(self, path: str, status: int) -> None:
+        """Count a generation request refused before `handle` saw it (401, 413), as its 400s are."""
+        if path in ENDPOINTS:
+            self.metrics.request(ENDPOINTS[path], status)
 
     def check_model(self, name: str) -> None:
         if name not in (self.model_name, self.llm.model_name):
@@ -554,7 +563,9 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     app = FastAPI(title="specserve", version=__version__, lifespan=lifespan)
     app.state.server = server
     _add_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=server.max_body_bytes, on_refused=lambda path: server.refused(path, 413)
+    )
     install_openapi(app)
     if faults.enabled():  # tests and scripts/soak.py only: see server/faults.py
         log.warning("%s=1: faults can be injected through POST /debug/fault", faults.ENV)
