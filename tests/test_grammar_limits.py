@@ -3,7 +3,10 @@ compile threads, a bounded cache, and JSON's strict-whitespace option."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
+import random
 import string
 import threading
 import time
@@ -26,6 +29,7 @@ from specserve.engine.constrain import (
 )
 from specserve.server.app import ServerOptions, create_app
 from specserve.server.structured import json_whitespace
+from specserve.server.tools import forced_grammar
 
 # A 185-byte schema that xgrammar needs ~2 s per alternative to compile on the tiny 400-token
 # vocabulary (measured: 1 alternative 2.0 s, 3 alternatives 6.2 s; ~4 s each on SmolLM2's 49k):
@@ -214,3 +218,51 @@ def test_schemas_differing_only_in_property_order_do_not_share_a_grammar():
     f.prepare(GrammarSpec("json_schema", ab))
     m = xgr.GrammarMatcher(f.prepare(GrammarSpec("json_schema", ba)).compiled)
     assert m.accept_string('{"b": 1, "a": 2}') and m.is_completed()
+
+
+def _valid_date(text: str) -> bool:
+    try:
+        return len(text) == 10 and datetime.date.fromisoformat(text) is not None
+    except ValueError:
+        return False
+
+
+def _valid_ipv4(text: str) -> bool:
+    try:
+        return ipaddress.IPv4Address(text) is not None
+    except ValueError:
+        return False
+
+
+def _date_samples(rng: random.Random) -> list[str]:
+    fixed = ["2024-02-29", "2023-02-29", "1900-02-29", "2000-02-29", "0400-02-29", "0000-01-01", "2023-04-31"]
+    drawn = [f"{rng.randrange(10000):04d}-{rng.randrange(14):02d}-{rng.randrange(33):02d}" for _ in range(150)]
+    return fixed + drawn
+
+
+def _ipv4_samples(rng: random.Random) -> list[str]:
+    octets = ["0", "1", "9", "10", "99", "100", "199", "249", "250", "255", "256", "300", "01", "00", "010"]
+    return ["1.2.3.4", "01.2.3.4", "1.2.3"] + [".".join(rng.choice(octets) for _ in range(4)) for _ in range(150)]
+
+
+def test_date_and_ipv4_formats_hold_exactly_what_python_accepts():
+    """xgrammar's own `date` let "2023-02-30" and year 0000 through, and `ipv4` "01.2.3.4": values
+    pydantic refuses, so `parse(..., response_format=Model)` failed on answers we called valid.
+    Checked nested (properties, items, anyOf), in date-time, and in a forced tool call's grammar."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    rng = random.Random(0)
+    nested = {"type": "object", "properties": {"d": {"anyOf": [{"type": "array", "items": {"format": "date"}}]}}}
+    nested["properties"]["d"]["anyOf"][0]["items"]["type"] = "string"
+    date, stamp, ip = ({"type": "string", "format": name} for name in ("date", "date-time", "ipv4"))
+    for text in _date_samples(rng):
+        want = _valid_date(text)
+        assert accepts(f, GrammarSpec("json_schema", date), json.dumps(text)) == want, text
+        assert accepts(f, GrammarSpec("json_schema", nested), json.dumps({"d": [text]})) == want, text
+        assert accepts(f, GrammarSpec("json_schema", stamp), json.dumps(text + "T12:00:00Z")) == want, text
+    for text in _ipv4_samples(rng):
+        assert accepts(f, GrammarSpec("json_schema", ip), json.dumps(text)) == _valid_ipv4(text), text
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"d": date}}}}
+    call = forced_grammar([tool], "f")
+    for text, want in (("2024-02-29", True), ("2023-02-29", False)):
+        body = json.dumps({"name": "f", "arguments": {"d": text}})
+        assert accepts(f, call, f"<tool_call>\n{body}\n</tool_call>") == want, text

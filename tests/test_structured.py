@@ -192,6 +192,7 @@ IGNORED_BY_THE_GRAMMAR = [
     ({"type": "array", "items": {"maxLength": 1}}, "needs a 'type'"),
     ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, "'pattern' cannot be combined with 'maxLength'"),
     ({"type": "string", "format": "email", "maxLength": 8}, "'format' cannot be combined with 'maxLength'"),
+    ({"type": "string", "pattern": "^b$", "format": "date"}, "'pattern' cannot be combined with 'format'"),
     ({"type": "string", "enum": ["a", "abcdef"], "maxLength": 3}, "'enum' cannot be combined with 'maxLength'"),
     ({"type": "string", "enum": ["a", 1]}, "the enum value 1 is not of type 'string'"),
     ({"type": "string", "const": 5}, "the const value 5 is not of type 'string'"),

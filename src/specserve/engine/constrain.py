@@ -215,6 +215,8 @@ def _check_combinations(schema: dict, path: str) -> None:
     for key in schema:
         if key in _TYPED_KEYWORDS and not types:
             raise ConstraintError(f"{path}: {key!r} needs a 'type' next to it ({' or '.join(_TYPED_KEYWORDS[key])})")
+    if "pattern" in schema and "format" in schema:
+        raise ConstraintError(f"{path}: 'pattern' cannot be combined with 'format'")
     for key in ("pattern", "format"):
         for length in ("minLength", "maxLength"):
             if key in schema and length in schema:
@@ -225,6 +227,42 @@ def _check_combinations(schema: dict, path: str) -> None:
     for name in required if isinstance(required, list) else []:
         if isinstance(name, str) and name not in properties:
             raise ConstraintError(f"{path}: the required property {name!r} is not in 'properties'")
+
+
+# xgrammar 0.2.9's own regexes for these formats let invalid values through (measured): any day
+# 01-31 in any month ("2023-02-30", "2023-04-31"), year 0000 and an IPv4 octet with a leading zero
+# ("01.2.3.4"), all of which pydantic, Python's `date.fromisoformat` and `ipaddress` refuse, so a
+# client's `parse(..., response_format=Model)` failed on an answer we called valid. They are
+# enforced as these patterns instead: calendar dates (leap years included), years 0001-9999,
+# octets without leading zeros. `date-time`'s time part is xgrammar's own.
+_YEAR = r"(?:000[1-9]|00[1-9]\d|0[1-9]\d{2}|[1-9]\d{3})"
+_LEAP_YEAR = r"(?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (
+    rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+    rf"|02-(?:0[1-9]|1\d|2[0-8]))|{_LEAP_YEAR}-02-29)"
+)
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:(?:[0-5]\d|60)(?:\.\d+)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+FORMAT_PATTERNS = {"date": _DATE, "date-time": rf"{_DATE}T{_TIME}", "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}"}
+
+
+def exact_formats(schema):
+    """A copy of `schema` with each `format` xgrammar under-enforces written as a `pattern`."""
+    if isinstance(schema, list):
+        return [exact_formats(sub) for sub in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "format" and value in FORMAT_PATTERNS:
+            out["pattern"] = FORMAT_PATTERNS[value]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: exact_formats(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
+            out[key] = exact_formats(value)
+        else:
+            out[key] = value
+    return out
 
 
 def check_schema(schema, path: str = "schema") -> None:
@@ -290,7 +328,7 @@ class GrammarSpec:
                 return grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
             if self.kind == "json_schema":
                 return grammar.from_json_schema(
-                    json.dumps(self.source), any_whitespace=self.any_whitespace, strict_mode=True
+                    json.dumps(exact_formats(self.source)), any_whitespace=self.any_whitespace, strict_mode=True
                 )
             if self.kind == "regex":
                 return grammar.from_regex(self.source)

@@ -33,6 +33,7 @@ from ..engine.constrain import (
     ConstraintError,
     GrammarSpec,
     check_schema,
+    exact_formats,
     literal,
     xgrammar,
 )
@@ -153,7 +154,9 @@ def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
     chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
     schema = call_schema(chosen[0]) if len(chosen) == 1 else {"anyOf": [call_schema(t) for t in chosen]}
     try:
-        body = xgrammar().Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+        body = xgrammar().Grammar.from_json_schema(
+            json.dumps(exact_formats(schema)), any_whitespace=False, strict_mode=True
+        )
     except Exception as e:  # noqa: BLE001
         raise ConstraintError(f"tools: cannot compile the function schema: {e}", "tools") from None
     framed = xgrammar().Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE))
