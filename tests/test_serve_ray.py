@@ -65,6 +65,11 @@ def test_scale_flags_become_ray_deployment_options():
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["max_ongoing_requests"] == 2 and fixed["max_queued_requests"] == 12
     assert fixed["request_router_config"].request_router_class == "specserve.server.ray_serve.AffinityRouter"
+    # a replica Ray stops (scale-down, redeploy) may finish its longest request: it was 5 s, and
+    # longer streams were cut with no error
+    assert fixed["graceful_shutdown_timeout_s"] > ReplicaConfig(max_queue=4).request_timeout == 600.0
+    no_limit = ScaleConfig().deployment_options(ReplicaConfig(request_timeout=None))
+    assert no_limit["graceful_shutdown_timeout_s"] >= 3600.0
     auto = ScaleConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=3).deployment_options(ReplicaConfig())
     assert "num_replicas" not in auto and auto["max_queued_requests"] == 16 * 4
     assert auto["autoscaling_config"] == {

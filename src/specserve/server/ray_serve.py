@@ -41,6 +41,7 @@ HUB_NAMESPACE = "specserve"
 PUSH_INTERVAL_S = 2.0
 STALE_AFTER_S = 15.0  # a replica that stopped pushing (dead) drops out of /metrics
 DRAIN_STEP_S = 10.0  # after the drain's grace, how long ending the last requests may take (an engine step)
+NO_TIMEOUT_SHUTDOWN_WAIT_S = 3600.0  # with --request-timeout 0, how long a stopped replica's requests may still run
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,17 @@ class ScaleConfig:
         """The most replicas this configuration may run."""
         return max(self.replicas, self.min_replicas or 0, self.max_replicas or 0)
 
+    @staticmethod
+    def shutdown_wait_s(replica: ReplicaConfig) -> float:
+        """How long Ray Serve lets a replica it stops (scale-down, redeploy) finish its requests
+        before killing it: as long as a request may run, and a step more. Ray stops the replica as
+        soon as it is idle, so the wait costs nothing then. It was 5 s: on a scale-down, a stream
+        longer than that was cut, and its client saw a closed connection and no error."""
+        from .app import GRACE_S
+
+        longest = replica.request_timeout or NO_TIMEOUT_SHUTDOWN_WAIT_S
+        return longest + GRACE_S + DRAIN_STEP_S
+
     def deployment_options(self, replica: ReplicaConfig) -> dict:
         """Ray Serve `.options(...)` for the deployment: fixed or autoscaled replicas, the router, and
         a bound on requests waiting in the proxy (--max-queue per replica; beyond it Ray answers 503)."""
@@ -109,7 +121,7 @@ class ScaleConfig:
             "ray_actor_options": {"num_cpus": self.replica_cpus},
             "request_router_config": RequestRouterConfig(request_router_class=f"{__name__}.AffinityRouter"),
             "health_check_period_s": 2.0,
-            "graceful_shutdown_timeout_s": 5.0,
+            "graceful_shutdown_timeout_s": self.shutdown_wait_s(replica),
         }
         if self.min_replicas is None and self.max_replicas is None:
             opts["num_replicas"] = self.replicas
