@@ -8,14 +8,18 @@ which shows the test can fail.
 """
 
 import json
+import string
+from typing import Literal
 
 import jsonschema
 import pytest
+import xgrammar as xgr
+from pydantic import BaseModel, Field
 from tiny import tiny_model, tiny_tokenizer
 
 import specserve.engine.constrain as constrain
 from specserve import SamplingParams
-from specserve.engine.constrain import ConstraintError, GrammarSpec, check_schema
+from specserve.engine.constrain import ConstraintError, ConstraintFactory, GrammarSpec, check_schema
 from specserve.llm import LLM
 
 INT = {"type": "integer", "minimum": 0, "maximum": 999}
@@ -252,3 +256,49 @@ def test_a_grammar_that_dead_ends_fails_as_the_callers_error(llm, temperature):
         llm.generate(PROMPTS[0], SamplingParams(max_tokens=8, temperature=temperature, seed=0), guide=spec)
     assert request_error(e.value).status == 400
     assert llm.generate(PROMPTS[0], SamplingParams(max_tokens=4)).finish_reason == "length"  # the engine serves on
+
+
+class _Cat(BaseModel):
+    kind: Literal["cat"]
+    meows: int
+
+
+class _Dog(BaseModel):
+    kind: Literal["dog"]
+    barks: float
+
+
+class _Pet(BaseModel):
+    pet: _Cat | _Dog = Field(discriminator="kind")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"oneOf": [{"type": "integer"}, {"type": "number"}]},  # 1 matches both
+        {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]},
+        {"oneOf": [{"const": 1}, {"enum": [2, 1]}]},
+        {"oneOf": [{"type": "object", "properties": {"a": INT}}, {"type": "object", "properties": {"b": INT}}]},
+        {"oneOf": [{"$ref": "#/$defs/missing"}, {"type": "string"}]},
+    ],
+)
+def test_one_of_whose_branches_can_overlap_is_refused(schema):
+    """xgrammar enforces oneOf as anyOf: a value two branches match was written and called valid."""
+    with pytest.raises(ConstraintError, match="may both match one value"):
+        check_schema(schema)
+
+
+def test_disjoint_one_of_and_pydantic_discriminated_unions_are_served():
+    """pydantic writes a discriminated union as oneOf + OpenAPI's `discriminator`: a 400 before.
+    Its branches are told apart by a const both require, so oneOf is exactly anyOf there."""
+    from openai.lib._pydantic import to_strict_json_schema
+
+    f = ConstraintFactory.from_vocab(list(string.printable) + ["<eos>"], {100})
+    for schema in (_Pet.model_json_schema(), to_strict_json_schema(_Pet)):
+        check_schema(schema)
+        matcher = xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", schema)))
+        text = _Pet(pet=_Cat(kind="cat", meows=3)).model_dump_json()
+        assert matcher.accept_string(json.dumps(json.loads(text))) and matcher.is_completed()
+        assert _Pet.model_validate_json(text).pet.meows == 3
+    check_schema({"oneOf": [{"type": "string"}, {"type": "integer"}, {"const": None}]})
+    check_schema({"oneOf": [{"const": 1}, {"const": True}, {"enum": ["1", 2]}]})

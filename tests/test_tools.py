@@ -288,3 +288,38 @@ def test_forced_call_never_writes_raw_control_characters(llm):
         assert out.finish_reason == "stop"
         _, calls = parse_tool_calls(out.text)
         jsonschema.validate(json.loads(calls[0].arguments), TOOL["function"]["parameters"])
+
+
+def test_forced_call_with_a_nested_pydantic_model_is_served_and_validates(llm):
+    """pydantic writes a nested model as a `$ref` into the parameters' own `$defs`. Nested under
+    "arguments" in one wrapping schema the reference pointed at nothing, so every forced call
+    with a nested model (langchain's `with_structured_output(method="function_calling")`, say)
+    was a 400 "cannot compile". Its discriminated union (oneOf) is served too."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    from specserve.server.tools import forced_grammar
+
+    class Cat(BaseModel):
+        kind: Literal["cat"]
+        lives: int = Field(ge=1, le=9)
+
+    class Dog(BaseModel):
+        kind: Literal["dog"]
+        name: str = Field(max_length=6)
+
+    class Adopt(BaseModel):
+        pet: Cat | Dog = Field(discriminator="kind")
+        owner: Dog
+
+    tool = {"type": "function", "function": {"name": "adopt", "parameters": Adopt.model_json_schema()}}
+    spec = forced_grammar(check_tools([tool]), "adopt")
+    prompt = llm.apply_chat_template([{"role": "user", "content": "adopt"}], [tool])
+    for seed in range(3):
+        params = SamplingParams(max_tokens=160, temperature=1.0, seed=seed)
+        out = llm.generate(prompt, params, speculation="none", guide=llm.compile_guide(spec))
+        assert out.finish_reason == "stop", out.text
+        _, calls = parse_tool_calls(out.text)
+        assert calls[0].name == "adopt"
+        Adopt.model_validate_json(calls[0].arguments)

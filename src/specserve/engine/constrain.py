@@ -99,6 +99,7 @@ SUPPORTED_SCHEMA_KEYWORDS = frozenset(
         "minItems",
         "maxItems",
         "format",
+        "discriminator",  # OpenAPI's (pydantic writes it): next to oneOf/anyOf only, see _one_of_problem
         # annotations: no effect on validity
         "title",
         "description",
@@ -198,6 +199,8 @@ def _check_combinations(schema: dict, path: str) -> None:
     if alternatives:
         word = alternatives[0]
         allowed = _NOT_VALIDATION | {"$defs", "definitions", word}
+        if word in ("anyOf", "oneOf"):
+            allowed |= {"discriminator"}
         if word in ("enum", "const"):  # with a `type` (as pydantic writes them), every value must have it
             allowed |= {"type"}
             values = schema["enum"] if word == "enum" else [schema["const"]]
@@ -246,31 +249,35 @@ _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 FORMAT_PATTERNS = {"date": _DATE, "date-time": rf"{_DATE}T{_TIME}", "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}"}
 
 
-def exact_formats(schema):
-    """A copy of `schema` with each `format` xgrammar under-enforces written as a `pattern`."""
+def for_xgrammar(schema):
+    """A copy of `schema` as xgrammar is to read it: each `format` it under-enforces written as a
+    `pattern`, and OpenAPI's `discriminator` (an annotation once check_schema passed it) left out."""
     if isinstance(schema, list):
-        return [exact_formats(sub) for sub in schema]
+        return [for_xgrammar(sub) for sub in schema]
     if not isinstance(schema, dict):
         return schema
     out = {}
     for key, value in schema.items():
         if key == "format" and value in FORMAT_PATTERNS:
             out["pattern"] = FORMAT_PATTERNS[value]
+        elif key == "discriminator":  # an annotation here: _check_one_of made sure the branches are disjoint
+            continue
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: exact_formats(sub) for name, sub in value.items()}
+            out[key] = {name: for_xgrammar(sub) for name, sub in value.items()}
         elif key in _SCHEMA_LISTS or key in _SCHEMA_ONE:
-            out[key] = exact_formats(value)
+            out[key] = for_xgrammar(value)
         else:
             out[key] = value
     return out
 
 
-def check_schema(schema, path: str = "schema") -> None:
+def check_schema(schema, path: str = "schema", root=None) -> None:
     """Refuse JSON-schema keywords the grammar would not enforce (raises ConstraintError)."""
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
         raise ConstraintError(f"{path} must be a JSON object")
+    root = schema if root is None else root
     for key, value in schema.items():
         if key not in SUPPORTED_SCHEMA_KEYWORDS:
             raise ConstraintError(f"{path}: the JSON-schema keyword {key!r} is not supported")
@@ -280,15 +287,91 @@ def check_schema(schema, path: str = "schema") -> None:
             if not isinstance(value, (dict, type(None))):
                 raise ConstraintError(f"{path}.{key} must be an object")
             for name, sub in (value or {}).items():
-                check_schema(sub, f"{path}.{key}.{name}")
+                check_schema(sub, f"{path}.{key}.{name}", root)
         elif key in _SCHEMA_LISTS:
             if not isinstance(value, (list, type(None))):
                 raise ConstraintError(f"{path}.{key} must be an array")
             for i, sub in enumerate(value or []):
-                check_schema(sub, f"{path}.{key}[{i}]")
+                check_schema(sub, f"{path}.{key}[{i}]", root)
         elif key in _SCHEMA_ONE:
-            check_schema(value, f"{path}.{key}")
+            check_schema(value, f"{path}.{key}", root)
     _check_combinations(schema, path)
+    if isinstance(schema.get("oneOf"), list):
+        _check_one_of(schema["oneOf"], root, path)
+
+
+# xgrammar enforces `oneOf` as `anyOf`: a value that two branches match (which oneOf forbids) was
+# written and called valid. So oneOf is served only where no value can match two branches, as
+# pydantic's unions are: branches of different types, or objects told apart by a property both
+# require with different `const`/`enum` values (a discriminated union).
+def _resolve(schema, root, depth: int = 0):
+    """A local `$ref` followed to what it names (None when it cannot be)."""
+    ref = schema.get("$ref") if isinstance(schema, dict) else None
+    if ref is None:
+        return schema if isinstance(schema, dict) else None
+    if depth > 16 or not isinstance(ref, str) or not ref.startswith("#/"):
+        return None
+    target = root
+    for part in ref[2:].split("/"):
+        target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+    return _resolve(target, root, depth + 1)
+
+
+def _value_set(schema) -> list | None:
+    """The values a `const` or `enum` schema allows (None: not one of those)."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    return schema["enum"] if isinstance(schema.get("enum"), list) else None
+
+
+def _types(schema) -> set[str] | None:
+    """The JSON types a branch allows, as far as they can be read off it (None: unknown)."""
+    values = _value_set(schema)
+    if values is not None:
+        return {
+            t for v in values for t in ("null", "boolean", "string", "array", "object", "number") if _is_of_type(v, t)
+        }
+    kind = schema.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else set()
+    if "properties" in schema:
+        kinds.add("object")
+    if not kinds:
+        return None
+    return {"number" if k == "integer" else k for k in kinds}
+
+
+def _disjoint(a: dict, b: dict, root) -> bool:
+    """Whether no value can match both branches (provably; False when unsure)."""
+    va, vb = _value_set(a), _value_set(b)
+    if va is not None and vb is not None:
+        return not any(x == y and type(x) is type(y) for x in va for y in vb)
+    ta, tb = _types(a), _types(b)
+    if ta is not None and tb is not None and not ta & tb:
+        return True
+    if ta != {"object"} or tb != {"object"}:
+        return False
+    shared = set(a.get("required") or []) & set(b.get("required") or [])
+    for name in shared:
+        va = _value_set(_resolve((a.get("properties") or {}).get(name), root))
+        vb = _value_set(_resolve((b.get("properties") or {}).get(name), root))
+        if va is not None and vb is not None and _disjoint({"enum": va}, {"enum": vb}, root):
+            return True
+    return False
+
+
+def _check_one_of(branches: list, root, path: str) -> None:
+    resolved = [_resolve(b, root) for b in branches]
+    for i, a in enumerate(resolved):
+        for j in range(i + 1, len(resolved)):
+            b = resolved[j]
+            if a is None or b is None or not _disjoint(a, b, root):
+                raise ConstraintError(
+                    f"{path}: oneOf branches {i} and {j} may both match one value, and the grammar would "
+                    "accept it (it enforces anyOf); use anyOf, or tell the branches apart by type or by a "
+                    "const property both require"
+                )
 
 
 # Raw control characters are never valid in compact JSON (strings must escape them), but
@@ -328,7 +411,7 @@ class GrammarSpec:
                 return grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
             if self.kind == "json_schema":
                 return grammar.from_json_schema(
-                    json.dumps(exact_formats(self.source)), any_whitespace=self.any_whitespace, strict_mode=True
+                    json.dumps(for_xgrammar(self.source)), any_whitespace=self.any_whitespace, strict_mode=True
                 )
             if self.kind == "regex":
                 return grammar.from_regex(self.source)

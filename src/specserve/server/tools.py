@@ -25,6 +25,7 @@ import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 # template_messages / template_supports_tools lived here before chat.py; tests still import them from here.
 from ..chat import CLOSE, OPEN, template_messages, template_supports_tools  # noqa: F401
@@ -33,10 +34,13 @@ from ..engine.constrain import (
     ConstraintError,
     GrammarSpec,
     check_schema,
-    exact_formats,
+    for_xgrammar,
     literal,
     xgrammar,
 )
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _AFTER_CALL = re.compile(r"\s*(?:" + re.escape(CLOSE) + r"|$)")  # what may follow a block's JSON
@@ -138,27 +142,29 @@ def resolve_choice(choice, tools: list[dict]) -> str | None:
 
 
 # -- the forcing grammar -----------------------------------------------------------------------
-def call_schema(tool: dict) -> dict:
-    """The JSON schema of one call object: {"name": <this name>, "arguments": <its parameters>}."""
+def call_grammar(tool: dict) -> xgr.Grammar:
+    """One call object, `{"name": <this name>, "arguments": <its parameters>}`, written compactly.
+
+    The arguments' grammar is compiled from the parameters schema as its own root, so its local
+    `$ref`s ("#/$defs/Cat", what pydantic writes for a nested model) resolve; nested under
+    "arguments" in one wrapping schema they pointed at nothing, and every forced call with a
+    nested model was a 400."""
     fn = tool["function"]
-    return {
-        "type": "object",
-        "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+    try:
+        arguments = xgrammar().Grammar.from_json_schema(
+            json.dumps(for_xgrammar(fn["parameters"])), any_whitespace=False, strict_mode=True
+        )
+    except Exception as e:  # noqa: BLE001
+        raise ConstraintError(f"tools: cannot compile the schema of {fn['name']!r}: {e}", "tools") from None
+    opening = literal('{"name": ' + json.dumps(fn["name"]) + ', "arguments": ')
+    return xgrammar().Grammar.concat(opening, arguments, literal("}"))
 
 
 def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
     """Exactly one `<tool_call>` block for the named function (or any tool when "required")."""
     chosen = tools if choice == "required" else [t for t in tools if t["function"]["name"] == choice]
-    schema = call_schema(chosen[0]) if len(chosen) == 1 else {"anyOf": [call_schema(t) for t in chosen]}
-    try:
-        body = xgrammar().Grammar.from_json_schema(
-            json.dumps(exact_formats(schema)), any_whitespace=False, strict_mode=True
-        )
-    except Exception as e:  # noqa: BLE001
-        raise ConstraintError(f"tools: cannot compile the function schema: {e}", "tools") from None
+    calls = [call_grammar(t) for t in chosen]
+    body = calls[0] if len(calls) == 1 else xgrammar().Grammar.union(*calls)
     framed = xgrammar().Grammar.concat(literal(OPEN + "\n"), body, literal("\n" + CLOSE))
     return GrammarSpec("grammar", framed, banned=TOOL_BANNED, param="tools")
 
