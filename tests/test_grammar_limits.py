@@ -247,7 +247,8 @@ def _ipv4_samples(rng: random.Random) -> list[str]:
 
 def test_date_and_ipv4_formats_hold_exactly_what_python_accepts():
     """xgrammar's own `date` let "2023-02-30" and year 0000 through, and `ipv4` "01.2.3.4": values
-    pydantic refuses, so `parse(..., response_format=Model)` failed on answers we called valid.
+    pydantic refuses, so `parse(..., response_format=Model)` failed on answers we called valid; and
+    `time` a leap second (":60"), which RFC 3339 allows and pydantic refuses.
     Checked nested (properties, items, anyOf), in date-time, and in a forced tool call's grammar."""
     f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
     rng = random.Random(0)
@@ -259,6 +260,10 @@ def test_date_and_ipv4_formats_hold_exactly_what_python_accepts():
         assert accepts(f, GrammarSpec("json_schema", date), json.dumps(text)) == want, text
         assert accepts(f, GrammarSpec("json_schema", nested), json.dumps({"d": [text]})) == want, text
         assert accepts(f, GrammarSpec("json_schema", stamp), json.dumps(text + "T12:00:00Z")) == want, text
+    clock = {"type": "string", "format": "time"}
+    for text, want in (("12:00:00Z", True), ("23:59:59.5+01:00", True), ("23:59:60Z", False), ("24:00:00Z", False)):
+        assert accepts(f, GrammarSpec("json_schema", clock), json.dumps(text)) == want, text
+        assert accepts(f, GrammarSpec("json_schema", stamp), json.dumps("2024-02-29T" + text)) == want, text
     for text in _ipv4_samples(rng):
         assert accepts(f, GrammarSpec("json_schema", ip), json.dumps(text)) == _valid_ipv4(text), text
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"d": date}}}}

@@ -237,16 +237,23 @@ def _check_combinations(schema: dict, path: str) -> None:
 # ("01.2.3.4"), all of which pydantic, Python's `date.fromisoformat` and `ipaddress` refuse, so a
 # client's `parse(..., response_format=Model)` failed on an answer we called valid. They are
 # enforced as these patterns instead: calendar dates (leap years included), years 0001-9999,
-# octets without leading zeros. `date-time`'s time part is xgrammar's own.
+# octets without leading zeros. Times are xgrammar's, less the leap second (":60"), which RFC 3339
+# allows and pydantic's `time` and `datetime` refuse: a stricter grammar never writes a value the
+# schema rejects, and a client's pydantic model then parses every answer.
 _YEAR = r"(?:000[1-9]|00[1-9]\d|0[1-9]\d{2}|[1-9]\d{3})"
 _LEAP_YEAR = r"(?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 _DATE = (
     rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
     rf"|02-(?:0[1-9]|1\d|2[0-8]))|{_LEAP_YEAR}-02-29)"
 )
-_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:(?:[0-5]\d|60)(?:\.\d+)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-FORMAT_PATTERNS = {"date": _DATE, "date-time": rf"{_DATE}T{_TIME}", "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}"}
+FORMAT_PATTERNS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": rf"{_DATE}T{_TIME}",
+    "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+}
 
 
 def for_xgrammar(schema):
