@@ -7,6 +7,7 @@ import json
 
 import pytest
 from tiny import save_tiny
+from tqdm import tqdm
 
 from specserve.bench import runner as bench
 from specserve.bench.curves import parse_curve
@@ -337,3 +338,36 @@ def test_auto_without_prediction_is_a_mode_on_request(tiny_pair, tmp_path):
     blind = runs[1]
     assert blind["equal_to_plain"] is True and "prediction" not in blind["stats"]["by_source"]
     assert "auto-no-prediction" not in MODES
+
+
+def test_an_answer_that_came_in_one_emission_has_no_rate_and_no_ratios(monkeypatch):
+    """Its rate used to be tokens / latency, the prefill counted as decoding: a number no other
+    row's compares with, and a speedup and a peer ratio from it. Now it is '–' and so are they."""
+    ticks = iter([0.0, 2.0, 2.0, 0.0, 1.0, 3.0])  # one run: start, one emission, end; then plain's
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(ticks))
+    with tqdm(disable=True) as bar:
+        whole = bench._Clock(bar)
+        whole.emitted(40)  # all 40 tokens in the first emission
+        whole.stop()
+        plain = bench._Clock(bar)
+        plain.emitted(1)
+        plain.stop()
+    assert whole.decode_rate(40) is None and plain.decode_rate(41) == 20.0
+    runs = [
+        Run("a", "plain", "specserve", tokens_per_second=20.0, prefill_rate=100.0),
+        Run("a", "prediction", "specserve", tokens_per_second=whole.decode_rate(40), latency=2.0, output_tokens=40),
+        Run("a", "llama.cpp", "llama-cpp-python", tokens_per_second=25.0),
+    ]
+    bench.compare(_NoLLM(), runs[1], runs[0], [1, 2], [1, 2], [0])
+    bench.against_peer(runs)
+    assert runs[1].speedup is None and runs[1].of_prefill is None and runs[1].vs_peer is None
+    assert bench.headlines(runs) == []
+    env = {"model": "m", "draft_model": None, "dtype": "f32", "device": "cpu", "threads": 1, "max_tokens": 64}
+    env |= {"torch": "t", "transformers": "t", "date": "d"}
+    row = next(line for line in bench.markdown_table(runs, env).splitlines() if "| prediction |" in line)
+    assert "| 40 | 2.00 | – | – |" in row, row
+    assert bench.html_rows(runs[1])["output tokens/s"].startswith("– ")
+
+
+class _NoLLM:
+    """compare() needs the LLM only when the outputs differ."""

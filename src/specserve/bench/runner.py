@@ -105,7 +105,9 @@ class Run:
     finish_reason: str | None = None
     latency: float = 0.0
     ttft: float | None = None
-    tokens_per_second: float = 0.0
+    # Output tokens per second after the first emission; None when the whole answer came in one
+    # emission (nothing was timed after it, and tokens / latency would count the prefill too).
+    tokens_per_second: float | None = 0.0
     acceptance_rate: float | None = None
     tokens_per_step: float | None = None
     speedup: float | None = None
@@ -199,11 +201,15 @@ class _Clock:
     def latency(self) -> float:
         return self.end - self.t0
 
-    def decode_rate(self, n: int) -> float:
-        """Tokens after the first emission per second after it (n / latency if there is none)."""
+    def decode_rate(self, n: int) -> float | None:
+        """Tokens after the first emission per second after it; None when nothing came after it.
+
+        Not n / latency: that counts the prompt's prefill as decoding, so a run whose answer came
+        in one step (a prediction accepted whole) got a rate no other row's can be compared with,
+        and speedups and the peer ratio from it (bench reported them before 2026-12-05)."""
         if self.first is not None and n > self.first_tokens and self.latency > self.first:
             return (n - self.first_tokens) / (self.latency - self.first)
-        return n / self.latency if self.latency > 0 else 0.0
+        return None
 
 
 def run_ours(llm, prompt_ids, max_tokens: int, mode: str, prediction: str | None, bar: tqdm):
@@ -315,11 +321,11 @@ def compare(llm, run: Run, plain_run: Run, plain_ids: list[int], ids: list[int],
     run.equal_to_plain = ids == plain_ids
     if not run.equal_to_plain:
         run.first_difference = first_difference(llm, prompt_ids, plain_ids, ids)
-    if plain_run.tokens_per_second:
+    if plain_run.tokens_per_second and run.tokens_per_second is not None:
         run.speedup = run.tokens_per_second / plain_run.tokens_per_second
     if run.latency and run.output_tokens == plain_run.output_tokens:  # latencies of equal work only
         run.e2e_speedup = plain_run.latency / run.latency
-    if plain_run.prefill_rate:
+    if plain_run.prefill_rate and run.tokens_per_second is not None:
         run.of_prefill = run.tokens_per_second / plain_run.prefill_rate
 
 
@@ -397,7 +403,7 @@ def against_peer(runs: list[Run]) -> None:
     """Fill vs_peer for one scenario's runs from its peer plain run, if one ran."""
     peer = peer_plain(runs)
     for r in runs:
-        if peer is not None and not r.skipped:
+        if peer is not None and not r.skipped and r.tokens_per_second is not None:
             r.vs_peer = r.tokens_per_second / peer.tokens_per_second
 
 
@@ -497,7 +503,7 @@ def html_rows(r: Run) -> dict:
     """The HTML report's summary rows from the bench: its decode rate replaces the engine's
     (output tokens over the time after prefill), so that the page quotes bench.md's tok/s."""
     return {
-        "output tokens/s": f"{r.tokens_per_second:.2f} (after the first token, as in bench.md)",
+        "output tokens/s": f"{_f(r.tokens_per_second)} (after the first token, as in bench.md)",
         "speedup vs plain": _f(r.speedup, ".2f", "x"),
     } | divergence_row(r)
 
@@ -562,7 +568,7 @@ def markdown_table(runs: list[Run], env: dict) -> str:
             continue
         rows.append(
             f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "
-            f"{_f(r.ttft)} | {r.tokens_per_second:.2f} | {_f(r.acceptance_rate, '.1%')} | "
+            f"{_f(r.ttft)} | {_f(r.tokens_per_second)} | {_f(r.acceptance_rate, '.1%')} | "
             f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.vs_peer, '.2f', 'x')} | "
             f"{_f(r.e2e_speedup, '.2f', 'x')} | "
             f"{_f(r.of_prefill, '.0%')} | {_equal_cell(r)} |\n"
