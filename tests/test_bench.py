@@ -371,3 +371,19 @@ def test_an_answer_that_came_in_one_emission_has_no_rate_and_no_ratios(monkeypat
 
 class _NoLLM:
     """compare() needs the LLM only when the outputs differ."""
+
+
+def test_html_with_no_run_to_show_replaces_an_old_report(tiny_pair, tmp_path, capsys):
+    """The report of an earlier bench at the --html path was left in place when this bench had no
+    run to render (here: its only prediction run fails), and read as this bench's."""
+    target, _ = tiny_pair
+    page = tmp_path / "report.html"
+    page.write_text("<p>an old report: 9.99x</p>")
+    rc = main(
+        ["bench", "--quick", "--model", target, "--draft-model", "none", "--modes", "plain,prediction"]
+        + ["--max-tokens", "8", "--peers", "none", "--out", str(tmp_path), "--html", str(page)]
+        + ["--html-run", "chat-lru/prediction", "--scenarios", "chat-lru"]
+    )
+    assert rc == 0
+    assert "9.99x" not in page.read_text() and "no report" in page.read_text()
+    assert f"{page} says so" in capsys.readouterr().err

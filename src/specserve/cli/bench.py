@@ -185,7 +185,7 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
     llm_kwargs = {"model": model, "draft_model": draft, "options": options}
     max_tokens = args.max_tokens or (32 if quick else 256)
     scenarios = _csv(args.scenarios) or ((QUICK_SCENARIO,) if quick else None)
-    load_scenarios(scenarios)  # an unknown name: one line now, not after the model loads
+    _, chosen = load_scenarios(scenarios)  # an unknown name: one line now, not after the model loads
     opts = BenchOptions(
         max_tokens=max_tokens,
         scenarios=scenarios,
@@ -197,7 +197,32 @@ def resolve_options(args) -> tuple[dict, BenchOptions]:
     )
     if not opts.modes and opts.peers == ():
         raise ValueError("nothing to run: --modes and --peers both name none")
+    _check_html_run(opts.html_run, [s.name for s in chosen], opts.modes)
     return llm_kwargs, opts
+
+
+def _check_html_run(html_run: str | None, scenarios: list[str], modes) -> None:
+    """An --html-run that names no run of this bench is refused before the runs (it used to leave
+    the HTML unwritten after all of them)."""
+    if html_run is None:
+        return
+    scenario, _, mode = html_run.partition("/")
+    if scenario not in scenarios or mode not in modes:
+        runs = ", ".join(f"{s}/{m}" for s in scenarios[:2] for m in modes[:3])
+        raise ValueError(f"--html-run {html_run}: not a run of this bench (scenario/mode of ours, e.g. {runs})")
+
+
+def write_no_report(path: Path, why: str) -> Path:
+    """The page --html gets when there is no run to show: an old report left at the path would be
+    taken for this bench's."""
+    from html import escape
+
+    path.write_text(
+        f'<!doctype html><html lang="en"><meta charset="utf-8"><title>specserve bench</title>'
+        f"<p>specserve bench: no report: {escape(why)}</p></html>\n",
+        encoding="utf-8",
+    )
+    return path
 
 
 def exact(env: dict) -> bool:
@@ -229,7 +254,9 @@ def run(args) -> int:
         from ..bench.report_html import write_html
 
         if "output" not in html:
-            print("no speculative run to render as HTML (check --html-run)", file=sys.stderr)
+            why = "no run of ours finished to render (check --html-run and bench.md)"
+            print(f"--html: {why}; {args.html} says so", file=sys.stderr)
+            paths["html"] = write_no_report(args.html, why)
         else:
             paths["html"] = write_html(
                 args.html,
@@ -266,8 +293,8 @@ def run_load(args) -> int:
     require("matplotlib", *(("httpx",) if "server" in vias else ()))
     llm_kwargs, opts = resolve_options(args)
     modes = bench_load.load_modes(opts.modes, note=args.modes != _parser_defaults()["modes"])
-    if args.html:
-        print("note: --html is not written by the load benchmark (--concurrency)", file=sys.stderr)
+    if args.html or args.html_run:  # refused, not ignored: an old report at that path would pass for this one
+        raise ValueError("--concurrency runs the load benchmark: it does not take --html or --html-run")
     limits = engine_limits(args)
     # Every C must run at once, in process and in the server alike.
     seqs = max(limits.max_num_seqs, max(concurrency))
