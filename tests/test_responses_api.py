@@ -299,3 +299,23 @@ def test_output_text_logprobs_are_served_when_included(client):
     assert deltas == done == want
     plain = client.responses.create(input=ASK, **kw)  # not asked for: none
     assert plain.output[0].content[0].logprobs == []
+
+
+@pytest.mark.parametrize("extra", [{}, {"include": ["message.output_text.logprobs"], "top_logprobs": 2}])
+def test_every_body_and_event_validates_strictly_against_the_sdk_types(client, extra):
+    """The openai SDK builds its objects without validating them, so a field it requires and we
+    left out (`usage.input_tokens_details.cache_write_tokens`) only failed a strict client, or an
+    attribute read. Each body and stream event here is validated in strict mode."""
+    import httpx
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    body = {"model": MODEL, "input": "def add(a, b):", "max_output_tokens": 8, **extra}
+    url = f"{client.base_url}responses"
+    Response.model_validate(httpx.post(url, json=body, timeout=60).json(), strict=True)
+    events = TypeAdapter(ResponseStreamEvent)
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as r:
+        data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data and data[-1] != "[DONE]"  # the Responses API ends with its last event, no [DONE]
+    for event in map(json.loads, data):
+        events.validate_python(event, strict=True)

@@ -307,7 +307,9 @@ def _usage(output: RequestOutput) -> dict:
     s = output.stats
     return {
         "input_tokens": s.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": s.cached_tokens},
+        # cache_write_tokens: OpenAI's count of tokens written for prompt caching it bills apart
+        # (the openai SDK's ResponseUsage requires it); writing our prefix cache costs nothing extra.
+        "input_tokens_details": {"cached_tokens": s.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": s.output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": s.prompt_tokens + s.output_tokens,
