@@ -137,6 +137,7 @@ def test_more_threads_than_cores_is_warned_about(capsys):
         (["bench", "--modes", "plain,prediction,plain"], "--modes names plain twice"),
         (["bench", "--out", __file__], "is a file, not a folder"),
         (["bench", "--html", "/nonexistent/folder/report.html"], "the folder /nonexistent/folder does not exist"),
+        (["bench", "--out", "/proc/specserve-bench"], "--out /proc/specserve-bench: cannot create the folder"),
         (["bench", "--html-run", "py-rename/nope"], "--html-run py-rename/nope: not a run of this bench"),
         (["bench", "--html-run", "chat-lru/prediction", "--scenarios", "py-rename"], "not a run of this bench"),
         (["bench", "--concurrency", "1", "--html", "r.html"], "it does not take --html or --html-run"),

@@ -10,6 +10,7 @@ specserve bench --session --out bench-session        # a 4-turn coding conversat
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -70,8 +71,18 @@ def check_outputs(args) -> None:
     (minutes on a CPU), not when their results are written."""
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file, not a folder")
-    if args.html is not None and not args.html.expanduser().resolve().parent.is_dir():
-        raise ValueError(f"--html {args.html}: the folder {args.html.parent} does not exist")
+    try:  # made now: a folder that cannot be made failed only when the results were written
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {args.out}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(args.out, os.W_OK):
+        raise ValueError(f"--out {args.out}: the folder is not writable")
+    if args.html is not None:
+        folder = args.html.expanduser().resolve().parent
+        if not folder.is_dir():
+            raise ValueError(f"--html {args.html}: the folder {args.html.parent} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise ValueError(f"--html {args.html}: the folder {args.html.parent} is not writable")
 
 
 def add_parser(subparsers) -> None:
