@@ -1,6 +1,7 @@
 """`specserve generate` end to end in a subprocess: output, JSON stats, one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -74,6 +75,7 @@ def test_empty_stdin_prompt_fails_before_loading_a_model():
         (["--suffix", "/nonexistent/after.py"], "cannot read suffix file"),
         (["--suffix", __file__, "--chat"], "does not go with --chat"),
         (["--suffix", __file__], "this model has no fill-in-the-middle tokens"),  # the tiny model has none
+        (["--html", "/nonexistent-specserve/report.html"], "the folder /nonexistent-specserve does not exist"),
     ],
 )
 def test_bad_input_gets_one_line_error(model_dir, args, message):
@@ -83,6 +85,7 @@ def test_bad_input_gets_one_line_error(model_dir, args, message):
     assert message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("specserve: error:")
+    assert not os.path.exists("/nonexistent-specserve")  # generate --html made the folder it was given
 
 
 def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):

@@ -222,7 +222,6 @@ def render_diff_html(prediction: str, text: str, title: str, summary: dict) -> s
 
 def write_html(path: str | Path, tokenizer, output: RequestOutput, title: str, extra: dict | None = None) -> Path:
     """Render and write the report; returns the path written (used by generate, bench)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)  # its folder was checked before the run: a typo makes no folders
     path.write_text(render_html(tokenizer, output, title, extra), encoding="utf-8")
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..config import (
     BACKENDS,
@@ -15,6 +16,7 @@ from ..config import (
     SpeculationConfig,
     loads_draft_model,
 )
+from ..edit.files import check_writable
 from ..errors import InvalidRequestError
 from ..hardware import cpu_info, describe
 from ..models import packs
@@ -225,6 +227,8 @@ def run(args) -> int:
     )
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     check_model_paths(args)
+    if args.html:  # before the model loads: a missing folder was made (a typo made /nonexistent)
+        check_writable(Path(args.html))
     if spec.method == "draft" and not loads_draft_model(args.model, args.draft_model):
         raise InvalidRequestError("--speculation draft needs a draft model: give one with --draft-model")
     from ..llm import LLM  # heavy import only once the arguments are known to be good
