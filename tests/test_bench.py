@@ -4,6 +4,7 @@ plain greedy decoding, and the JSON / Markdown / PNG / HTML outputs must be writ
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from tiny import save_tiny
@@ -387,3 +388,21 @@ def test_html_with_no_run_to_show_replaces_an_old_report(tiny_pair, tmp_path, ca
     assert rc == 0
     assert "9.99x" not in page.read_text() and "no report" in page.read_text()
     assert f"{page} says so" in capsys.readouterr().err
+
+
+def test_demo_makes_its_folder_and_checks_its_report_before_a_model_loads(monkeypatch, tmp_path):
+    """--demo's report path was set after the output checks, so its folder was never checked; and
+    without --out its runs went to bench-results/ while its report went to bench-out/demo/."""
+    from specserve.cli import bench as bench_cli
+    from specserve.cli.main import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    for argv, out in ((["bench", "--demo"], "bench-out/demo"), (["bench", "--demo", "--out", "mine"], "mine")):
+        args = build_parser().parse_args(argv)
+        bench_cli.apply_demo(args)
+        bench_cli.check_outputs(args)
+        assert args.out == Path(out) and args.html == Path(out) / "report.html" and Path(out).is_dir()
+    args = build_parser().parse_args(["bench", "--demo", "--html", "elsewhere/r.html"])
+    bench_cli.apply_demo(args)
+    with pytest.raises(ValueError, match="the folder elsewhere does not exist"):
+        bench_cli.check_outputs(args)

@@ -38,13 +38,14 @@ QUICK_PROMPT_TOKENS = 1024  # a quarter of the file: CI time goes into prefill o
 # plain decoding on the same GGUF (the headline ratio). Plain decoding (ours and the peer's) runs for
 # its first 256 tokens: the full file would take it minutes on 2 CPU cores, and 256 tokens are past
 # the first lines, where decoding is fastest; the report says so.
+DEFAULT_OUT = Path("bench-results")
 DEMO = {
     "scenarios": "py-rename",
     "modes": "plain,prediction,auto",
     "peers": "llama.cpp",
     "max_tokens": 4096,
     "plain_max_tokens": 256,
-    "html": Path("bench-out/demo/report.html"),
+    "out": Path("bench-out/demo"),  # made before the runs; the HTML report goes in it (report.html)
 }
 
 
@@ -134,7 +135,7 @@ def add_parser(subparsers) -> None:
         default=None,
         help=f"peers, from {','.join(PEERS)}; 'none' for none (default: those on the same backend)",
     )
-    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (--demo: bench-out/demo)")
     p.add_argument("--html", type=Path, default=None, help="also write an HTML token-source report of one run")
     p.add_argument(
         "--html-run",
@@ -180,16 +181,23 @@ def add_parser(subparsers) -> None:
 
 def _parser_defaults() -> dict:
     """The parser's own defaults, so --demo only fills what the user did not set."""
-    return {"modes": ",".join(MODES)}
+    return {"modes": ",".join(MODES), "out": DEFAULT_OUT}
+
+
+def apply_demo(args) -> None:
+    """--demo's settings, where the user left a flag at its default (idempotent)."""
+    if args.demo:
+        for key, value in DEMO.items():
+            if getattr(args, key) in (None, _parser_defaults().get(key)):
+                setattr(args, key, value)
+        if args.html is None:
+            args.html = args.out / "report.html"
 
 
 def resolve_options(args) -> tuple[dict, BenchOptions]:
     """LLM arguments and bench options, with --quick / --demo defaults filled in."""
     quick = args.quick
-    if args.demo:
-        for key, value in DEMO.items():
-            if getattr(args, key) in (None, _parser_defaults().get(key)):
-                setattr(args, key, value)
+    apply_demo(args)
     model = args.model or (QUICK_MODEL if quick else None)
     draft = args.draft_model or ("none" if quick else None)
     options = load_options(args, "float32" if quick else "bfloat16")
@@ -246,6 +254,7 @@ def exact(env: dict) -> bool:
 
 def run(args) -> int:
     check_model_paths(args)
+    apply_demo(args)  # before the checks: --demo's --html is checked like any other
     check_outputs(args)
     if args.session is not None:
         return run_session(args)
