@@ -32,6 +32,8 @@ prefix check, "InvalidPrefix"), the request falls back to the windowed decode fr
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from ..config import SamplingParams
 
 try:
@@ -115,11 +117,34 @@ class OutputBuilder:
         self.finish_reason: str | None = None
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.hit_stop_string = False
+        self.starts: list[int] = []  # where each token's text starts in `text` (before any cut)
+
+    @property
+    def kept_tokens(self) -> int:
+        """How many of the tokens have their text in the answer: all of them, but after a stop
+        string cut the text those whose text starts at or past the cut, which lie wholly inside the
+        stop string (or after it, in the same step). A token that straddles the cut wrote part of
+        the answer and is kept, as vLLM keeps every token up to the one that ends the stop string."""
+        if not self.hit_stop_string:
+            return len(self.token_ids)
+        return bisect_left(self.starts, len(self.text))  # starts never decrease
+
+    @property
+    def released_tokens(self) -> int:
+        """How many tokens a stream may show logprobs for now: those whose text starts in the text
+        released so far (a token in the held-back tail may turn out to be part of a stop string),
+        all of them without stop strings, and the kept ones once finished."""
+        if self.finish_reason is not None:
+            return self.kept_tokens
+        if not self.params.stop:
+            return len(self.token_ids)
+        return bisect_left(self.starts, self.released)
 
     def add(self, token_id: int) -> bool:
         """Commit one token. Returns True when the request is finished (stop or length)."""
         assert self.finish_reason is None
         self.token_ids.append(token_id)
+        self.starts.append(len(self.text))
         if token_id in self.eos_ids:
             self.finish_reason = "stop"
             return True

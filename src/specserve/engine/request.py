@@ -122,6 +122,7 @@ class Request:
         self.tokens = list(self.prompt_ids)
         self.sources: list[str] = []
         self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
+        self.logprobs_sent = 0  # of them, how many the events have carried (see _release_logprobs)
         # the prompt's scores: none for its first token, which follows nothing
         self.prompt_logprobs: list[TokenLogprob | None] | None = [None] if self.scores_prompt else None
         self.timeline: list[dict] = []
@@ -229,9 +230,8 @@ class Request:
         if self.counts is not None:
             for tok in new:
                 self.counts[tok] += 1
-        step_lp = _logprobs(logits, new, params.logprobs) if self.logprobs is not None else None
-        if step_lp:
-            self.logprobs.extend(step_lp)
+        if self.logprobs is not None:
+            self.logprobs.extend(_logprobs(logits, new, params.logprobs))
         # Draft tokens cut by a stop/EOS/max_tokens inside the draft never reach the output:
         # count them as not accepted, so accepted prediction tokens <= completion tokens.
         self.stats.record_step(src, len(draft_ids), min(n_acc, committed), committed)
@@ -257,8 +257,18 @@ class Request:
         reason = self.builder.finish_reason
         if reason is None and len(self.tokens) >= self.max_context:
             self.builder.finish("length")
-        self._emit(StepEvent(new, new_sources, self.builder.release(), step_lp, self.builder.finish_reason, step_time))
+        text = self.builder.release()
+        self._emit(StepEvent(new, new_sources, text, self._release_logprobs(), self.builder.finish_reason, step_time))
         return keep
+
+    def _release_logprobs(self) -> list[TokenLogprob] | None:
+        """The logprobs a stream may show now: of the tokens whose text is released, so that the
+        tokens of a stop string (held back with its text, then cut) are never listed."""
+        if self.logprobs is None:
+            return None
+        end = self.builder.released_tokens
+        out, self.logprobs_sent = self.logprobs[self.logprobs_sent : end], max(self.logprobs_sent, end)
+        return out
 
     # -- finish -------------------------------------------------------------------------------
     def abort(self) -> None:
@@ -271,7 +281,8 @@ class Request:
             self._deliver(StepEvent([], [], "", None, "abort"))
             return
         self.builder.finish("abort")
-        self._emit(StepEvent([], [], self.builder.release(), None, "abort"))
+        text = self.builder.release()
+        self._emit(StepEvent([], [], text, self._release_logprobs(), "abort"))
 
     def fail(self, error: Exception) -> None:
         """End with an error (a backend or proposer failure): the caller gets `error` raised."""
@@ -292,7 +303,7 @@ class Request:
                 self.builder.finish_reason,
                 self.stats,
                 self.sources,
-                self.logprobs,
+                None if self.logprobs is None else self.logprobs[: self.builder.kept_tokens],
                 self.timeline,
                 self.prompt_logprobs,
             )
