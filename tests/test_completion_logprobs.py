@@ -85,3 +85,33 @@ def test_top_logprobs_hold_the_chosen_token_too():
         {"a": -0.3, "b": -1.5, "c": -4.0},
     ]
     assert COMPLETIONS._logprobs(ctx, [TokenLogprob(c, -4.0, [])])["top_logprobs"] == [{"c": -4.0}]  # logprobs: 0
+
+
+def test_an_echoed_text_prompt_is_tokenized_once(monkeypatch):
+    """`echo` encoded each text prompt a second time, without its special tokens, to count the
+    BOS its text leaves out; now the prompt's tokens are reused and the answer is the same."""
+    tok = copy.deepcopy(tiny_tokenizer())
+    bos = tok.convert_tokens_to_ids("<|im_start|>")
+    tok.bos_token = "<|im_start|>"
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[(tok.bos_token, bos)]
+    )
+    plain = LLM.from_models(tiny_model(vocab_size=len(tok)), tiny_tokenizer(), speculation="none")
+    with_bos = LLM.from_models(tiny_model(vocab_size=len(tok)), tok, speculation="none")
+    prompts = ["def add(a, b):", "import os", "<|im_start|>user"]  # the last begins with the BOS's own text
+    for llm, hidden in ((plain, [0, 0, 0]), (with_bos, [1, 1, 1])):
+        req = CompletionRequest(model="m", prompt=prompts, echo=True, logprobs=1, max_tokens=2, temperature=0)
+        prepare_completion(req, llm)  # the first request also learns what the tokenizer adds
+        texts = []
+        real = type(tok).encode
+
+        def counted(self, text, *args, real=real, texts=texts, **kw):
+            texts.append(text)
+            return real(self, text, *args, **kw)
+
+        monkeypatch.setattr(type(tok), "encode", counted)
+        job = prepare_completion(req, llm)
+        monkeypatch.undo()
+        assert texts == prompts  # each prompt once
+        assert job.echo_texts == prompts and job.echo_hidden == hidden
+        assert job.prompts == [llm.prompt_ids(p) for p in prompts]

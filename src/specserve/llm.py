@@ -9,6 +9,7 @@ print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].acc
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 
@@ -228,6 +229,15 @@ class LLM:
     # -- prompts ----------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @functools.cached_property
+    def added_prefix(self) -> list[int]:
+        """The tokens the tokenizer puts in front of every text (a BOS, as Gemma's): found once, by
+        encoding a probe with and without its special tokens, so that a prompt tokenized with them
+        need not be tokenized again without. [] when it adds none, or adds tokens after the text too."""
+        full, plain = self.tokenizer.encode("a"), self.encode("a")
+        k = len(full) - len(plain)
+        return full[:k] if k > 0 and full[k:] == plain else []
 
     def fim_prompt_ids(self, prefix: str, suffix: str) -> list[int]:
         """A fill-in-the-middle prompt for the code around a gap (fim.py): generate from it and

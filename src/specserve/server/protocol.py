@@ -331,12 +331,13 @@ def _infill_prompt_ids(prompt, suffix: str, llm) -> list[int]:
 def _echo(prompt, ids: list[int], llm) -> tuple[str, int]:
     """The text an echoed prompt is answered with: a text prompt as it was sent, token ids as
     their text; and how many of its first tokens that text leaves out (the ones the tokenizer
-    puts in front of a text, as Gemma's BOS), whose text_offset stays at 0."""
+    puts in front of a text, as Gemma's BOS), whose text_offset stays at 0. `ids` are the prompt's
+    tokens, tokenized once (encoding the text again without its special tokens, to count them,
+    doubled the tokenizer's work on every echoed text prompt)."""
     if not isinstance(prompt, str):
         return llm.tokenizer.decode(ids), 0
-    plain = llm.encode(prompt)
-    added = len(ids) - len(plain)
-    return prompt, added if added > 0 and ids[added:] == plain else 0
+    prefix = llm.added_prefix
+    return prompt, len(prefix) if ids[: len(prefix)] == prefix else 0
 
 
 def prepare_completion(req: CompletionRequest, llm) -> Prepared:
