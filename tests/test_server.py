@@ -547,7 +547,8 @@ def test_wrong_method_is_openai_shaped(server):
 
 
 def test_api_key(server):
-    before = metric_value(httpx.get(f"{server.url}/metrics").text, "specserve_requests_total", status="401")
+    text = httpx.get(f"{server.url}/metrics").text
+    before = metric_value(text, "specserve_requests_total", endpoint="chat", status="401")  # other routes' count too
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic test-key"}):
         r = httpx.post(f"{server.base_url}/chat/completions", json=OK_CHAT, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

@@ -33,6 +33,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import __version__
 from ..engine.client import EngineClient, EngineDead, EngineWorker, QueueFull, ShuttingDown
@@ -43,7 +44,7 @@ from . import faults
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .errors import APIError, engine_error, parse_body
 from .logprobs import TokenNamer
-from .metrics import Metrics
+from .metrics import OWNED, CountResponses, Metrics
 from .openapi import install_openapi
 from .protocol import Prepared
 from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext, usage
@@ -55,8 +56,6 @@ from .tokenize import detokenize, tokenize, tokenizer_info
 log = logging.getLogger("specserve.server.app")
 DRAIN_GRACE_S = 5.0  # on shutdown, how long running requests may go on before they are ended (503)
 GRACE_S = 1.0  # how long past its deadline a request waits for the worker before answering 504 itself
-# The generation routes, by the endpoint label their requests are counted under in specserve_requests_total.
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,33 @@ class ServerOptions:
 
 class ClientGone(Exception):
     """The client disconnected; there is nobody left to answer."""
+
+
+@dataclass
+class StreamState:
+    """What a stream's generator learned, for the count made when the stream closes."""
+
+    output: list | None = None  # the finished outputs, once the finish chunks were built (a 200)
+    ttft: float | None = None
+
+
+class ClosingStream(StreamingResponse):
+    """A StreamingResponse that closes its generator and calls `on_close` when it is over, however
+    it ended: finished, the client gone (Starlette stops iterating and leaves the generator to the
+    garbage collector, whose finaliser ran its clean-up later, or never for one not yet started)."""
+
+    def __init__(self, content, on_close, **kw):
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                self.on_close()
 
 
 def timeout_error(seconds: float | None) -> APIError:
@@ -116,6 +142,18 @@ class Job:
         self._cancelled = threading.Event()
         self._seen: set[int] = set()  # choices whose first event was posted
         self._closed = False  # "done" or "error" was posted
+        self.status: int | None = None  # the outcome, settled once on the event loop (see settle)
+        self.recorded = False  # counted in the metrics (once, whatever path the answer took)
+
+    def settle(self, status: int) -> int:
+        """Decide the request's outcome, once: the first of "answered" (200 or an error's status),
+        "the client went away" (499) and "timed out" (504) to be settled on the event loop wins,
+        and both the answer and the metrics take it from here. Before, a request that timed out
+        as its client hung up was answered and counted 504 or 499 depending on which thread saw
+        it first (the worker's deadline check or the disconnect watcher)."""
+        if self.status is None:
+            self.status = status
+        return self.status
 
     def build(self, llm) -> None:
         """The engine requests of every choice (on the prep thread: predictions get tokenized here)."""
@@ -262,16 +300,9 @@ class Server:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            self.refused(request.url.path, 401)
             raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
         if not hmac.compare_digest(token.strip().encode(), key.encode()):
-            self.refused(request.url.path, 401)
             raise APIError(401, "incorrect API key provided", code="invalid_api_key")
-
-    def refused(self, path: str, status: int) -> None:
-        """Count a generation request refused before `handle` saw it (401, 413), as its 400s are."""
-        if path in ENDPOINTS:
-            self.metrics.request(ENDPOINTS[path], status)
 
     def check_model(self, name: str) -> None:
         if name not in (self.model_name, self.llm.model_name):
@@ -286,6 +317,7 @@ class Server:
     async def handle(self, request: Request, dialect: Dialect) -> Response:
         """Parse, validate, queue and answer one request (JSON body or SSE stream)."""
         t0 = time.monotonic()
+        request.scope.setdefault(OWNED, [False])[0] = True  # counted here (CountResponses counts the rest)
         try:
             req = parse_body(dialect.request_model, await request.body())
             self.check_model(req.model)
@@ -299,6 +331,12 @@ class Server:
         except APIError as e:
             self.metrics.request(dialect.name, e.status)
             e.param = dialect.param(e.param)
+            raise
+        except ClientDisconnect:  # gone while its body was read: nobody to answer
+            self.metrics.request(dialect.name, 499)
+            return Response(status_code=499)
+        except Exception:  # a bug before queueing: the app's handler answers 500
+            self.metrics.request(dialect.name, 500)
             raise
         watcher = asyncio.create_task(self._watch_disconnect(request, job))
         ctx = dialect.context(self.model_name, self.namer, prepared)
@@ -324,11 +362,15 @@ class Server:
 
     async def _next(self, job: Job) -> tuple[str, Any]:
         """The worker's next item; a 504 when the deadline passes and the worker has not answered."""
+        if not job.items.empty():  # what the worker posted is read, even past the deadline (wait_for(0)
+            return job.items.get_nowait()  # times out without reading: a request done at its deadline got a 504)
         wait = None if job.deadline is None else max(0.0, job.deadline - time.monotonic()) + GRACE_S
         try:
             return await asyncio.wait_for(job.items.get(), wait)
         except TimeoutError:
             self.cancel(job, "timeout")
+            if job.settle(504) == 499:
+                raise ClientGone() from None
             raise timeout_error(self.options.request_timeout) from None
 
     def _finished(self, job: Job, outputs):
@@ -346,10 +388,18 @@ class Server:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
+                job.settle(499)
                 self.cancel(job, "client")
                 return
 
-    def _record(self, dialect: Dialect, job: Job | None, status: int, outputs, ttft: float | None, t0: float) -> None:
+    def _record(self, dialect: Dialect, job: Job, outputs, ttft: float | None, t0: float) -> None:
+        """Count a job's request once, with its settled status (499 when nothing was settled:
+        the client went away before anything else happened); usage only for a 200."""
+        if job.recorded:
+            return
+        job.recorded = True
+        status = job.settle(499)
+        outputs = outputs if status == 200 else None
         self.metrics.request(dialect.name, status)
         self.jobs.discard(job)
         self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
@@ -360,7 +410,7 @@ class Server:
 
     async def _complete(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
         """Non-streaming: wait for the end, answer one JSON body."""
-        ttft, status, output = None, 200, None
+        ttft, output = None, None
         try:
             while True:
                 kind, payload = await self._next(job)
@@ -370,19 +420,23 @@ class Server:
                     raise request_error(payload)
                 else:
                     output = self._finished(job, payload)
-                    return JSONResponse(dialect.response(ctx, output))
+                    body = dialect.response(ctx, output)
+                    if job.settle(200) != 200:
+                        raise ClientGone()
+                    return JSONResponse(body)
         except APIError as e:
-            status = e.status
+            if job.settle(e.status) == 499:
+                return Response(status_code=499)
             raise
         except ClientGone:
-            status = 499
+            job.settle(499)
             return Response(status_code=499)
         except Exception:  # a bug building the answer: the app's handler answers 500, recorded as such
-            status = 500
+            job.settle(500)
             raise
         finally:
             watcher.cancel()
-            self._record(dialect, job, status, output, ttft, t0)
+            self._record(dialect, job, output, ttft, t0)
 
     async def _start_stream(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
         """Streaming: wait for the first step so early errors still get a proper HTTP status."""
@@ -394,21 +448,30 @@ class Server:
                 self._finished(job, first[1])
         except (APIError, ClientGone) as e:
             watcher.cancel()
-            status = e.status if isinstance(e, APIError) else 499
-            self._record(dialect, job, status, None, None, t0)
-            if isinstance(e, ClientGone):
+            status = job.settle(e.status if isinstance(e, APIError) else 499)
+            self._record(dialect, job, None, None, t0)
+            if status == 499:
                 return Response(status_code=499)
             raise
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(
-            self._sse(dialect, ctx, job, first, watcher, t0), media_type="text/event-stream", headers=headers
+        stream = StreamState()
+
+        def closed() -> None:  # the stream is over, however it ended: count it once
+            watcher.cancel()
+            if job.status is None or job.status == 499:
+                self.cancel(job, "client")
+            self._record(dialect, job, stream.output, stream.ttft, t0)
+
+        return ClosingStream(
+            self._sse(dialect, ctx, job, first, stream, t0), closed, media_type="text/event-stream", headers=headers
         )
 
     async def _sse(
-        self, dialect: Dialect, ctx: ResponseContext, job: Job, item, watcher, t0: float
+        self, dialect: Dialect, ctx: ResponseContext, job: Job, item, stream: StreamState, t0: float
     ) -> AsyncIterator[str]:
-        """SSE: role chunk, one chunk per step's new text, finish chunk, usage chunk, [DONE]."""
-        status, output, ttft = 499, None, None
+        """SSE: role chunk, one chunk per step's new text, finish chunk, usage chunk, [DONE]. It
+        settles the outcome it sends (an error event's status, or 200 before [DONE]) and stops
+        sending once the client is gone (settled 499); ClosingStream counts it when it closes."""
         try:
             for chunk in dialect.opening_chunks(ctx):
                 yield dialect.sse(chunk)
@@ -417,40 +480,39 @@ class Server:
                 if kind == "event":
                     index, event = payload
                     if event.text or (ctx.logprobs and event.logprobs):
-                        ttft = ttft if ttft is not None else time.monotonic() - t0
+                        stream.ttft = stream.ttft if stream.ttft is not None else time.monotonic() - t0
                         for chunk in dialect.delta_chunks(ctx, event.text, event.logprobs, index):
                             yield dialect.sse(chunk)
                 elif kind == "error":
                     raise request_error(payload)
                 else:
                     output = self._finished(job, payload)
-                    for index, choice in enumerate(output):
-                        for chunk in dialect.finish_chunks(ctx, choice, index):
-                            yield dialect.sse(chunk)
+                    chunks = [c for i, choice in enumerate(output) for c in dialect.finish_chunks(ctx, choice, i)]
                     if ctx.include_usage:
-                        yield dialect.sse(dialect.usage_chunk(ctx, output))
+                        chunks.append(dialect.usage_chunk(ctx, output))
+                    if job.settle(200) != 200:
+                        return
+                    stream.output = output
+                    for chunk in chunks:
+                        yield dialect.sse(chunk)
                     break
                 item = await self._next(job)
-            status = 200
             yield dialect.done_line
         except APIError as e:  # headers are sent: the error travels as an SSE event
-            status = e.status
+            if job.settle(e.status) == 499:
+                return
             yield dialect.sse(dialect.error_event(ctx, e))
             yield dialect.done_line
         except ClientGone:
-            status = 499
+            job.settle(499)
         except Exception as e:  # noqa: BLE001 - a bug mid-stream: still an error event, [DONE], and a 500 on record
             log.exception("stream failed")
-            status = 500
             self.cancel(job, "error")
+            if job.settle(500) == 499:
+                return
             bug = APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error")
             yield dialect.sse(dialect.error_event(ctx, bug))
             yield dialect.done_line
-        finally:
-            watcher.cancel()
-            if status == 499:
-                self.cancel(job, "client")
-            self._record(dialect, job, status, output, ttft, t0)
 
     # -- small endpoints ------------------------------------------------------------------------
     async def tokens(self, request: Request, model_cls, work) -> dict:
@@ -563,9 +625,8 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     app = FastAPI(title="specserve", version=__version__, lifespan=lifespan)
     app.state.server = server
     _add_error_handlers(app)
-    app.add_middleware(
-        BodyLimitMiddleware, max_bytes=server.max_body_bytes, on_refused=lambda path: server.refused(path, 413)
-    )
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
+    app.add_middleware(CountResponses, metrics=server.metrics)  # outermost: sees the body cap's 413s too
     install_openapi(app)
     if faults.enabled():  # tests and scripts/soak.py only: see server/faults.py
         log.warning("%s=1: faults can be injected through POST /debug/fault", faults.ENV)

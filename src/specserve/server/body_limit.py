@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 
 MIB = 1 << 20
 BYTES_PER_TOKEN = 64  # generous: ~4 bytes per token in plain text, \uXXXX escapes and whitespace runs need more
@@ -53,9 +52,8 @@ class BodyLimitMiddleware:
     talking to the server's own `receive` once the body has been handed over.
     """
 
-    def __init__(self, app, max_bytes: int, on_refused: Callable[[str], None] | None = None):
-        """on_refused(path) is told of every 413, so the server's request counter sees it too."""
-        self.app, self.max_bytes, self.on_refused = app, max_bytes, on_refused
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -63,11 +61,11 @@ class BodyLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             drained = declared <= DRAIN_LIMIT_BYTES and await _drain(receive, 0)
-            return await self._refuse(scope, send, close=not drained)
+            return await self._refuse(send, close=not drained)
         body, more, over = await self._read(receive)
         if over:
             drained = not more or await _drain(receive, self.max_bytes)
-            return await self._refuse(scope, send, close=not drained)
+            return await self._refuse(send, close=not drained)
         await self.app(scope, _replay(body, receive), send)
 
     async def _read(self, receive) -> tuple[bytes, bool, bool]:
@@ -86,9 +84,7 @@ class BodyLimitMiddleware:
             if not more:
                 return b"".join(parts), False, False
 
-    async def _refuse(self, scope, send, close: bool) -> None:
-        if self.on_refused is not None:
-            self.on_refused(scope.get("path", ""))
+    async def _refuse(self, send, close: bool) -> None:
         body = json.dumps(too_large_body(self.max_bytes)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if close:

@@ -170,3 +170,44 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses"}
+PROBES = frozenset({"/health", "/metrics"})  # monitoring, not API requests: not counted
+OWNED = "specserve.counted"  # scope key: a one-item list the route sets to True when it counts the request itself
+
+
+def endpoint_label(scope) -> str:
+    """The `endpoint` label of a request: its generation route's name, or "other"."""
+    return ENDPOINTS.get(scope.get("path", ""), "other") if scope.get("method") == "POST" else "other"
+
+
+class CountResponses:
+    """Pure ASGI middleware, outermost: counts in specserve_requests_total every answer that the
+    route did not count itself (the generation routes count theirs, with the status a stream's
+    error event carried or 499): a 401 from the API key check, a 413 from the body cap, a 404 or
+    405, a route's 400, a 500 from a bug. Nothing sent at all (the client went away) is a 499.
+    Before, only what the generation handler saw was counted: 401s and 413s never were."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope.get("path") in PROBES:
+            return await self.app(scope, receive, send)
+        owned, status = scope.setdefault(OWNED, [False]), None
+
+        async def watch(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            status = status or 500  # the app's error handler answers it
+            raise
+        finally:
+            if not owned[0]:
+                self.metrics.request(endpoint_label(scope), status or 499)
