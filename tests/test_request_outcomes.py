@@ -168,3 +168,21 @@ def test_a_stream_its_client_left_before_it_began_is_counted_once():
         return counts(server)
 
     assert asyncio.run(run()) == {"499": 1}
+
+
+def test_a_client_gone_mid_upload_is_not_answered_and_is_counted_499():
+    """The body cap used to hand the app the part of a body that arrived before the client hung up:
+    it was parsed, refused as invalid JSON and counted a 400 that nobody read."""
+    app = create_app(tiny_llm(), "tiny")
+    messages = iter([{"type": "http.request", "body": b'{"model": "tiny", "pro', "more_body": True}])
+    sent = []
+
+    async def receive():
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
+    asyncio.run(app(scope, receive, send))
+    assert sent == [] and counts(app.state.server) == {"499": 1}

@@ -63,18 +63,21 @@ class BodyLimitMiddleware:
             drained = declared <= DRAIN_LIMIT_BYTES and await _drain(receive, 0)
             return await self._refuse(send, close=not drained)
         body, more, over = await self._read(receive)
+        if body is None:  # the client went away mid-upload: nobody to answer (counted 499, not a 400 for a cut body)
+            return
         if over:
             drained = not more or await _drain(receive, self.max_bytes)
             return await self._refuse(send, close=not drained)
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read(self, receive) -> tuple[bytes, bool, bool]:
-        """Read the body up to the cap: (bytes so far, more to come, over the cap)."""
+    async def _read(self, receive) -> tuple[bytes | None, bool, bool]:
+        """Read the body up to the cap: (bytes so far, more to come, over the cap); None for the
+        bytes when the client disconnected before the body was complete."""
         parts, size = [], 0
         while True:
             message = await receive()
-            if message["type"] != "http.request":  # disconnect: the app sees an empty body, then this
-                return b"".join(parts), False, False
+            if message["type"] != "http.request":  # disconnect
+                return None, False, False
             chunk = message.get("body", b"")
             size += len(chunk)
             more = message.get("more_body", False)
