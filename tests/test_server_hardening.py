@@ -239,6 +239,8 @@ def _servable(body: dict) -> None:
             for m in body["messages"]
             if isinstance(m, dict)
         ] or [{"role": "user", "content": "hi"}]
+    if not body.get("stream"):
+        body.pop("stream_options", None)  # without stream: a documented 400
     if "prompt" in body and not (isinstance(body["prompt"], str) and body["prompt"]):
         body["prompt"] = "def add"
     if isinstance(body.get("stop"), list):

@@ -89,6 +89,15 @@ def _refuse_chat(req: ChatCompletionRequest) -> None:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
 
+def check_stream_options(req: _Common) -> bool:
+    """Whether the stream ends with a usage chunk. `stream_options` without `stream` is a 400, as
+    OpenAI ("The 'stream_options' parameter is only allowed when 'stream' is enabled.") and vLLM
+    answer it; it used to be accepted and ignored."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
 def speculation_config(
     req: SpeculationRequest | str | None,
     default: SpeculationConfig,
@@ -268,7 +277,7 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
         speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
         _prediction_text(req.prediction, llm),
         bool(req.stream),
-        bool(req.stream_options and req.stream_options.include_usage),
+        check_stream_options(req),
         _compile(spec, llm, req),
         tools if tools.parse_calls else None,
         check_n(req.n),
@@ -347,6 +356,8 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     first has none), as language-model evaluations ask for them."""
     if req.echo and (req.stream or req.suffix):
         raise unsupported("echo", "echo with " + ("stream" if req.stream else "suffix"))
+    if req.best_of is not None and req.best_of < (req.n or 1):  # OpenAI and vLLM refuse it (it was accepted)
+        raise bad_request(f"best_of must be at least n, got n={req.n} and best_of={req.best_of}", "best_of")
     if req.best_of not in (None, 1):
         raise unsupported(
             "best_of",
@@ -381,7 +392,7 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
         speculation_config(req.speculation, llm.speculation, llm.has_draft_model),
         _prediction_text(req.prediction, llm),
         bool(req.stream),
-        bool(req.stream_options and req.stream_options.include_usage),
+        check_stream_options(req),
         _compile(_output_guide(req), llm, req),
         None,
         n,

@@ -1,0 +1,44 @@
+"""/v1/completions against OpenAI's legacy API reference, in-process on a tiny model: what it
+refuses as OpenAI (and vLLM) refuse it."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from tiny import tiny_model, tiny_tokenizer
+
+from specserve.llm import LLM
+from specserve.server.app import create_app
+
+BODY = {"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 3, "temperature": 0}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def client():
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, "tiny")) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    "path,extra,param",
+    [
+        # best_of below n: OpenAI and vLLM refuse it; it was served as n choices
+        ("/v1/completions", {"n": 2, "best_of": 1}, "best_of"),
+        # stream_options without stream: OpenAI's "only allowed when 'stream' is enabled"; it was ignored
+        ("/v1/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+        ("/v1/chat/completions", {"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+    ],
+)
+def test_what_openai_refuses_is_a_400_naming_the_parameter(client, path, extra, param):
+    body = {**(BODY if path == "/v1/completions" else CHAT), **extra}
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_what_openai_allows_still_passes(client):
+    assert client.post("/v1/completions", json={**BODY, "n": 1, "best_of": 1}).status_code == 200
+    r = client.post("/v1/completions", json={**BODY, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and '"usage":{"prompt_tokens"' in r.text
