@@ -3,6 +3,8 @@ refuses as OpenAI (and vLLM) refuse it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 from tiny import tiny_model, tiny_tokenizer
@@ -42,3 +44,41 @@ def test_what_openai_allows_still_passes(client):
     assert client.post("/v1/completions", json={**BODY, "n": 1, "best_of": 1}).status_code == 200
     r = client.post("/v1/completions", json={**BODY, "stream": True, "stream_options": {"include_usage": True}})
     assert r.status_code == 200 and '"usage":{"prompt_tokens"' in r.text
+
+
+def _streamed(client, body: dict) -> tuple[dict, dict | None]:
+    """A stream's choices put together as the answer without stream shows them, and its usage."""
+    r = client.post("/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200, r.text
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    choices: dict[int, dict] = {}
+    for chunk in chunks:
+        for c in chunk["choices"]:
+            got = choices.setdefault(c["index"], {"index": c["index"], "text": "", "logprobs": None})
+            got["text"] += c["text"]
+            got["finish_reason"] = c["finish_reason"] or got.get("finish_reason")
+            if c["logprobs"]:
+                got["logprobs"] = got["logprobs"] or {k: [] for k in c["logprobs"]}
+                for k, v in c["logprobs"].items():
+                    got["logprobs"][k] += v
+    return [choices[i] for i in sorted(choices)], chunks[-1]["usage"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"echo": True},
+        {"echo": True, "logprobs": 2},
+        {"echo": True, "logprobs": 1, "max_tokens": 0},  # a scored prompt: the prompt alone
+        {"echo": True, "logprobs": 0, "n": 2, "prompt": ["def add(a, b):", "import os"]},
+        {"echo": True, "logprobs": 1, "prompt": [[5, 17, 30], [41, 12]]},
+        {"echo": True, "logprobs": 1, "stop": "E"},
+    ],
+)
+def test_echo_streams_what_it_answers_without_stream(client, extra):
+    """echo with stream was a 400; OpenAI and vLLM stream the prompt first, then the completion."""
+    body = {**BODY, "max_tokens": 6, **extra}
+    full = client.post("/v1/completions", json=body).json()
+    choices, usage = _streamed(client, body)
+    assert choices == [{k: c[k] for k in ("index", "text", "logprobs", "finish_reason")} for c in full["choices"]]
+    assert usage == full["usage"]

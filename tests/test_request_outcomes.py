@@ -186,3 +186,35 @@ def test_a_client_gone_mid_upload_is_not_answered_and_is_counted_499():
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b""}
     asyncio.run(app(scope, receive, send))
     assert sent == [] and counts(app.state.server) == {"499": 1}
+
+
+def test_a_stream_that_times_out_before_its_first_step_ends_with_the_timeout_event():
+    """A streamed request that timed out while it waited in the queue is aborted before admission:
+    reading its prompt's scores (never made) for the echo chunk raised, and the stream ended with
+    an internal_error event counted 500 instead of the request_timeout event and a 504."""
+    from specserve.engine.stats import StepEvent
+
+    llm = tiny_llm()
+
+    async def run() -> tuple[str, dict]:
+        server, job, ctx = _setup(llm, time.monotonic() - 1.0)
+        job.prepared.stream = True
+        job.build(llm)  # the engine requests, never admitted
+        assert job.should_stop()  # the worker sees the deadline and aborts the waiting request
+        job.items.put_nowait(("event", (0, StepEvent([], [], "", None, "abort"))))
+        job.items.put_nowait(("done", [_output(job, "abort")]))
+        watcher = asyncio.create_task(asyncio.sleep(3600))
+        response = await server._start_stream(COMPLETIONS, ctx, job, watcher, time.monotonic())
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            await asyncio.sleep(3600)
+
+        await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+        return b"".join(m.get("body", b"") for m in sent).decode(), counts(server)
+
+    body, seen = asyncio.run(run())
+    assert '"code":"request_timeout"' in body and body.endswith("data: [DONE]\n\n") and seen == {"504": 1}

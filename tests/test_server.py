@@ -502,7 +502,7 @@ BAD = [  # (endpoint, body, status, param)
     ("completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
     ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),  # 0 only scores (echo)
     ("completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
-    ("completions", {"model": MODEL, "prompt": "x", "echo": True, "stream": True}, 400, "echo"),
+    ("completions", {"model": MODEL, "prompt": "x", "echo": True, "suffix": "y"}, 400, "echo"),
     ("completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("no/such/route", {}, 404, None),
 ]

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -81,6 +81,7 @@ class StreamState:
 
     output: list | None = None  # the finished outputs, once the finish chunks were built (a 200)
     ttft: float | None = None
+    opened: set[int] = field(default_factory=set)  # choices whose first event was streamed
 
 
 class ClosingStream(StreamingResponse):
@@ -479,6 +480,11 @@ class Server:
                 kind, payload = item
                 if kind == "event":
                     index, event = payload
+                    if index not in stream.opened and event.finish_reason != "abort":  # its first step: the
+                        stream.opened.add(index)  # prompt is scored (an abort may come before its admission)
+                        req = job.requests[index]
+                        for chunk in dialect.echo_chunks(ctx, index, req.prompt_ids, req.prompt_logprobs or ()):
+                            yield dialect.sse(chunk)
                     if event.text or (ctx.logprobs and event.logprobs):
                         stream.ttft = stream.ttft if stream.ttft is not None else time.monotonic() - t0
                         for chunk in dialect.delta_chunks(ctx, event.text, event.logprobs, index):

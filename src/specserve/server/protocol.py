@@ -354,8 +354,8 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     `suffix` the prompt and the suffix are the two sides of a gap the model fills. With `echo`
     the answer begins with the prompt, and `logprobs` then cover the prompt's tokens too (the
     first has none), as language-model evaluations ask for them."""
-    if req.echo and (req.stream or req.suffix):
-        raise unsupported("echo", "echo with " + ("stream" if req.stream else "suffix"))
+    if req.echo and req.suffix:
+        raise unsupported("echo", "echo with suffix")
     if req.best_of is not None and req.best_of < (req.n or 1):  # OpenAI and vLLM refuse it (it was accepted)
         raise bad_request(f"best_of must be at least n, got n={req.n} and best_of={req.best_of}", "best_of")
     if req.best_of not in (None, 1):

@@ -111,6 +111,10 @@ class Dialect:
     def opening_chunks(self, ctx: ResponseContext) -> list[dict]:
         return []
 
+    def echo_chunks(self, ctx: ResponseContext, index: int, prompt_ids: list[int], prompt_lps) -> list[dict]:
+        """What a stream sends for a choice before its first token (completions' echoed prompt)."""
+        return []
+
     def delta_chunks(self, ctx: ResponseContext, text: str, lps, index: int = 0) -> list[dict]:
         """What one step's new text is streamed as (one chunk here; typed events for Responses)."""
         return [self.delta_chunk(ctx, text, lps, index)]
@@ -242,17 +246,17 @@ class CompletionDialect(Dialect):
         return prepare_completion(req, llm)
 
     def _logprobs(
-        self, ctx: ResponseContext, lps: list[TokenLogprob] | None, index: int = 0, prompt: RequestOutput | None = None
+        self, ctx: ResponseContext, lps: list[TokenLogprob] | None, index: int = 0, prompt: tuple | None = None
     ) -> dict | None:
         """OpenAI's legacy shape: parallel lists plus char offsets into the text. With echo
-        (`prompt`: the output whose prompt is echoed) the prompt's tokens come first, the first
-        of them with no logprob (null), as OpenAI scores an echoed prompt."""
+        (`prompt`: the echoed prompt's token ids and their logprobs) the prompt's tokens come first,
+        the first of them with no logprob (null), as OpenAI scores an echoed prompt."""
         if not ctx.logprobs or lps is None:
             return None
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         if prompt is not None:
             hidden = ctx.echo_hidden[index // ctx.n]
-            for j, (tid, lp) in enumerate(zip(prompt.prompt_token_ids, prompt.prompt_logprobs)):
+            for j, (tid, lp) in enumerate(zip(*prompt)):
                 self._entry(ctx, out, index, tid, lp, written=j >= hidden)
         for lp in lps:
             self._entry(ctx, out, index, lp.token_id, lp)
@@ -280,14 +284,31 @@ class CompletionDialect(Dialect):
             ctx, [{"index": index, "text": text, "logprobs": self._logprobs(ctx, lps, index), "finish_reason": None}]
         )
 
+    def delta_chunks(self, ctx, text: str, lps, index: int = 0) -> list[dict]:
+        """A scored prompt (max_tokens 0) streams no completion: its one generated token is left out."""
+        return [] if ctx.scores_only else [self.delta_chunk(ctx, text, lps, index)]
+
+    def echo_chunks(self, ctx, index: int, prompt_ids: list[int], prompt_lps) -> list[dict]:
+        """With echo, a choice's stream begins with its prompt's text (and, with logprobs, the
+        prompt's tokens and scores), as the answer without stream begins with it."""
+        if ctx.echo_texts is None:
+            return []
+        lps = self._logprobs(ctx, [], index, (prompt_ids, prompt_lps))
+        text = ctx.echo_texts[index // ctx.n]
+        return [self._chunk(ctx, [{"index": index, "text": text, "logprobs": lps, "finish_reason": None}])]
+
     def finish_chunks(self, ctx, output: RequestOutput, index: int = 0) -> list[dict]:
+        reason = "length" if ctx.scores_only else finish_reason(output)
         return [
             self._chunk(
                 ctx,
-                [{"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason(output)}],
+                [{"index": index, "text": "", "logprobs": None, "finish_reason": reason}],
                 speculation=output.stats.to_dict(),
             )
         ]
+
+    def usage_chunk(self, ctx: ResponseContext, outputs) -> dict:
+        return self._chunk(ctx, [], usage=usage(outputs, ctx.n, ctx.scores_only), speculation=speculation(outputs))
 
     def response(self, ctx, outputs) -> dict:
         outputs = outputs if isinstance(outputs, list) else [outputs]
@@ -296,7 +317,9 @@ class CompletionDialect(Dialect):
             {
                 "index": i,
                 "text": (ctx.echo_texts[i // ctx.n] if echo else "") + ("" if scored else o.text),
-                "logprobs": self._logprobs(ctx, [] if scored else o.logprobs, i, o if echo else None),
+                "logprobs": self._logprobs(
+                    ctx, [] if scored else o.logprobs, i, (o.prompt_token_ids, o.prompt_logprobs) if echo else None
+                ),
                 "finish_reason": "length" if scored else finish_reason(o),
             }
             for i, o in enumerate(outputs)
