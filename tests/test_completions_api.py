@@ -82,3 +82,19 @@ def test_echo_streams_what_it_answers_without_stream(client, extra):
     choices, usage = _streamed(client, body)
     assert choices == [{k: c[k] for k in ("index", "text", "logprobs", "finish_reason")} for c in full["choices"]]
     assert usage == full["usage"]
+
+
+@pytest.mark.parametrize("prompt", [[True, 5], ["a", [5, 17]], [[1, 2], "x"], [1.5], {"a": 1}, [[1, "2"]]])
+def test_a_malformed_prompt_is_told_which_shapes_a_prompt_takes(client, prompt):
+    """pydantic's own message was "Input should be a valid string", the first of four shapes."""
+    r = client.post("/v1/completions", json={**BODY, "prompt": prompt})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "prompt" and "a list of token ids" in err["message"] and "valid string" not in err["message"]
+
+
+@pytest.mark.parametrize("prompt", ["x", ["a", "b"], [5, 17], [5.0, 17], [[5, 17], [3]]])
+def test_every_prompt_shape_is_still_served(client, prompt):
+    r = client.post("/v1/completions", json={**BODY, "prompt": prompt})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == (len(prompt) if isinstance(prompt[0], str | list) and prompt != "x" else 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 # OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
 # "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
@@ -135,8 +136,36 @@ class ChatCompletionRequest(_Common):
     add_generation_prompt: bool | None = None
 
 
+_PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def _is_token(value: Any) -> bool:
+    return not isinstance(value, bool) and (isinstance(value, int) or isinstance(value, float) and value.is_integer())
+
+
+def _prompt_shape(value: Any) -> Any:
+    """Name the shapes a prompt may take: pydantic's own error for `[true, 5]` or `["a", [5]]` was
+    "Input should be a valid string", which names the first of four shapes and none of the fault."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        kinds = {_prompt_item(v) for v in value}
+        nested = kinds == {"tokens"} and not all(_is_token(t) for v in value for t in v)
+        if len(kinds) <= 1 and "other" not in kinds and not nested:
+            return value
+    raise PydanticCustomError("prompt_shape", f"must be {_PROMPT_SHAPES}, not a mix of them or other values")
+
+
+def _prompt_item(value: Any) -> str:
+    if isinstance(value, str):
+        return "text"
+    if _is_token(value):
+        return "token"
+    return "tokens" if isinstance(value, list) else "other"
+
+
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[Int] | list[list[Int]]
+    prompt: Annotated[str | list[str] | list[Int] | list[list[Int]], BeforeValidator(_prompt_shape)]
     max_tokens: Int | None = Field(None, ge=0)  # 0 with echo: score the prompt, write nothing (OpenAI's legacy API)
     logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool | None = False
