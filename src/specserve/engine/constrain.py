@@ -349,6 +349,11 @@ def _types(schema) -> set[str] | None:
     return {"number" if k == "integer" else k for k in kinds}
 
 
+def _required(schema: dict) -> set[str]:
+    names = schema.get("required")
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+
+
 def _disjoint(a: dict, b: dict, root) -> bool:
     """Whether no value can match both branches (provably; False when unsure)."""
     va, vb = _value_set(a), _value_set(b)
@@ -359,7 +364,7 @@ def _disjoint(a: dict, b: dict, root) -> bool:
         return True
     if ta != {"object"} or tb != {"object"}:
         return False
-    shared = set(a.get("required") or []) & set(b.get("required") or [])
+    shared = _required(a) & _required(b)
     for name in shared:
         va = _value_set(_resolve((a.get("properties") or {}).get(name), root))
         vb = _value_set(_resolve((b.get("properties") or {}).get(name), root))
