@@ -109,4 +109,7 @@ def _validation_error(e: ValidationError) -> APIError:
     if err["type"] == "missing":
         return bad_request(f"missing required parameter {param!r}", param, "missing_required_parameter")
     code = "invalid_value" if err["type"] in _RANGE_ERRORS else "invalid_type"
-    return bad_request(f"{param}: {err['msg']}", param, code)
+    message = err["msg"]
+    if err["type"] == "value_error" and "error" in (err.get("ctx") or {}):  # our validators' words, unprefixed
+        message = str(err["ctx"]["error"])
+    return bad_request(f"{param}: {message}", param, code)

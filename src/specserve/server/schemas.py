@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
 
 # OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
 # "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
@@ -153,7 +152,7 @@ def _prompt_shape(value: Any) -> Any:
         nested = kinds == {"tokens"} and not all(_is_token(t) for v in value for t in v)
         if len(kinds) <= 1 and "other" not in kinds and not nested:
             return value
-    raise PydanticCustomError("prompt_shape", f"must be {_PROMPT_SHAPES}, not a mix of them or other values")
+    raise ValueError(f"must be {_PROMPT_SHAPES}, not a mix of them or other values")
 
 
 def _prompt_item(value: Any) -> str:
