@@ -123,15 +123,22 @@ class Engine:
         return Generation(self.core, self.request(prompt_ids, params, spec, prediction, should_cancel, constraint))
 
     def run(self, requests: list[Request]) -> list[RequestOutput]:
-        """Run requests together (continuous batching) until all have finished."""
+        """Run requests together (continuous batching) until all have finished. Left early (a
+        KeyboardInterrupt in a notebook, an error from a step), the unfinished ones are released:
+        they held their cells and went on decoding inside the next caller's steps."""
         for r in requests:
             self.core.add(r)
         pending = 0  # requests before this one have finished (a rescan per step would be O(n^2) in a big run)
-        while pending < len(requests):
-            if requests[pending].finished:
-                pending += 1
-            else:
-                self.core.step()
+        try:
+            while pending < len(requests):
+                if requests[pending].finished:
+                    pending += 1
+                else:
+                    self.core.step()
+        finally:
+            for r in requests[pending:]:
+                if r.phase != FINISHED:
+                    self.core.release(r)
         for r in requests:
             if r.error is not None:
                 raise r.error
