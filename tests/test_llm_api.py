@@ -32,6 +32,29 @@ def held(model: LLM) -> tuple[int, int, int, int]:
     return len(core.scheduler.running), len(core.scheduler.waiting), len(core._incoming), core.scheduler.reserved
 
 
+# -- sampling parameters ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"stop": 5}, "stop must be a string or a list of strings"),
+        ({"logit_bias": {"a": 1}}, "logit_bias must map token ids to numbers"),
+        ({"logit_bias": [1, 2]}, "logit_bias must map token ids to numbers"),
+        ({"logit_bias": {5: "x"}}, "logit_bias must map token ids to numbers"),
+        ({"logit_bias": {1.5: 1}}, "logit_bias must map token ids to numbers"),
+        ({"ignore_eos": "false"}, "ignore_eos must be True or False"),
+    ],
+)
+def test_sampling_params_of_a_wrong_shape_say_which(kw, words):
+    with pytest.raises(ValueError, match=words):
+        SamplingParams(**kw)
+
+
+def test_sampling_params_still_take_openais_string_ids_and_pairs():
+    assert SamplingParams(logit_bias={"5": 2}).logit_bias == ((5, 2.0),)
+    assert SamplingParams(logit_bias=[(7, -1), (3, 1)]).logit_bias == ((3, 1.0), (7, -1.0))
+    assert SamplingParams(stop=None).stop == () and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+
+
 # -- what a call leaves behind ----------------------------------------------------------------
 def test_an_interrupted_generate_frees_its_requests(monkeypatch):
     core, steps = llm().engine.core, []

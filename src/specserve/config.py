@@ -48,8 +48,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        else:
+        elif self.stop is None or isinstance(self.stop, (list, tuple)):
             object.__setattr__(self, "stop", tuple(self.stop or ()))
+        else:  # stop=5 was "'int' object is not iterable"
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self._check_types()
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
@@ -67,8 +69,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
-        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else (self.logit_bias or ())
-        pairs = tuple(sorted((int(t), float(b)) for t, b in bias))
+        pairs = _bias_pairs(self.logit_bias)
         if any(t < 0 for t, _ in pairs) or len({t for t, _ in pairs}) < len(pairs):
             raise ValueError("logit_bias keys must be distinct token ids >= 0")
         if any(not -100.0 <= b <= 100.0 for _, b in pairs):
@@ -92,6 +93,8 @@ class SamplingParams:
             object.__setattr__(self, name, float(value))
         if not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if not isinstance(self.ignore_eos, bool):  # ignore_eos="false" was taken as True
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
@@ -100,6 +103,21 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """logit_bias ({token id: bias}, OpenAI's string ids too, or (id, bias) pairs) as sorted
+    (int, float) pairs. Other shapes are refused by name: {"a": 1} was "invalid literal for int()"
+    and [1, 2] "cannot unpack non-iterable int object"."""
+    items = bias.items() if isinstance(bias, dict) else (bias or ())
+    try:
+        pairs = [(t, b) for t, b in items]
+        pairs = [(int(t), float(b)) for t, b in pairs if not isinstance(t, float) and not isinstance(b, bool)]
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or len(pairs) != len(items):
+        raise ValueError(f"logit_bias must map token ids to numbers ({{id: bias}}), got {bias!r}")
+    return tuple(sorted(pairs))
 
 
 @dataclass(frozen=True)
