@@ -8,8 +8,10 @@ import functools
 
 import pytest
 from tiny import tiny_model, tiny_tokenizer
+from tiny_gguf import write_tiny_gguf
 
 from specserve import LLM, SamplingParams
+from specserve.errors import InvalidRequestError
 
 PROMPT = "def add(a, b):"
 CONV = [
@@ -30,6 +32,33 @@ def held(model: LLM) -> tuple[int, int, int, int]:
     """(running, waiting, queued, reserved cells): all 0 when no request holds anything."""
     core = model.engine.core
     return len(core.scheduler.running), len(core.scheduler.waiting), len(core._incoming), core.scheduler.reserved
+
+
+# -- prompts ----------------------------------------------------------------------------------
+def test_dict_prompts_are_vllms_text_and_tokens_prompts():
+    ids = llm().prompt_ids(PROMPT)
+    by_text = llm().generate(PROMPT, FEW)
+    assert llm().generate({"prompt": PROMPT}, FEW).token_ids == by_text.token_ids
+    assert llm().generate({"prompt_token_ids": ids}, FEW).token_ids == by_text.token_ids
+    outs = llm().generate([{"prompt": PROMPT}, {"prompt_token_ids": ids[:3]}, "class Stack:"], FEW)
+    assert [o.prompt_token_ids for o in outs] == [ids, ids[:3], llm().prompt_ids("class Stack:")]
+    assert outs[0].token_ids == by_text.token_ids
+
+
+@pytest.mark.parametrize(
+    "prompt,words",
+    [
+        (None, "got NoneType"),
+        (5, "got int"),
+        (["abc", 5], "got int"),
+        ({"text": PROMPT}, "got keys ['text']"),
+        ({"prompt": PROMPT, "multi_modal_data": {}}, "got keys ['multi_modal_data', 'prompt']"),
+    ],
+)
+def test_a_prompt_of_another_shape_is_refused_by_name(prompt, words):
+    with pytest.raises(InvalidRequestError, match="prompt") as e:
+        llm().generate(prompt, FEW)
+    assert words in str(e.value) and e.value.param == "prompt"
 
 
 # -- sampling parameters ----------------------------------------------------------------------
@@ -53,6 +82,49 @@ def test_sampling_params_still_take_openais_string_ids_and_pairs():
     assert SamplingParams(logit_bias={"5": 2}).logit_bias == ((5, 2.0),)
     assert SamplingParams(logit_bias=[(7, -1), (3, 1)]).logit_bias == ((3, 1.0), (7, -1.0))
     assert SamplingParams(stop=None).stop == () and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+
+
+# -- chat -------------------------------------------------------------------------------------
+def test_chat_takes_a_batch_of_conversations_in_order():
+    one, two = CONV, CONV[:2]
+    outs = llm().chat([one, two], FEW)
+    assert [o.token_ids for o in outs] == [llm().chat(one, FEW).token_ids, llm().chat(two, FEW).token_ids]
+    assert outs[0].prompt_token_ids == llm().apply_chat_template(one)
+
+
+def test_chat_takes_vllms_add_generation_prompt_where_it_agrees():
+    opened = llm().chat(CONV, FEW, add_generation_prompt=True)
+    assert opened.token_ids == llm().chat(CONV, FEW).token_ids
+    go_on = llm().chat(CONV[:3], FEW, continue_final_message=True, add_generation_prompt=False)
+    assert go_on.prompt_token_ids == llm().apply_chat_template(CONV[:3], continue_final_message=True)
+    for kw in ({"add_generation_prompt": False}, {"add_generation_prompt": True, "continue_final_message": True}):
+        with pytest.raises(InvalidRequestError, match="add_generation_prompt") as e:
+            llm().chat(CONV[:3], FEW, **kw)
+        assert e.value.param == "add_generation_prompt"
+
+
+@pytest.mark.parametrize(
+    "tools,words",
+    [
+        ("get_weather", "tools must be a list of tool definitions, got str"),
+        (["get_weather"], "tools[0] must be {'type': 'function'"),
+        ([{"name": "get_weather"}], "tools[0] must be {'type': 'function'"),
+        ([{"type": "function", "function": {"parameters": {}}}], "tools[0] must be"),
+    ],
+)
+def test_malformed_tools_are_refused_by_name(tools, words):
+    with pytest.raises(InvalidRequestError) as e:
+        llm().chat(CONV, FEW, tools=tools)
+    assert words in str(e.value) and e.value.param == "tools"
+
+
+def test_a_malformed_earlier_tool_call_is_refused_by_name():
+    calls = CONV + [{"role": "assistant", "content": None, "tool_calls": [{"id": "1", "name": "f"}]}]
+    with pytest.raises(InvalidRequestError, match=r"messages\[4\].tool_calls\[0\] must be") as e:
+        llm().chat(calls + [{"role": "user", "content": "and?"}], FEW)
+    assert e.value.param == "messages"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert llm().chat(CONV, FEW, tools=[tool]).finish_reason == "length"  # a good one still runs
 
 
 # -- what a call leaves behind ----------------------------------------------------------------
@@ -85,3 +157,22 @@ def test_an_error_in_the_users_stream_loop_frees_the_request_and_the_llm_goes_on
     with pytest.raises(ValueError):
         llm().generate(PROMPT, SamplingParams(max_tokens=50, logit_bias={10**6: 1}))
     assert llm().generate(PROMPT, FEW).finish_reason == "length" and held(llm()) == (0, 0, 0, 0)
+
+
+def test_close_and_with_free_an_llm_and_leave_another_working(tmp_path):
+    from specserve.backends.llamacpp import LlamaCppBackend
+
+    path, tok = write_tiny_gguf(tmp_path / "tiny.gguf"), tiny_tokenizer()
+    other = LLM.from_backends(LlamaCppBackend(path), tok, name="other", speculation="none")
+    with LLM.from_backends(LlamaCppBackend(path), tok, name="first", speculation="none") as first:
+        assert first.generate(PROMPT, FEW).token_ids == other.generate(PROMPT, FEW).token_ids
+        gen = first.stream(PROMPT, SamplingParams(max_tokens=50))
+        next(iter(gen))
+    assert gen.output.finish_reason == "abort" and held(first) == (0, 0, 0, 0)
+    assert first.target_backend._ctx is None  # the llama.cpp context is freed, not left for the collector
+    with pytest.raises(InvalidRequestError, match="closed"):
+        first.generate(PROMPT, FEW)
+    first.close()  # twice is harmless
+    del gen
+    assert other.generate(PROMPT, FEW).finish_reason == "length"
+    other.close()

@@ -37,6 +37,8 @@ def _check_messages(messages) -> None:
         content = m.get("content")
         if not (isinstance(content, (str, list)) or (content is None and m["role"] == "assistant")):
             raise InvalidRequestError(f"messages[{i}] needs 'content': a string or a list of text parts", "messages")
+        for j, call in enumerate(m.get("tool_calls") or ()):
+            _check_function(call, f"messages[{i}].tool_calls[{j}]", "{'function': {'name': ..., 'arguments': ...}}")
         if isinstance(content, list) and not all(
             isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
             for part in content
@@ -44,6 +46,24 @@ def _check_messages(messages) -> None:
             raise InvalidRequestError(
                 f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}})", "messages"
             )
+
+
+def _check_function(item, where: str, shape: str) -> None:
+    """A tool definition or an earlier tool call: a dict whose 'function' is a dict with a string
+    'name' (a KeyError or "string indices must be integers" from chat.py told a user nothing)."""
+    fn = item.get("function") if isinstance(item, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise InvalidRequestError(f"{where} must be {shape}", where.split("[")[0])
+
+
+def _check_tools(tools) -> None:
+    """OpenAI tool definitions, as vLLM's chat(tools=...) takes them."""
+    if tools is None:
+        return
+    if not isinstance(tools, (list, tuple)):
+        raise InvalidRequestError(f"tools must be a list of tool definitions, got {type(tools).__name__}", "tools")
+    for i, tool in enumerate(tools):
+        _check_function(tool, f"tools[{i}]", "{'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
 
 
 def _text_content(messages: list[dict]) -> list[dict]:
@@ -61,8 +81,46 @@ def _is_batch(prompts) -> bool:
     return (
         isinstance(prompts, (list, tuple))
         and bool(prompts)
-        and (isinstance(prompts[0], str) or hasattr(prompts[0], "__len__"))
+        and (isinstance(prompts[0], (str, dict)) or hasattr(prompts[0], "__len__"))
     )
+
+
+def _unpack_prompt(prompt) -> str | Sequence[int]:
+    """vLLM's dict prompts ({"prompt": text} or {"prompt_token_ids": ids}) as text or ids; text and
+    ids pass through. Anything else is refused by name: None, a number or a dict's keys were
+    read as token ids ("'NoneType' object is not iterable", "token ids must be integers")."""
+    if isinstance(prompt, dict):
+        keys = set(prompt) & {"prompt", "prompt_token_ids"}
+        if len(keys) != 1 or set(prompt) - keys:
+            raise InvalidRequestError(
+                f"a dict prompt holds 'prompt' (text) or 'prompt_token_ids', got keys {sorted(prompt)}", "prompt"
+            )
+        prompt = prompt[keys.pop()]
+    if isinstance(prompt, str) or (hasattr(prompt, "__iter__") and not isinstance(prompt, (dict, bytes))):
+        return prompt
+    raise InvalidRequestError(
+        f"a prompt is text, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids', "
+        f"got {type(prompt).__name__}",
+        "prompt",
+    )
+
+
+def _is_conversations(messages) -> bool:
+    """A batch of conversations (vLLM's chat takes a list of message lists), not one conversation."""
+    return isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
+
+
+def _continues(continue_final_message: bool, add_generation_prompt: bool | None) -> bool:
+    """Whether the answer goes on writing the last message. vLLM's add_generation_prompt is taken
+    where it agrees (it was a TypeError); a pairing that opens no answer, or two, is refused."""
+    go_on = bool(continue_final_message)
+    if add_generation_prompt is not None and bool(add_generation_prompt) == go_on:
+        raise InvalidRequestError(
+            f"add_generation_prompt={add_generation_prompt} with continue_final_message={go_on} "
+            "(exactly one of the two opens the answer)",
+            "add_generation_prompt",
+        )
+    return go_on
 
 
 def _per_prompt(value, n: int, what: str, listed: bool) -> list:
@@ -197,11 +255,44 @@ class LLM:
         limits: EngineLimits | None,
     ) -> None:
         self.model_name = name
+        self._closed = False
         self.tokenizer = tokenizer = per_thread(tokenizer)  # one copy per thread (engine/tokenizer.py)
         self.speculation = speculation
         self.target_backend, self.draft_backend = target, draft
         self.engine = Engine(target, tokenizer, draft, eos, limits)
         self.max_context = self._usable_context(target.max_context, self.engine.core.scheduler.cache_tokens)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """End every request in flight, write the prefix cache's host tier to its folder (where
+        `host_cache_dir` names one) and release it, and free the models (llama.cpp's context and
+        weights at once; torch's when nothing else holds them). Later calls are refused. Before,
+        only collecting the LLM freed them, and a host tier was never saved nor its folder let go."""
+        if self._closed:
+            return
+        self._closed = True
+        core = self.engine.core
+        core.abort_all()
+        try:
+            with core.lock:
+                core.save_host_cache()
+        finally:
+            self.engine.clear_prefix_cache()  # frees the cached prefixes' sequences while the backends live
+            if core.host_store is not None:
+                core.host_store.close()
+            for backend in (self.target_backend, self.draft_backend):
+                if hasattr(backend, "close"):
+                    backend.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidRequestError("this LLM is closed: make a new one")
 
     @staticmethod
     def _usable_context(context: int, cells: int) -> int:
@@ -261,6 +352,7 @@ class LLM:
         if not messages:
             raise InvalidRequestError("messages must not be empty")
         _check_messages(messages)
+        _check_tools(tools)
         messages = _text_content(messages)
         if continue_final_message and messages[-1].get("role") != "assistant":
             raise InvalidRequestError(
@@ -288,8 +380,10 @@ class LLM:
     def vocab_size(self) -> int:
         return self.engine.vocab_size
 
-    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        """Text (tokenized with the tokenizer's special tokens) or token ids, validated."""
+    def prompt_ids(self, prompt: str | Sequence[int] | dict) -> list[int]:
+        """Text (tokenized with the tokenizer's special tokens) or token ids, validated; vLLM's
+        dict prompts too."""
+        prompt = _unpack_prompt(prompt)
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
@@ -319,7 +413,7 @@ class LLM:
 
     def request(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | dict,
         params: SamplingParams | None = None,
         prediction: str | list[int] | None = None,
         speculation: str | SpeculationConfig | None = None,
@@ -328,6 +422,7 @@ class LLM:
         on_event=None,
     ):
         """A validated engine Request (not yet queued): what `stream`, `generate` and the server run."""
+        self._check_open()
         if params is not None and not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
         if prediction is not None and not isinstance(prediction, (str, list, tuple)):
@@ -345,7 +440,7 @@ class LLM:
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | dict,
         params: SamplingParams | None = None,
         prediction: str | list[int] | None = None,
         speculation: str | SpeculationConfig | None = None,
@@ -385,15 +480,25 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict],
-        params: SamplingParams | None = None,
+        messages: list[dict] | list[list[dict]],
+        params: SamplingParams | list[SamplingParams] | None = None,
         prediction: str | list[int] | None = None,
         speculation: str | SpeculationConfig | None = None,
         guide: GrammarSpec | CompiledGuide | None = None,
         tools: list[dict] | None = None,
         continue_final_message: bool = False,
-    ) -> RequestOutput:
+        add_generation_prompt: bool | None = None,
+    ) -> RequestOutput | list[RequestOutput]:
         """Apply the target's chat template (with `tools` when given), then generate.
-        continue_final_message: go on writing the last (assistant) message rather than answer it."""
-        prompt = self.apply_chat_template(messages, tools, continue_final_message)
+
+        messages: one conversation -> one RequestOutput; a list of conversations -> a list, run
+        together as `generate([...])` runs prompts (params / prediction may be lists, one each).
+        continue_final_message: go on writing the last (assistant) message rather than answer it.
+        add_generation_prompt (vLLM's): accepted where it agrees, as the server takes it: True
+        without continue_final_message, False with it (exactly one of the two opens the answer)."""
+        go_on = _continues(continue_final_message, add_generation_prompt)
+        if _is_conversations(messages):
+            prompts = [self.apply_chat_template(m, tools, go_on) for m in messages]
+            return self.generate(prompts, params, prediction, speculation, guide)
+        prompt = self.apply_chat_template(messages, tools, go_on)
         return self.generate(prompt, params, prediction, speculation, guide)

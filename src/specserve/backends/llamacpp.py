@@ -396,6 +396,7 @@ class LlamaCppBackend:
         if getattr(self, "_ctx", None):
             ll.llama_free(self._ctx)
             self._ctx = None
+            self._lengths = {}  # no sequence is left to free (freeing one would touch the freed context)
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
