@@ -84,6 +84,14 @@ def test_sampling_params_still_take_openais_string_ids_and_pairs():
     assert SamplingParams(stop=None).stop == () and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
 
 
+def test_top_k_minus_one_is_vllms_off():
+    assert SamplingParams(top_k=-1).top_k == 0  # vLLM's default value; it was a ValueError here
+    with pytest.raises(ValueError, match="top_k must be >= 0"):
+        SamplingParams(top_k=-2)
+    sampled = [SamplingParams(max_tokens=6, temperature=1.0, seed=3, top_k=k) for k in (0, -1)]
+    assert llm().generate(PROMPT, sampled[0]).token_ids == llm().generate(PROMPT, sampled[1]).token_ids
+
+
 # -- chat -------------------------------------------------------------------------------------
 def test_chat_takes_a_batch_of_conversations_in_order():
     one, two = CONV, CONV[:2]

@@ -59,8 +59,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:  # 0 (OpenAI accepts it): only the most probable token is kept
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+        if self.top_k == -1:  # vLLM's "off" (its default), as the server takes it
+            object.__setattr__(self, "top_k", 0)
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise ValueError(f"top_k must be >= 0 (0 or -1: off), got {self.top_k}")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 20:
                 raise ValueError(f"{name} must be in [0, 20], got {getattr(self, name)}")
