@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecServeError as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # an OSError: before that clause
+        return _reader_left()
     except (OSError, ValueError) as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2
@@ -52,6 +54,21 @@ def main(argv: list[str] | None = None) -> int:
         print("specserve: interrupted", file=sys.stderr)
         _exit_on_next_interrupt()
         return 130
+
+
+def _reader_left() -> int:
+    """stdout's reader went away (`specserve generate ... | head`): stop quietly, as a Unix tool
+    killed by SIGPIPE does, with the status a shell gives one (128 + 13).
+
+    It printed "specserve: error: [Errno 32] Broken pipe" and exited 2, and Python's last flush
+    of stdout at exit then failed again; stdout now points at /dev/null for that flush.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file descriptor (main() called from a test)
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _exit_on_next_interrupt() -> None:
