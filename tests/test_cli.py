@@ -76,6 +76,8 @@ def test_empty_stdin_prompt_fails_before_loading_a_model():
         (["--suffix", __file__, "--chat"], "does not go with --chat"),
         (["--suffix", __file__], "this model has no fill-in-the-middle tokens"),  # the tiny model has none
         (["--html", "/nonexistent-specserve/report.html"], "the folder /nonexistent-specserve does not exist"),
+        (["--device", "foo"], "device must be cpu, cuda, cuda:N or mps, got 'foo'"),  # was torch's traceback
+        (["--device", "cuda:99"], "--device cuda:99: this machine's torch sees"),  # an AssertionError traceback
     ],
 )
 def test_bad_input_gets_one_line_error(model_dir, args, message):
@@ -156,3 +158,19 @@ def test_a_zero_an_empty_list_or_a_bad_output_is_refused_before_any_run(model_di
     assert main([*args, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "specserve" in err and "loaded" not in err
+
+
+def test_a_reader_that_leaves_ends_generate_quietly(model_dir):
+    """`specserve generate ... | head -c 1`: exit 141 (SIGPIPE's status in a shell), no error line and no
+    "Exception ignored" at exit (it printed "specserve: error: [Errno 32] Broken pipe" and exited 2)."""
+    args = ["generate", "def add(a, b):", "--model", model_dir, "--dtype", "float32", "--max-tokens", "200"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specserve.cli", *args, "--speculation", "none"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.read(1)  # the first streamed text: generation is under way
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "error" not in err.lower() and "Exception" not in err and "Traceback" not in err, err

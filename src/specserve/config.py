@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass, replace
 
 METHODS = ("auto", "none", "prediction", "ngram", "draft")
@@ -317,5 +318,8 @@ class LoadOptions:
                 "--exact runs on the CPU kernels it was made batch-invariant on (a GPU's change with "
                 f"the batch size): leave out --gpu-layers {self.gpu_layers}, or give 0"
             )
+        if isinstance(self.device, str) and not re.fullmatch(r"cpu|mps|cuda(:\d+)?", self.device):
+            # torch read any other name as the weights moved there: a traceback after the load
+            raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {self.device!r}")
         if self.max_context is not None and self.max_context < MIN_MAX_CONTEXT:
             raise ValueError(f"max_context must be at least {MIN_MAX_CONTEXT} tokens, got {self.max_context}")

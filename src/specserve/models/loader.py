@@ -40,7 +40,19 @@ class LoadedModel:
 
 
 def pick_device(device: str | None) -> str:
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+    """The torch device to load on: `device` when this machine has it (None: cuda when available).
+
+    A device torch lacks was found only when the weights moved there, as a traceback
+    (`--device cuda` on a CPU-only torch: "AssertionError: Torch not compiled with CUDA enabled").
+    """
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, str) and device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.partition(":")[2] or 0)
+        if index >= count:
+            raise ModelLoadError(f"--device {device}: this machine's torch sees {count} CUDA device(s)")
+    return device
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -153,6 +165,7 @@ def _load_transformers(source, options: LoadOptions) -> LoadedModel:
     from .gguf_reads import gguf_read_once
     from .packs import ensure_converted
 
+    device = pick_device(options.device)  # before minutes of conversion and loading
     if source.pack:  # packs keep the GGUF; the safetensors folder is made on first use here
         source = ensure_converted(source)
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
@@ -168,7 +181,7 @@ def _load_transformers(source, options: LoadOptions) -> LoadedModel:
         raise ModelLoadError(
             f"cannot load {source.display_name!r} as a causal language model: {_first_line(e)}{again}"
         ) from e
-    model.to(pick_device(options.device))
+    model.to(device)
     backend = TransformersBackend(model, options.max_context)
     return LoadedModel(backend, tokenizer, source.display_name, eos_ids(model, tokenizer))
 
