@@ -189,6 +189,43 @@ def test_cli_replay_refuses_numbers_that_are_not_finite(tokenizer, tmp_path, cap
     assert err.startswith("specserve: error:") and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--bench", "bench.json"],
+            "--bench replays a bench report's own runs with its own prices: it does not take --prediction, --output",
+        ),
+        (["--bench", "bench.json", "--cost-ratio", "2"], "does not take --prediction, --output, --cost-ratio"),
+        (["--cost-ratio", "2", "--curve", "1:1,8:2"], "--curve and --cost-ratio each set the cost of verifying"),
+        (["--cost-ratio", "2", "--measure-cost"], "--cost-ratio and --measure-cost each set the cost of verifying"),
+    ],
+)
+def test_cli_replay_refuses_flags_it_would_ignore(tokenizer, tmp_path, capsys, flags, message):
+    """--bench silently replayed the report and not the files given beside it, and --curve (or
+    --cost-ratio) silently won over the other cost flags, --measure-cost loading a model for nothing."""
+    (tmp_path / "before.py").write_text(BEFORE)
+    files = ["--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "before.py")]
+    assert main(["replay", *files, "--model", tokenizer.folder, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_cli_replay_names_the_file_it_cannot_read(tokenizer, tmp_path, capsys):
+    """A binary --prediction was "'utf-8' codec can't decode byte ...", naming no file."""
+    (tmp_path / "binary").write_bytes(b"\x00\xcc\xff" * 10)
+    (tmp_path / "after.py").write_text(BEFORE)
+    for flag, path, message in [
+        ("--prediction", tmp_path / "binary", f"--prediction {tmp_path / 'binary'}: not UTF-8 text"),
+        ("--prediction", tmp_path / "missing.py", f"--prediction {tmp_path / 'missing.py'}: cannot read it"),
+    ]:
+        assert (
+            main(["replay", flag, str(path), "--output", str(tmp_path / "after.py"), "--model", tokenizer.folder]) == 2
+        )
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1, err
+
+
 def test_auto_is_priced_by_the_cost_ratio_not_by_timing_the_oracle(tokenizer):
     """`auto` needs prices; replay gives it the linear model of the cost ratio. Timing the oracle
     instead (its cost grows with every row it fills) cut its drafts short."""

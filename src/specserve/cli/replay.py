@@ -94,21 +94,48 @@ def cost_ratio_for(args) -> float:
     return DEFAULT_COST_RATIO
 
 
+def read_input(path: Path | None, flag: str) -> str | None:
+    """The text of one input file, or a one-line error that names the flag (a binary file was
+    "'utf-8' codec can't decode byte 0xcc in position 2", with no word of which file)."""
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{flag} {path}: not UTF-8 text") from None
+
+
+def given_flags(args, *names: str) -> list[str]:
+    """The flags among `names` (argparse dests) that the user set, as they are spelled."""
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) not in (None, False)]
+
+
 def run(args) -> int:
     from ..bench.curves import parse_curve
-    from ..bench.replay import replay  # torch and the engine: once the arguments are read
 
+    costs = given_flags(args, "curve", "cost_ratio", "measure_cost")
     if args.bench is not None:
+        given = given_flags(args, "prediction", "output", "prompt") + costs
+        if given:  # they were ignored: a user read the bench's replay as the replay of their files
+            raise ValueError(
+                f"--bench replays a bench report's own runs with its own prices: it does not take {', '.join(given)}"
+            )
         return check_bench(args)
+    if len(costs) > 1:  # --curve won over the others (and --measure-cost loaded a model for nothing)
+        raise ValueError(f"{' and '.join(costs)} each set the cost of verifying: give one")
     if args.output is None:
         raise ValueError("give --output (the text the target produces), or --bench with a bench report")
     if args.prediction is None and args.method == "prediction":
         raise ValueError("--method prediction needs --prediction (or choose --method auto with --prompt)")
-    prediction = args.prediction.read_text(encoding="utf-8") if args.prediction else None
-    prompt = args.prompt.read_text(encoding="utf-8") if args.prompt else None
-    output = args.output.read_text(encoding="utf-8")
-    tokenizer = load_tokenizer(args.model)
+    prediction = read_input(args.prediction, "--prediction")
+    prompt = read_input(args.prompt, "--prompt")
+    output = read_input(args.output, "--output")
     prices = parse_curve(args.curve) if args.curve else None
+    from ..bench.replay import replay  # torch and the engine: once the arguments are read
+
+    tokenizer = load_tokenizer(args.model)
     result = replay(tokenizer, prediction, output, cost_ratio_for(args), SpeculationConfig(args.method), prices, prompt)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
