@@ -370,6 +370,21 @@ def test_an_answer_that_came_in_one_emission_has_no_rate_and_no_ratios(monkeypat
     assert bench.html_rows(runs[1])["output tokens/s"].startswith("– ")
 
 
+def test_the_chart_draws_no_bar_for_a_figure_that_was_not_measured():
+    """bench.png drew a run with no rate as a 0x speedup (and a peer as 0 tokens/step), where
+    bench.md, bench.json and the HTML page say '–'."""
+    runs = [
+        Run("a", "plain", "specserve", tokens_per_second=20.0, speedup=1.0, tokens_per_step=1.0),
+        Run("a", "prediction", "specserve", tokens_per_second=None, speedup=None, tokens_per_step=40.0),
+        Run("a", "llama.cpp", "llama-cpp-python", tokens_per_second=25.0, speedup=1.25),
+    ]
+    scenarios, series = bench.chart_series(runs)
+    assert scenarios == ["a"]
+    assert [y for _, y in series["plain"][0]] == [1.0] and series["prediction"][0] == []
+    assert [y for _, y in series["prediction"][1]] == [40.0]
+    assert [y for _, y in series["llama.cpp"][0]] == [1.25] and series["llama.cpp"][1] == []
+
+
 class _NoLLM:
     """compare() needs the LLM only when the outputs differ."""
 

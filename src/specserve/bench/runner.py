@@ -576,26 +576,40 @@ def markdown_table(runs: list[Run], env: dict) -> str:
     return head + "".join(rows)
 
 
+def chart_series(runs: list[Run]) -> tuple[list[str], dict[str, tuple[list, list]]]:
+    """The chart's scenarios, and per mode its (x, speedup) and (x, tokens per step) bars.
+
+    A figure that was not measured has no bar: a run with no rate (its answer came in one
+    emission) was drawn as a 0x speedup, as if it had not decoded at all, where bench.md says '–'."""
+    done = [r for r in runs if not r.skipped]
+    scenarios = list(dict.fromkeys(r.scenario for r in done))
+    modes = list(dict.fromkeys(r.mode for r in done))
+    width = 0.8 / max(len(modes), 1)
+    series = {}
+    for j, mode in enumerate(modes):
+        speedups, steps = [], []
+        for i, s in enumerate(scenarios):
+            r = next((r for r in done if r.scenario == s and r.mode == mode), None)
+            x = i + (j - (len(modes) - 1) / 2) * width
+            if r is not None and r.speedup is not None:
+                speedups.append((x, r.speedup))
+            if r is not None and r.tokens_per_step is not None:
+                steps.append((x, r.tokens_per_step))
+        series[mode] = (speedups, steps)
+    return scenarios, series
+
+
 def write_chart(runs: list[Run], path: Path) -> Path:
     """Grouped bars: decode speedup vs plain (top) and tokens per step (bottom), per scenario."""
     plt = pyplot()
 
-    done = [r for r in runs if not r.skipped]
-    scenarios = list(dict.fromkeys(r.scenario for r in done))
-    modes = list(dict.fromkeys(r.mode for r in done))
+    scenarios, series = chart_series(runs)
     fig, axes = plt.subplots(2, 1, figsize=(max(7, 1.6 * len(scenarios) + 3), 7), sharex=True)
-    width = 0.8 / max(len(modes), 1)
-    for j, mode in enumerate(modes):
-        xs, sp, tps = [], [], []
-        for i, s in enumerate(scenarios):
-            r = next((r for r in done if r.scenario == s and r.mode == mode), None)
-            if r is not None:
-                xs.append(i + (j - (len(modes) - 1) / 2) * width)
-                sp.append(r.speedup or 0.0)
-                tps.append(r.tokens_per_step or 0.0)
+    width = 0.8 / max(len(series), 1)
+    for mode, (speedups, steps) in series.items():
         hatch = "//" if mode in PEERS else None
-        axes[0].bar(xs, sp, width, label=mode, hatch=hatch)
-        axes[1].bar(xs, tps, width, label=mode, hatch=hatch)
+        axes[0].bar([x for x, _ in speedups], [y for _, y in speedups], width, label=mode, hatch=hatch)
+        axes[1].bar([x for x, _ in steps], [y for _, y in steps], width, label=mode, hatch=hatch)
     axes[0].axhline(1.0, color="black", lw=0.8)
     axes[0].set_ylabel("decode speedup vs plain (x)")
     axes[1].set_ylabel("tokens per target pass")
