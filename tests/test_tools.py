@@ -137,6 +137,9 @@ def test_stream_splitter_holds_back_only_the_call(step):
         "Before only. " + CALL,
         " " + CALL,  # whitespace alone: the content is null, and the stream sent " "
         "Sure.\n\n" + CALL,
+        "  Sure. " + CALL,  # leading whitespace is streamed once text follows: the parsed content keeps it too
+        "\n\nSure.\n" + CALL + "\n  after  ",
+        " \n" + CALL + "  tail",  # whitespace alone before the block: stripped on both sides
     ],
 )
 @pytest.mark.parametrize("step", [1, 5])

@@ -254,7 +254,11 @@ def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None
     blocks = _blocks(text)
     if not blocks:
         return text, []
-    content = _without_blocks(text, blocks).strip()
+    content = _without_blocks(text, blocks)
+    # the whitespace at the ends goes, but the answer's leading whitespace stays when text follows it
+    # before the first block: a stream has sent it by then (ToolStreamSplitter), and stripping it
+    # here made the streamed content differ from this one ("  Sure." streamed, "Sure." answered)
+    content = content.rstrip() if text[: blocks[0][0]].strip() else content.strip()
     return (content or None), [call for _, _, call in blocks]
 
 
