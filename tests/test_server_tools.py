@@ -145,6 +145,7 @@ def test_named_tool_choice_streamed_deltas_reassembled_by_sdk(client):
         model=MODEL, messages=MSGS, tools=[WEATHER, CLOCK], tool_choice=choice, temperature=0, max_tokens=96
     )
     assert plain.choices[0].message.tool_calls[0].function.arguments == c.message.tool_calls[0].function.arguments
+    assert c.message.content is None and plain.choices[0].message.content is None  # the stream's role chunk had ""
 
 
 def test_required_tool_choice_at_temperature_one(client):

@@ -172,7 +172,10 @@ class ChatDialect(Dialect):
         return {"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top}
 
     def opening_chunks(self, ctx):
-        delta = {"role": "assistant", "content": ""}
+        """The role chunk of each choice. With tools its content is null, as OpenAI opens a tool
+        call's stream: an answer of calls only then has content null streamed too (the SDK's
+        stream helper joined "" from here, where the answer without stream had null)."""
+        delta = {"role": "assistant", "content": None if ctx.tools is not None else ""}
         return [
             self._chunk(ctx, [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
             for i in range(ctx.n)
