@@ -125,6 +125,8 @@ def test_a_forced_function_call_is_a_function_call_item_and_its_output_goes_back
     streamed = list(client.responses.create(input="Weather in Paris?", tool_choice="required", stream=True, **kw))
     done = [e.item for e in streamed if e.type == "response.output_item.done"]
     assert [(i.type, i.name, i.arguments) for i in done] == [("function_call", call.name, call.arguments)]
+    [args_done] = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert (args_done.item_id, args_done.model_extra["name"]) == (done[0].id, call.name)  # as OpenAI's reference
     # the next turn: the call and its result, as an agent sends them back
     follow = [
         {"role": "user", "content": "Weather in Paris?"},
@@ -286,6 +288,7 @@ def test_output_text_logprobs_are_served_when_included(client):
     )
     want = [e.model_dump() for e in chat.choices[0].logprobs.content]
     resp = client.responses.create(input=ASK, include=["message.output_text.logprobs"], top_logprobs=2, **kw)
+    assert resp.top_logprobs == 2  # the response repeats what was asked, as its other request fields
     part = resp.output[0].content[0]
     assert [e.model_dump() for e in part.logprobs] == want and len(want[0]["top_logprobs"]) == 2
     deltas, done = [], None

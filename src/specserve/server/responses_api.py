@@ -211,6 +211,7 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
         "tool_choice": req.tool_choice or "auto",
         "tools": req.tools or [],
         "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+        "top_logprobs": req.top_logprobs,
         "user": req.user,
         "previous_response_id": req.previous_response_id,
         "store": req.store is not False,
@@ -467,7 +468,9 @@ class ResponsesDialect(Dialect):
                 ctx.event("response.output_item.added", output_index=k, item=_function_call(call, "in_progress", ""))
             )
             events.append(ctx.event("response.function_call_arguments.delta", **where, delta=call.arguments))
-            events.append(ctx.event("response.function_call_arguments.done", **where, arguments=call.arguments))
+            events.append(  # name: OpenAI's API reference sends it (the Python SDK's type has no field for it)
+                ctx.event("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments)
+            )
             events.append(ctx.event("response.output_item.done", output_index=k, item=item))
             items.append(item)
         final = self._remember(ctx, self.body(ctx, output, items))
