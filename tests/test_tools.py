@@ -326,3 +326,53 @@ def test_forced_call_with_a_nested_pydantic_model_is_served_and_validates(llm):
         _, calls = parse_tool_calls(out.text)
         assert calls[0].name == "adopt"
         Adopt.model_validate_json(calls[0].arguments)
+
+
+# -- the chat dialect's stream against its whole answer -------------------------------------------
+def _scripted(text: str, reason: str):
+    """A finished engine output of `text` (what the dialects build answers from)."""
+    from specserve.engine.stats import RequestOutput, SpecStats
+
+    return RequestOutput([1], [2], text, reason, SpecStats())
+
+
+def _chat_context(dialect):
+    from specserve.config import SpeculationConfig
+    from specserve.server.protocol import Prepared
+
+    setup = tool_setup(
+        [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}], "auto", True
+    )
+    prepared = Prepared([1], SamplingParams(max_tokens=8), SpeculationConfig(), None, True, False, tools=setup)
+    return dialect.context("m", lambda tid: (str(tid), [65]), prepared)
+
+
+@pytest.mark.parametrize("text", ["", "Hello", "  Sure. " + CALL, CALL, "A " + CALL + " B", "  \n"])
+@pytest.mark.parametrize("reason", ["stop", "length"])
+def test_a_streamed_chat_answer_with_tools_joins_to_the_whole_answer(text, reason):
+    """Content, calls and finish of the chunks, joined as the openai SDK joins them (a null
+    content stays null until text comes), equal the answer without stream; every chunk and body
+    validates strictly against the SDK's types. An empty answer was "" whole and null streamed."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    from specserve.server.responses import CHAT
+
+    ctx = _chat_context(CHAT)
+    chunks = CHAT.opening_chunks(ctx) + [c for ch in text for c in CHAT.delta_chunks(ctx, ch, None)]
+    chunks += CHAT.finish_chunks(ctx, _scripted(text, reason))
+    content, calls = None, []
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk, strict=True)
+        delta = chunk["choices"][0]["delta"]
+        if delta.get("content") is not None:
+            content = (content or "") + delta["content"]
+        for call in delta.get("tool_calls") or []:
+            if "id" in call:
+                calls.append([call["function"]["name"], ""])
+            calls[call["index"]][1] += call["function"]["arguments"]
+    body = CHAT.response(_chat_context(CHAT), _scripted(text, reason))
+    ChatCompletion.model_validate(body, strict=True)
+    [choice] = body["choices"]
+    whole = [[c["function"]["name"], c["function"]["arguments"]] for c in choice["message"].get("tool_calls", [])]
+    assert (content, calls) == (choice["message"]["content"], whole)
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]

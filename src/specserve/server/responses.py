@@ -212,9 +212,9 @@ class ChatDialect(Dialect):
 
     def _choice(self, ctx, index: int, output: RequestOutput) -> dict:
         content, calls = output.text, []
-        if ctx.tools is not None:
+        if ctx.tools is not None:  # no text is null content, as its stream has (opening_chunks)
             content, calls = parse_tool_calls(output.text, ctx.tools.names)
-            calls = ctx.tools.kept(calls)
+            content, calls = content or None, ctx.tools.kept(calls)
         message = {"role": "assistant", "content": content, "refusal": None}
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
