@@ -253,6 +253,16 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(client, extra, param):
     assert e.value.body["param"] == param, e.value.body
 
 
+@pytest.mark.parametrize("bad", [5, None, ["hi"], {"role": "user", "content": "hi"}])
+def test_a_malformed_input_is_told_the_shapes_an_input_takes(client, bad):
+    """pydantic's own message was "Input should be a valid string", also for an array."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input=bad)
+    body = e.value.body
+    assert body["param"] == "input" and "an array of input items" in body["message"], body
+    assert "valid string" not in body["message"]
+
+
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_a_chat_request_over_the_context_names_the_maximum_it_sent(client, field):
     """A client that sets max_completion_tokens (the SDK's current name) was told to reduce

@@ -173,13 +173,24 @@ class CompletionRequest(_Common):
     prediction: Prediction | None = None  # extension: Predicted Outputs on completions too
 
 
+def _input_shape(value: Any) -> Any:
+    """Name the shapes a Responses `input` takes: pydantic's own error for `5`, `null` or `["hi"]`
+    was "Input should be a valid string", the first shape and not the fault."""
+    if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return value
+    raise PydanticCustomError(
+        "input_shape",
+        'must be a string or an array of input items (objects such as {"role": "user", "content": "..."})',
+    )
+
+
 class ResponsesRequest(_Strict):
     """OpenAI's Responses API body (`POST /v1/responses`), the part this server serves;
     `responses_api.py` turns it into a chat request. Items stay loosely typed here and are
     checked there, so an error can name the exact item (`input[2].content[0].type`)."""
 
     model: str
-    input: str | list[dict[str, Any]]
+    input: Annotated[str | list[dict[str, Any]], BeforeValidator(_input_shape)]
     instructions: str | None = None
     max_output_tokens: Int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
