@@ -178,10 +178,7 @@ def _input_shape(value: Any) -> Any:
     was "Input should be a valid string", the first shape and not the fault."""
     if isinstance(value, str) or isinstance(value, list) and all(isinstance(v, dict) for v in value):
         return value
-    raise PydanticCustomError(
-        "input_shape",
-        'must be a string or an array of input items (objects such as {"role": "user", "content": "..."})',
-    )
+    raise ValueError('must be a string or an array of input items (objects such as {"role": "user", "content": "..."})')
 
 
 class ResponsesRequest(_Strict):
