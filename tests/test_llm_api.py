@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from tiny import tiny_model, tiny_tokenizer
+from tiny import save_tiny, tiny_model, tiny_tokenizer
 from tiny_gguf import write_tiny_gguf
 
 from specserve import LLM, SamplingParams
@@ -90,6 +90,45 @@ def test_top_k_minus_one_is_vllms_off():
         SamplingParams(top_k=-2)
     sampled = [SamplingParams(max_tokens=6, temperature=1.0, seed=3, top_k=k) for k in (0, -1)]
     assert llm().generate(PROMPT, sampled[0]).token_ids == llm().generate(PROMPT, sampled[1]).token_ids
+
+
+# -- speculation, the vLLM way ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def load(folder, **kw) -> LLM:
+    return LLM(folder, backend="transformers", dtype="float32", **kw)
+
+
+def test_vllms_speculative_config_drafts_as_ours_and_stays_exact(folder):
+    plain = load(folder, speculation="none").generate(PROMPT, SamplingParams(max_tokens=40, logprobs=2))
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+    cases = [(ngram, "ngram", None), ({"model": folder, "num_speculative_tokens": 4}, "draft", "model")]
+    for config, method, draft in cases:
+        llm_ = load(folder, speculative_config=config)
+        assert llm_.speculation.method == method and llm_.draft_model_name == draft
+        out = llm_.generate(PROMPT, SamplingParams(max_tokens=40, logprobs=2))
+        assert out.token_ids == plain.token_ids and out.stats.by_source[method].accepted > 0
+        assert [lp.logprob for lp in out.logprobs] == pytest.approx([lp.logprob for lp in plain.logprobs], abs=1e-4)
+    assert load(folder, speculative_config=ngram).speculation.ngram_n_max == 3
+
+
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"speculative_config": {"method": "eagle", "model": "x"}}, "method 'eagle' not supported"),
+        ({"speculative_config": {"method": "ngram", "prompt_lookup": 3}}, "prompt_lookup not supported"),
+        ({"speculative_config": {"method": "ngram", "model": "x"}}, "takes no 'model'"),
+        ({"speculative_config": {"num_speculative_tokens": 3}}, "method None not supported"),
+        ({"speculative_config": {"method": "ngram"}, "speculation": "draft"}, "not both"),
+    ],
+)
+def test_a_speculative_config_we_cannot_follow_is_refused_by_name(folder, kw, words):
+    with pytest.raises(InvalidRequestError, match=words) as e:
+        load(folder, **kw)
+    assert e.value.param == "speculative_config"
 
 
 # -- chat -------------------------------------------------------------------------------------

@@ -123,6 +123,9 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(pairs))
 
 
+VLLM_SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
     """Which drafter(s) to use and how many tokens they may propose per step.
@@ -164,6 +167,36 @@ class SpeculationConfig:
         if isinstance(value, dict):
             return cls(**value)
         raise TypeError(f"speculation must be a method name or SpeculationConfig, got {type(value).__name__}")
+
+    @classmethod
+    def from_vllm(cls, config: dict) -> tuple[SpeculationConfig, str | None]:
+        """vLLM's `speculative_config` dict as (our config, the draft model it names or None):
+        {"method": "ngram", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"} or
+        {"model": ..., "num_speculative_tokens"} (method "draft_model"). EAGLE, Medusa and MTP
+        heads have no equivalent here, and any other key is refused by name."""
+        if not isinstance(config, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(config).__name__}")
+        unknown = sorted(set(config) - set(VLLM_SPEC_KEYS))
+        if unknown:
+            raise ValueError(
+                f"speculative_config: {', '.join(unknown)} not supported (known: {', '.join(VLLM_SPEC_KEYS)})"
+            )
+        model, method = config.get("model"), config.get("method") or ("draft_model" if config.get("model") else None)
+        if method not in ("ngram", "draft_model"):
+            raise ValueError(
+                f"speculative_config: method {method!r} not supported (choose 'ngram', or a draft 'model')"
+            )
+        if (method == "draft_model") != bool(model):
+            raise ValueError(
+                f"speculative_config: method {method!r} {'needs' if model is None else 'takes no'} 'model'"
+            )
+        fields = {"ngram_n_max": config.get("prompt_lookup_max"), "ngram_n_min": config.get("prompt_lookup_min")}
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if "ngram_n_max" in fields and "ngram_n_min" not in fields:
+            fields["ngram_n_min"] = min(cls.ngram_n_min, fields["ngram_n_max"])
+        k = config.get("num_speculative_tokens")
+        spec = cls("ngram" if method == "ngram" else "draft", num_speculative_tokens=k, **fields)
+        return spec, model
 
     def with_k(self, k: int | None) -> SpeculationConfig:
         return replace(self, num_speculative_tokens=k)

@@ -123,6 +123,22 @@ def _continues(continue_final_message: bool, add_generation_prompt: bool | None)
     return go_on
 
 
+def _vllm_speculation(config: dict | None, draft_model: str | None, speculation) -> tuple:
+    """(draft_model, speculation) with vLLM's `speculative_config` read into them (it was a
+    TypeError); given beside our own draft_model or speculation, it is refused as ambiguous."""
+    if config is None:
+        return draft_model, speculation
+    if draft_model is not None or speculation != "auto":
+        raise InvalidRequestError(
+            "give speculative_config (vLLM's) or draft_model/speculation (ours), not both", "speculative_config"
+        )
+    try:
+        spec, model = SpeculationConfig.from_vllm(config)
+    except ValueError as e:
+        raise InvalidRequestError(str(e), "speculative_config") from None
+    return (model or "none"), spec
+
+
 def _per_prompt(value, n: int, what: str, listed: bool) -> list:
     """`value` for each of n prompts: the list itself when one is given per prompt, else n copies."""
     if not listed:
@@ -147,6 +163,8 @@ class LLM:
     bit on quantized GGUFs too, at about half the verification throughput on a CPU.
     max_num_seqs / kv_cache_tokens: how many requests decode together, and the cache cells
     they share (see config.EngineLimits); `generate([...])` and the server batch up to that.
+    speculative_config: vLLM's dict ({"method": "ngram", "num_speculative_tokens": 5,
+    "prompt_lookup_max": 4} or {"model": draft, ...}), instead of draft_model and speculation.
     """
 
     def __init__(
@@ -165,7 +183,9 @@ class LLM:
         kv_cache_tokens: int | None = None,
         options: LoadOptions | None = None,
         limits: EngineLimits | None = None,
+        speculative_config: dict | None = None,
     ):
+        draft_model, speculation = _vllm_speculation(speculative_config, draft_model, speculation)
         options = options or LoadOptions(
             backend=backend,
             dtype=dtype,
