@@ -4,6 +4,7 @@ plain greedy decoding, and the JSON / Markdown / PNG / HTML outputs must be writ
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -323,6 +324,49 @@ def test_a_run_that_fails_is_a_failed_row_and_the_others_are_written(tiny_pair, 
         in (tmp_path / "bench.md").read_text()
     )
     assert "1 run(s) failed: py-rename/hf-prompt-lookup" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_runs_that_finished(tiny_pair, tmp_path, monkeypatch, capsys):
+    """Ctrl+C in the last run of a bench lost every figure measured before it: nothing was written.
+    Now the finished runs are written, bench.md says the bench was interrupted, and the exit is 130."""
+    target, _ = tiny_pair
+    real = bench.run_peer
+
+    def run_peer(llm, prompt_ids, max_tokens, peer, clock):
+        if max_tokens == 8:  # the scenario's run, not the 4-token warm-up
+            raise KeyboardInterrupt
+        return real(llm, prompt_ids, max_tokens, peer, clock)
+
+    monkeypatch.setattr(bench, "run_peer", run_peer)
+    rc = main(
+        ["bench", "--quick", "--model", target, "--draft-model", "none", "--modes", "plain,prediction"]
+        + ["--max-tokens", "8", "--peers", "hf", "--out", str(tmp_path), "--html", str(tmp_path / "r.html")]
+    )
+    assert rc == 130
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["environment"]["interrupted"] is True
+    assert [(r["mode"], r["skipped"]) for r in report["runs"]] == [("plain", None), ("prediction", None)]
+    assert "**Interrupted** (Ctrl+C)" in (tmp_path / "bench.md").read_text()
+    assert "py-rename / prediction" in (tmp_path / "r.html").read_text()
+    assert f"interrupted: {tmp_path} holds the 2 run(s) that finished" in capsys.readouterr().err
+
+
+def test_ctrl_c_before_any_run_finished_leaves_an_earlier_report_alone(tiny_pair, tmp_path, monkeypatch):
+    """Nothing measured: nothing written over the report already in --out."""
+    target, _ = tiny_pair
+    (tmp_path / "bench.json").write_text("earlier")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_ours", interrupted)
+    monkeypatch.setattr(bench, "warm_up", lambda llm, opts: None)
+    cli_main = sys.modules["specserve.cli.main"]  # the package's `main` attribute is the function
+    monkeypatch.setattr(cli_main, "_exit_on_next_interrupt", lambda: None)  # pytest's own Ctrl+C stays as it was
+    rc = main(
+        ["bench", "--quick", "--model", target, "--draft-model", "none", "--peers", "none", "--out", str(tmp_path)]
+    )
+    assert rc == 130 and (tmp_path / "bench.json").read_text() == "earlier"
 
 
 def test_auto_without_prediction_is_a_mode_on_request(tiny_pair, tmp_path):

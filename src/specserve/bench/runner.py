@@ -350,10 +350,10 @@ def _wants_html(opts: BenchOptions, s: Scenario, mode: str, sink: dict) -> bool:
     return True
 
 
-def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: dict) -> list[Run]:
-    """Plain first (the reference), then every other mode and peer of one scenario."""
+def run_scenario(llm, s: Scenario, opts: BenchOptions, outer: tqdm, html_sink: dict, runs: list[Run]) -> list[Run]:
+    """Plain first (the reference), then every other mode and peer of one scenario, appended to
+    `runs` as each finishes (an interrupted scenario keeps those)."""
     prompt_ids, prediction, trimmed = build_prompt(llm, s, opts.max_tokens, opts.max_prompt_tokens)
-    runs: list[Run] = []
     plain_run, plain_ids = None, None
     for mode in ("plain",) + tuple(m for m in opts.modes if m != "plain") + tuple(opts.peers):
         outer.set_postfix_str(f"{s.name}/{mode}")
@@ -432,9 +432,26 @@ def run_bench(llm, opts: BenchOptions) -> tuple[list[Run], dict]:
         print(f"timing passes after {CONTEXT_COST_AT} cached tokens (for the replay's projection)", file=sys.stderr)
         llm.engine.context_cost(CONTEXT_COST_AT)
     per = len(set(opts.modes) | {"plain"}) + len(opts.peers)
+    runs: list[Run] = []
     with tqdm(total=per * len(scenarios), desc="bench", unit="run", file=sys.stderr, disable=None) as outer:
-        runs = [r for s in scenarios for r in run_scenario(llm, s, opts, outer, html_sink)]
+        for s in scenarios:
+            scenario_runs: list[Run] = []
+            try:
+                run_scenario(llm, s, opts, outer, html_sink, scenario_runs)
+            except KeyboardInterrupt:
+                against_peer(scenario_runs)
+                raise BenchInterrupted(runs + scenario_runs, html_sink) from None
+            runs += scenario_runs
     return runs, html_sink
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl+C during the runs, carrying the runs finished before it (and the HTML sink), so that
+    they are written: a 25-minute demo stopped in its last run lost every figure it had measured."""
+
+    def __init__(self, runs: list[Run], html_sink: dict):
+        super().__init__(f"interrupted after {len(runs)} run(s)")
+        self.runs, self.html_sink = runs, html_sink
 
 
 # --------------------------------------------------------------------------- outputs
@@ -548,6 +565,11 @@ def markdown_table(runs: list[Run], env: dict) -> str:
             f"Prices: a draft-model pass costs {env['draft_price']:.2f} of a plain target step; the draft "
             f"model's greedy token is the target's on {env['draft_agreement']:.0%} of a reference passage.\n\n"
             if env.get("draft_price") is not None and env.get("draft_agreement") is not None
+            else ""
+        )
+        + (
+            "**Interrupted** (Ctrl+C): the runs below are those that finished before it; the rest did not run.\n\n"
+            if env.get("interrupted")
             else ""
         )
         + (

@@ -20,6 +20,7 @@ from ..bench.runner import (
     FAILED,
     MODES,
     PEERS,
+    BenchInterrupted,
     BenchOptions,
     environment,
     headlines,
@@ -267,8 +268,14 @@ def run(args) -> int:
     llm = LLM.from_options(
         llm_kwargs["model"], llm_kwargs["draft_model"], llm_kwargs["options"], limits=engine_limits(args)
     )
-    runs, html = run_bench(llm, opts)
-    env = environment(llm, opts)
+    try:
+        runs, html = run_bench(llm, opts)
+        interrupted = False
+    except BenchInterrupted as stop:
+        if not stop.runs:  # nothing measured: an earlier report in --out stays as it was
+            raise
+        runs, html, interrupted = stop.runs, stop.html_sink, True
+    env = environment(llm, opts) | ({"interrupted": True} if interrupted else {})
     paths = write_results(runs, env, args.out)
     if args.html:
         from ..bench.report_html import write_html
@@ -290,6 +297,9 @@ def run(args) -> int:
         print(line)
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)
+    if interrupted:
+        print(f"specserve: interrupted: {args.out} holds the {len(runs)} run(s) that finished", file=sys.stderr)
+        return 130
     failed = [f"{r.scenario}/{r.mode}" for r in runs if r.skipped and r.skipped.startswith(FAILED)]
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)} (bench.md has their errors)", file=sys.stderr)
