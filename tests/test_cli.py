@@ -174,3 +174,24 @@ def test_a_reader_that_leaves_ends_generate_quietly(model_dir):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "error" not in err.lower() and "Exception" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--replicas", "4"], "--replicas: Ray Serve flags, which need --ray"),  # served one process
+        (["--replica-cpus", "2", "--ray-address", "auto"], "--ray-address, --replica-cpus: Ray Serve flags"),
+        (["--ray", "--replicas", "0"], "--replicas must be at least 1, got 0"),  # after Ray had started
+        (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas must be at least 1 and at least"),
+        (["--ray", "--target-ongoing-requests", "nan"], "--target-ongoing-requests must be above 0"),
+        (["--ray", "--replica-cpus", "-1"], "--replica-cpus must be at least 0"),
+    ],
+)
+def test_serve_refuses_ray_flags_it_would_ignore_or_ray_would_refuse(model_dir, capsys, args, message):
+    """Without --ray the Ray flags were ignored; with it, Ray refused a bad one only after the cluster
+    had started (seconds of start-up and shutdown logs). Both are one line now, before anything starts."""
+    from specserve.cli.main import main
+
+    assert main(["serve", "--model", model_dir, "--dtype", "float32", "--port", "0", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err

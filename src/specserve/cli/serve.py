@@ -100,9 +100,24 @@ def check_address(host: str, port: int) -> None:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+RAY_FLAGS = ("ray_address", "replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "replica_cpus")
+
+
+def check_ray_flags(args: argparse.Namespace) -> None:
+    """Ray flags without --ray are refused: they were ignored, and `serve --replicas 4` served one
+    process while its user counted on four."""
+    if args.ray:
+        return
+    given = [name for name in RAY_FLAGS if getattr(args, name) != serve_ray.FLAG_DEFAULTS[name]]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{flags}: Ray Serve flags, which need --ray")
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
     check_model_paths(args)
+    check_ray_flags(args)
     if args.ray:
         return serve_ray.run(args, engine_limits(args))
     check_address(args.host, args.port)

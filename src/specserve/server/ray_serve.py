@@ -95,6 +95,20 @@ class ScaleConfig:
     # dying replica while another is idle.
     max_ongoing_requests: int = 2
 
+    def __post_init__(self) -> None:
+        """Refuse what Ray Serve would refuse only once the cluster had started (`--replicas 0` took
+        seconds of Ray start-up and shutdown logs to end in "num_replicas is expected to larger than 0")."""
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, got {self.replicas}")
+        if self.min_replicas is not None and self.min_replicas < 0:
+            raise ValueError(f"--min-replicas must be at least 0, got {self.min_replicas}")
+        if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas or 0):
+            raise ValueError(f"--max-replicas must be at least 1 and at least --min-replicas, got {self.max_replicas}")
+        if not self.target_ongoing_requests > 0:  # nan too
+            raise ValueError(f"--target-ongoing-requests must be above 0, got {self.target_ongoing_requests}")
+        if not self.replica_cpus >= 0:
+            raise ValueError(f"--replica-cpus must be at least 0, got {self.replica_cpus}")
+
     def upper(self) -> int:
         """The most replicas this configuration may run."""
         return max(self.replicas, self.min_replicas or 0, self.max_replicas or 0)
@@ -414,25 +428,46 @@ def config_from_args(cls, args: dict):
 
 
 # -- `specserve serve --ray` ---------------------------------------------------------------------
+FLAG_DEFAULTS = {  # the Ray flags' defaults (serve refuses a flag set away from them without --ray)
+    "ray_address": None,
+    "replicas": 2,
+    "min_replicas": None,
+    "max_replicas": None,
+    "target_ongoing_requests": 2.0,
+    "replica_cpus": 1.0,
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The Ray flags of `specserve serve` (used only with --ray)."""
     g = p.add_argument_group("Ray Serve (with --ray; needs pip install 'specserve[ray]')")
     g.add_argument("--ray", action="store_true", help="serve N replicas behind one endpoint with Ray Serve")
     g.add_argument(
         "--ray-address",
-        default=None,
+        default=FLAG_DEFAULTS["ray_address"],
         help="join this Ray cluster ('auto' or ray://host:10001); default: start a local one",
     )
-    g.add_argument("--replicas", type=int, default=2, help="number of replicas (fixed; default 2)")
-    g.add_argument("--min-replicas", type=int, default=None, help="autoscale: at least this many replicas")
-    g.add_argument("--max-replicas", type=int, default=None, help="autoscale: at most this many replicas")
+    g.add_argument(
+        "--replicas", type=int, default=FLAG_DEFAULTS["replicas"], help="number of replicas (fixed; default 2)"
+    )
+    g.add_argument(
+        "--min-replicas", type=int, default=FLAG_DEFAULTS["min_replicas"], help="autoscale: at least this many replicas"
+    )
+    g.add_argument(
+        "--max-replicas", type=int, default=FLAG_DEFAULTS["max_replicas"], help="autoscale: at most this many replicas"
+    )
     g.add_argument(
         "--target-ongoing-requests",
         type=float,
-        default=2.0,
+        default=FLAG_DEFAULTS["target_ongoing_requests"],
         help="autoscale: requests in flight per replica to aim for (default 2)",
     )
-    g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
+    g.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=FLAG_DEFAULTS["replica_cpus"],
+        help="CPUs reserved per replica (default 1)",
+    )
 
 
 def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, ScaleConfig]:
@@ -474,12 +509,12 @@ def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, 
 
 def run(args: argparse.Namespace, limits) -> int:
     """Start (or join) a Ray cluster, run the app on --host:--port, block until interrupted."""
+    replica, scale = configs_from_args(args, limits)  # bad flags first, Ray installed or not
     try:
         import ray
         from ray import serve
     except ImportError:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
-    replica, scale = configs_from_args(args, limits)
     ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
     try:  # from here on: the app may serve before serve.run returns, and a Ctrl-C then must clean up too
