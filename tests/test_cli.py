@@ -195,3 +195,19 @@ def test_serve_refuses_ray_flags_it_would_ignore_or_ray_would_refuse(model_dir, 
     assert main(["serve", "--model", model_dir, "--dtype", "float32", "--port", "0", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_bench_help_gives_the_defaults_quick_runs_with():
+    """bench --help said --dtype defaults to bfloat16 and the draft model to the 0.5B pack, where
+    --quick runs float32 with no draft model."""
+    import argparse
+
+    from specserve.cli.bench import resolve_options
+    from specserve.cli.main import build_parser
+
+    parser = build_parser()
+    bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    helps = {a.dest: a.help for a in bench._actions}
+    assert "float32 with --quick" in helps["dtype"] and "without a draft model" in helps["quick"]
+    llm_kwargs, _ = resolve_options(parser.parse_args(["bench", "--quick"]))
+    assert llm_kwargs["options"].default_dtype == "float32" and llm_kwargs["draft_model"] == "none"

@@ -98,7 +98,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"CI size: {QUICK_MODEL} (or --model), one scenario, "
+        help=f"CI size: {QUICK_MODEL} (or --model) without a draft model (or --draft-model), one scenario, "
         f"32 output tokens, prompt <= {QUICK_PROMPT_TOKENS} tokens",
     )
     p.add_argument(
@@ -107,7 +107,7 @@ def add_parser(subparsers) -> None:
         help="the README demo: the py-rename refactor of the whole file "
         "on the default packs, plain vs prediction vs auto",
     )
-    add_model_args(p)
+    add_model_args(p, dtype_help="torch dtype, transformers backend only (default bfloat16; float32 with --quick)")
     p.add_argument(
         "--max-tokens", type=positive_int, default=None, help="output cap per run (default 256; 32 with --quick)"
     )
