@@ -76,6 +76,7 @@ def test_empty_stdin_prompt_fails_before_loading_a_model():
         (["--suffix", __file__, "--chat"], "does not go with --chat"),
         (["--suffix", __file__], "this model has no fill-in-the-middle tokens"),  # the tiny model has none
         (["--html", "/nonexistent-specserve/report.html"], "the folder /nonexistent-specserve does not exist"),
+        (["--prediction", "-", "--suffix", "-"], "--prediction and --suffix both read stdin"),
         (["--device", "foo"], "device must be cpu, cuda, cuda:N or mps, got 'foo'"),  # was torch's traceback
         (["--device", "cuda:99"], "--device cuda:99: this machine's torch sees"),  # an AssertionError traceback
     ],
@@ -211,3 +212,15 @@ def test_bench_help_gives_the_defaults_quick_runs_with():
     assert "float32 with --quick" in helps["dtype"] and "without a draft model" in helps["quick"]
     llm_kwargs, _ = resolve_options(parser.parse_args(["bench", "--quick"]))
     assert llm_kwargs["options"].default_dtype == "float32" and llm_kwargs["draft_model"] == "none"
+
+
+def test_a_dash_reads_stdin(model_dir):
+    """`--prompt-file -` and `--prediction -` read stdin (they looked for a file named "-")."""
+    base = ["generate", "--model", model_dir, "--dtype", "float32", "--max-tokens", "8", "--json"]
+    by_file = cli(*base, "--prompt-file", "-", "--speculation", "none", stdin="def add(a, b):")
+    assert by_file.returncode == 0, by_file.stderr
+    text = json.loads(by_file.stdout)["text"]
+    predicted = cli(*base, "def add(a, b):", "--prediction", "-", "--speculation", "prediction", stdin=text)
+    assert predicted.returncode == 0, predicted.stderr
+    out = json.loads(predicted.stdout)
+    assert out["text"] == text and out["stats"]["by_source"]["prediction"]["accepted"] > 0

@@ -29,11 +29,13 @@ def add_parser(sub) -> None:
         description="Generate from a prompt (argument, --prompt-file, or stdin) and print stats.",
     )
     p.add_argument("prompt", nargs="?", help="prompt text; omit to read --prompt-file or stdin")
-    p.add_argument("--prompt-file", help="read the prompt from this file")
+    p.add_argument("--prompt-file", help="read the prompt from this file ('-': stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--system", help="system message (implies --chat)")
     p.add_argument(
-        "--prediction", metavar="FILE", help="Predicted Outputs: the text you expect (e.g. the file being edited)"
+        "--prediction",
+        metavar="FILE",
+        help="Predicted Outputs: the text you expect (e.g. the file being edited; '-': stdin)",
     )
     p.add_argument(
         "--suffix",
@@ -187,6 +189,9 @@ def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
 
 
 def read_text(path: str, what: str) -> str:
+    """A file's text, or stdin's for "-" (it was looked for as a file named "-")."""
+    if path == "-":
+        return sys.stdin.read()
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -201,7 +206,7 @@ def read_prompt(args) -> str:
         raise InvalidRequestError("give the prompt as an argument or with --prompt-file, not both")
     if args.prompt is not None:
         return args.prompt
-    if args.prompt_file:
+    if args.prompt_file and args.prompt_file != "-":
         return read_text(args.prompt_file, "prompt")
     if sys.stdin.isatty():
         raise InvalidRequestError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
@@ -211,7 +216,18 @@ def read_prompt(args) -> str:
     return prompt
 
 
+def check_stdin_once(args) -> None:
+    """stdin holds one text: two "-" (or "-" beside a prompt read from stdin) would leave one empty."""
+    named = (("--prompt-file", args.prompt_file), ("--prediction", args.prediction), ("--suffix", args.suffix))
+    dashes = [flag for flag, value in named if value == "-"]
+    if len(dashes) > 1:
+        raise InvalidRequestError(f"{' and '.join(dashes)} both read stdin, which holds one text")
+    if dashes and dashes != ["--prompt-file"] and args.prompt is None and not args.prompt_file:
+        raise InvalidRequestError(f"{dashes[0]} - reads stdin: give the prompt as an argument or with --prompt-file")
+
+
 def run(args) -> int:
+    check_stdin_once(args)
     prompt = read_prompt(args)
     prediction = read_text(args.prediction, "prediction") if args.prediction else None
     suffix = read_text(args.suffix, "suffix") if args.suffix else None
