@@ -224,3 +224,29 @@ def test_a_dash_reads_stdin(model_dir):
     assert predicted.returncode == 0, predicted.stderr
     out = json.loads(predicted.stdout)
     assert out["text"] == text and out["stats"]["by_source"]["prediction"]["accepted"] > 0
+
+
+def test_bench_refuses_an_html_path_its_results_or_a_folder_hold(model_dir, tmp_path, capsys):
+    """--html bench-results/bench.md wrote the report over bench.md (then printed it as the results), and
+    --html FOLDER failed with IsADirectoryError once every run had finished."""
+    from specserve.cli.main import main
+
+    flags = ["bench", "--model", model_dir, "--dtype", "float32", "--draft-model", "none", "--out", str(tmp_path)]
+    for html, message in [
+        (tmp_path, f"--html {tmp_path} is a folder"),
+        (tmp_path / "bench.md", f"is a file of the bench's results ({tmp_path / 'bench.md'})"),
+    ]:
+        assert main([*flags, "--html", str(html)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_refuses_an_html_path_that_is_one_of_its_inputs(model_dir, tmp_path):
+    """`generate --prediction app.py --html app.py` wrote the report over app.py."""
+    app = tmp_path / "app.py"
+    app.write_text("def add(a, b):\n    return a + b\n")
+    for flag in ("--prediction", "--prompt-file"):
+        r = cli("generate", "--model", model_dir, "--dtype", "float32", flag, str(app), "--html", str(app), stdin="x")
+        assert r.returncode == 2 and f"--html {app} is an input file ({app})" in r.stderr, r.stderr
+        assert app.read_text() == "def add(a, b):\n    return a + b\n"

@@ -30,7 +30,14 @@ from ..bench.runner import (
     write_results,
 )
 from .argtypes import positive_int
-from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
+from .generate import (
+    add_engine_args,
+    add_model_args,
+    check_model_paths,
+    check_not_an_input,
+    engine_limits,
+    load_options,
+)
 
 QUICK_MODEL = "smollm2-135m-instruct"
 QUICK_SCENARIO = "py-rename"
@@ -85,6 +92,11 @@ def check_outputs(args) -> None:
             raise ValueError(f"--html {args.html}: the folder {args.html.parent} does not exist")
         if not os.access(folder, os.W_OK):
             raise ValueError(f"--html {args.html}: the folder {args.html.parent} is not writable")
+        if args.html.expanduser().is_dir():  # found only when the report was written, after the runs
+            raise ValueError(f"--html {args.html} is a folder: give the report's file name")
+        # The report was written over bench.md (then printed as the results) or bench.json.
+        results = [args.out / f"bench.{ext}" for ext in ("json", "md", "png")]
+        check_not_an_input(args.html, "--html", [str(p) for p in results], "a file of the bench's results")
 
 
 def add_parser(subparsers) -> None:

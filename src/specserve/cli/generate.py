@@ -216,6 +216,15 @@ def read_prompt(args) -> str:
     return prompt
 
 
+def check_not_an_input(path: Path, flag: str, inputs: list, what: str = "an input file") -> None:
+    """Refuse an output path that names one of the command's input files: the report was written
+    over it (`generate --prediction app.py --html app.py` replaced app.py with HTML)."""
+    real = path.expanduser().resolve()
+    for given in inputs:
+        if given and given != "-" and Path(given).expanduser().resolve() == real:
+            raise InvalidRequestError(f"{flag} {path} is {what} ({given}): give the report a path of its own")
+
+
 def check_stdin_once(args) -> None:
     """stdin holds one text: two "-" (or "-" beside a prompt read from stdin) would leave one empty."""
     named = (("--prompt-file", args.prompt_file), ("--prediction", args.prediction), ("--suffix", args.suffix))
@@ -245,6 +254,7 @@ def run(args) -> int:
     check_model_paths(args)
     if args.html:  # before the model loads: a missing folder was made (a typo made /nonexistent)
         check_writable(Path(args.html))
+        check_not_an_input(Path(args.html), "--html", [args.prompt_file, args.prediction, args.suffix])
     if spec.method == "draft" and not loads_draft_model(args.model, args.draft_model):
         raise InvalidRequestError("--speculation draft needs a draft model: give one with --draft-model")
     from ..llm import LLM  # heavy import only once the arguments are known to be good
