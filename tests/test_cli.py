@@ -250,3 +250,19 @@ def test_generate_refuses_an_html_path_that_is_one_of_its_inputs(model_dir, tmp_
         r = cli("generate", "--model", model_dir, "--dtype", "float32", flag, str(app), "--html", str(app), stdin="x")
         assert r.returncode == 2 and f"--html {app} is an input file ({app})" in r.stderr, r.stderr
         assert app.read_text() == "def add(a, b):\n    return a + b\n"
+
+
+def test_models_list_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    """`specserve models list | head -1`: models' own handler printed "specserve: error: Broken pipe"
+    and exited 1, where generate's reader leaving ends quietly with 141."""
+    import io
+
+    from specserve.cli.main import main
+
+    class Closed(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert main(["models", "list"]) == 141
+    assert capsys.readouterr().err == ""

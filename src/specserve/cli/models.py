@@ -97,6 +97,8 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         except SpecServeError as error:
             print(f"specserve: error: {error}", file=sys.stderr)
             return 1
+        except BrokenPipeError:  # stdout's reader left (`models list | head -1`): main() ends quietly
+            raise
         except OSError as error:
             print(
                 f"specserve: error: {error.strerror or error} ({error.filename or ''})".replace(" ()", ""),
