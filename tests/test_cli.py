@@ -146,7 +146,11 @@ def test_more_threads_than_cores_is_warned_about(capsys):
         (["bench", "--out", "/proc/specserve-bench"], "--out /proc/specserve-bench: cannot create the folder"),
         (["bench", "--html-run", "py-rename/nope"], "--html-run py-rename/nope: not a run of this bench"),
         (["bench", "--html-run", "chat-lru/prediction", "--scenarios", "py-rename"], "not a run of this bench"),
-        (["bench", "--concurrency", "1", "--html", "r.html"], "it does not take --html or --html-run"),
+        (["bench", "--concurrency", "1", "--html", "r.html"], "it does not take --html"),
+        (["bench", "--concurrency", "1", "--demo"], "load benchmark: it does not take --demo"),  # said --html
+        (["bench", "--concurrency", "1", "--peers", "hf", "--max-tokens", "9"], "not take --peers, --max-tokens"),
+        (["bench", "--load-via", "server"], "--load-via: load benchmark flags, which need --concurrency"),
+        (["bench", "--session", "--load-max-tokens", "9"], "--session runs its own script: it does not take --load"),
         (["edit", __file__, "-i", "x", "--max-tokens", "0"], "argument --max-tokens: must be >= 1"),
     ],
 )

@@ -47,6 +47,7 @@ QUICK_PROMPT_TOKENS = 1024  # a quarter of the file: CI time goes into prefill o
 # its first 256 tokens: the full file would take it minutes on 2 CPU cores, and 256 tokens are past
 # the first lines, where decoding is fastest; the report says so.
 DEFAULT_OUT = Path("bench-results")
+LOAD_MAX_TOKENS = 128  # output tokens per request of the load benchmark (--load-max-tokens)
 DEMO = {
     "scenarios": "py-rename",
     "modes": "plain,prediction,auto",
@@ -166,7 +167,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--load-via",
-        default="inproc",
+        default=None,
         choices=("inproc", "server", "both"),
         help="load benchmark path: engine requests in this process, streaming requests to a "
         "`specserve serve` subprocess, or both (default inproc)",
@@ -174,9 +175,9 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--load-max-tokens",
         type=positive_int,
-        default=128,
+        default=None,
         metavar="N",
-        help="output tokens per load-benchmark request, EOS ignored (default 128)",
+        help=f"output tokens per load-benchmark request, EOS ignored (default {LOAD_MAX_TOKENS})",
     )
     p.add_argument(
         "--session",
@@ -265,8 +266,35 @@ def exact(env: dict) -> bool:
     return env["dtype"] in ("float32", "fp32")
 
 
+def check_bench_kind_flags(args) -> None:
+    """Flags of the other kind of benchmark are refused, not ignored: `--concurrency` took --demo,
+    --peers, --plain-max-tokens and --max-tokens (it sets its output with --load-max-tokens), and the
+    scenario bench took --load-via and --load-max-tokens, each without a word. --html is refused with
+    --concurrency too: an old report at that path would pass for this one."""
+    if args.session is not None:
+        return  # run_session refuses its own list
+    if args.concurrency is None:
+        clash = [flag for flag in ("load_via", "load_max_tokens") if getattr(args, flag) is not None]
+        if clash:
+            flags = ", ".join("--" + flag.replace("_", "-") for flag in clash)
+            raise ValueError(f"{flags}: load benchmark flags, which need --concurrency")
+        return
+    given = {
+        "--demo": args.demo or None,
+        "--html": args.html,
+        "--html-run": args.html_run,
+        "--peers": args.peers,
+        "--plain-max-tokens": args.plain_max_tokens,
+        "--max-tokens (--load-max-tokens sets the output per request)": args.max_tokens,
+    }
+    clash = [flag for flag, value in given.items() if value is not None]
+    if clash:
+        raise ValueError(f"--concurrency runs the load benchmark: it does not take {', '.join(clash)}")
+
+
 def run(args) -> int:
     check_model_paths(args)
+    check_bench_kind_flags(args)  # before --demo fills in its own flags
     apply_demo(args)  # before the checks: --demo's --html is checked like any other
     check_outputs(args)
     if args.session is not None:
@@ -331,12 +359,10 @@ def run_load(args) -> int:
     from ..bench import load as bench_load
 
     concurrency = bench_load.parse_concurrency(args.concurrency)  # bad values: one line, before any load
-    vias = bench_load.parse_vias(args.load_via)
+    vias = bench_load.parse_vias(args.load_via or "inproc")
     require("matplotlib", *(("httpx",) if "server" in vias else ()))
     llm_kwargs, opts = resolve_options(args)
     modes = bench_load.load_modes(opts.modes, note=args.modes != _parser_defaults()["modes"])
-    if args.html or args.html_run:  # refused, not ignored: an old report at that path would pass for this one
-        raise ValueError("--concurrency runs the load benchmark: it does not take --html or --html-run")
     limits = engine_limits(args)
     # Every C must run at once, in process and in the server alike.
     seqs = max(limits.max_num_seqs, max(concurrency))
@@ -347,7 +373,7 @@ def run_load(args) -> int:
         concurrency=concurrency,
         modes=modes,
         vias=vias,
-        max_tokens=args.load_max_tokens,
+        max_tokens=args.load_max_tokens or LOAD_MAX_TOKENS,
         scenarios=opts.scenarios,
         max_prompt_tokens=opts.max_prompt_tokens,
     )
@@ -388,7 +414,8 @@ def run_session(args) -> int:
             ("--scenarios", args.scenarios),
             ("--plain-max-tokens", args.plain_max_tokens),
             ("--modes", None if args.modes == _parser_defaults()["modes"] else args.modes),
-            ("--load-via", None if args.load_via == "inproc" else args.load_via),
+            ("--load-via", args.load_via),
+            ("--load-max-tokens", args.load_max_tokens),
             ("--no-prefix-cache (it runs with the cache and without)", args.no_prefix_cache or None),
         )
         if value is not None
