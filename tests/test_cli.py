@@ -152,6 +152,10 @@ def test_more_threads_than_cores_is_warned_about(capsys):
         (["bench", "--load-via", "server"], "--load-via: load benchmark flags, which need --concurrency"),
         (["bench", "--session", "--load-max-tokens", "9"], "--session runs its own script: it does not take --load"),
         (["edit", __file__, "-i", "x", "--max-tokens", "0"], "argument --max-tokens: must be >= 1"),
+        (
+            ["serve", "--port", "0", "--host-cache-gib", "inf"],
+            "--host-cache-gib must be a finite size",
+        ),  # OverflowError
     ],
 )
 def test_a_zero_an_empty_list_or_a_bad_output_is_refused_before_any_run(model_dir, capsys, args, message):
@@ -270,3 +274,12 @@ def test_models_list_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", Closed())
     assert main(["models", "list"]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_version(capsys):
+    """`specserve --version` said "the following arguments are required: COMMAND"."""
+    from specserve import __version__
+    from specserve.cli.main import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"specserve {__version__}\n"

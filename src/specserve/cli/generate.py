@@ -143,6 +143,8 @@ def gib_bytes(gib: float | None) -> int | None:
         return None
     if not gib >= 0:  # NaN too
         raise InvalidRequestError(f"--host-cache-gib must be at least 0, got {gib}")
+    if gib == float("inf"):  # int() of it was an OverflowError traceback
+        raise InvalidRequestError("--host-cache-gib must be a finite size (leave it out for the default)")
     return int(gib * 2**30)
 
 

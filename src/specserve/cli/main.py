@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from .. import __version__
 from ..errors import SpecServeError
 
 SUBCOMMANDS = ("generate", "models", "serve", "bench", "edit", "replay")
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specserve",
         description="Lossless speculative decoding: Predicted Outputs, n-gram and draft-model drafting.",
     )
+    parser.add_argument("--version", action="version", version=f"specserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"specserve.cli.{name}").add_parser(sub)
