@@ -183,3 +183,24 @@ def test_statistics():
     assert row.per_request_tok_s_p50 == pytest.approx(4 / 0.8)  # `other` came in one emission: no rate
     bench_load.add_speedups([row])
     assert row.speedup_vs_c1 is None
+
+
+def test_ctrl_c_keeps_the_load_runs_that_finished(tiny_target, tmp_path, monkeypatch, capsys):
+    """Ctrl+C during --concurrency lost every row measured before it; now they are written with
+    load.md saying so, and the exit is 130."""
+    real = bench_load.run_inproc
+
+    def run_inproc(llm, prompts, mode, concurrency, max_tokens):
+        if concurrency == 2:
+            raise KeyboardInterrupt
+        return real(llm, prompts, mode, concurrency, max_tokens)
+
+    monkeypatch.setattr(bench_load, "run_inproc", run_inproc)
+    monkeypatch.setattr(bench_load, "warm_up_inproc", lambda *args: None)
+    argv = ["bench", "--model", tiny_target, *TINY, "--concurrency", "1,2", "--load-max-tokens", "4"]
+    assert main([*argv, "--modes", "plain", "--scenarios", "py-rename", "--out", str(tmp_path)]) == 130
+    report = json.loads((tmp_path / "load.json").read_text())
+    assert report["environment"]["interrupted"] is True
+    assert [(r["mode"], r["concurrency"]) for r in report["rows"]] == [("plain", 1)]
+    assert "**Interrupted** (Ctrl+C)" in (tmp_path / "load.md").read_text()
+    assert f"interrupted: {tmp_path} holds the 1 run(s) that finished" in capsys.readouterr().err

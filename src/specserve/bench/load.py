@@ -495,7 +495,12 @@ def markdown(rows: list[LoadRow], env: dict) -> str:
         f"threads); CPU {env.get('cpu', '?')}; {env.get('load_max_tokens')} output tokens per request "
         f"(EOS ignored); the backend's prefill rate (one 512-token pass): {env.get('prefill_tok_s')} tok/s; "
         f"{env.get('date', '')}\n\n"
-        "*steady tok/s*: tokens per second while all C requests decode together (from the last first "
+        + (
+            "**Interrupted** (Ctrl+C): the rows below are the runs that finished before it.\n\n"
+            if env.get("interrupted")
+            else ""
+        )
+        + "*steady tok/s*: tokens per second while all C requests decode together (from the last first "
         "token to the first finish); *of prefill*: that over the prefill rate, the ceiling on a CPU.\n\n"
         "| via | mode | C | out tok | wall s | aggregate tok/s | per-request tok/s p50 | TTFT p50 ms "
         "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance | vs C=1 | steady tok/s | of prefill |\n"
@@ -575,6 +580,36 @@ def _release_memory() -> None:
         pass
 
 
+def _run_all(held: list, llm_kwargs, prompts, opts: LoadBenchOptions, out: Path, engine_args, seqs: int, rows: list):
+    """Every (via, mode, C), in process then through the server, appending a row as each ends.
+    held: [the in-process LLM], emptied before the server starts so that its memory is freed."""
+    total = len(opts.vias) * len(opts.modes) * len(opts.concurrency)
+    top = max(opts.concurrency)
+    with tqdm(total=total, desc="load", unit="run", file=sys.stderr, disable=None) as bar:
+        if "inproc" in opts.vias:
+            warm_up_inproc(held[0], prompts, opts.modes, top)
+            for mode in opts.modes:
+                for c in opts.concurrency:
+                    bar.set_postfix_str(f"inproc/{mode}/C={c}")
+                    timings = run_inproc(held[0], prompts, mode, c, opts.max_tokens)
+                    rows.append(summarize("inproc", mode, c, timings))
+                    bar.update(1)
+        if "server" in opts.vias:
+            model_args = server_model_args(held[0], llm_kwargs)
+            held.clear()
+            _release_memory()
+            bar.set_postfix_str("starting the server")
+            with bench_server(model_args, seqs, out / "server.log", engine_args) as srv:
+                warm_up_server(srv.url, prompts, opts.modes, top)
+                for mode in opts.modes:
+                    for c in opts.concurrency:
+                        bar.set_postfix_str(f"server/{mode}/C={c}")
+                        rows.append(
+                            summarize("server", mode, c, run_server(srv.url, prompts, mode, c, opts.max_tokens))
+                        )
+                        bar.update(1)
+
+
 def run_load(
     llm_factory,
     llm_kwargs: dict,
@@ -608,29 +643,14 @@ def run_load(
     env["max_num_seqs"] = max_num_seqs or top
     env["prefill_tok_s"] = round(measure_prefill_rate(llm), 1)
     rows: list[LoadRow] = []
-    total = len(opts.vias) * len(opts.modes) * len(opts.concurrency)
-    with tqdm(total=total, desc="load", unit="run", file=sys.stderr, disable=None) as bar:
-        if "inproc" in opts.vias:
-            warm_up_inproc(llm, prompts, opts.modes, top)
-            for mode in opts.modes:
-                for c in opts.concurrency:
-                    bar.set_postfix_str(f"inproc/{mode}/C={c}")
-                    rows.append(summarize("inproc", mode, c, run_inproc(llm, prompts, mode, c, opts.max_tokens)))
-                    bar.update(1)
-        if "server" in opts.vias:
-            model_args = server_model_args(llm, llm_kwargs)
-            llm = None
-            _release_memory()
-            bar.set_postfix_str("starting the server")
-            with bench_server(model_args, max_num_seqs or top, out / "server.log", list(engine_args)) as srv:
-                warm_up_server(srv.url, prompts, opts.modes, top)
-                for mode in opts.modes:
-                    for c in opts.concurrency:
-                        bar.set_postfix_str(f"server/{mode}/C={c}")
-                        rows.append(
-                            summarize("server", mode, c, run_server(srv.url, prompts, mode, c, opts.max_tokens))
-                        )
-                        bar.update(1)
+    held = [llm]
+    del llm  # held alone keeps it: the server path frees it before the server loads its own
+    try:
+        _run_all(held, llm_kwargs, prompts, opts, out, list(engine_args), max_num_seqs or top, rows)
+    except KeyboardInterrupt:  # the rows measured before Ctrl+C are written (they were lost)
+        if not rows:
+            raise
+        env["interrupted"] = True
     add_speedups(rows)
     add_ceiling(rows, env["prefill_tok_s"])
     return rows, env, write_results(rows, env, out)

@@ -386,12 +386,15 @@ def run_load(args) -> int:
     engine_args = ["--max-num-batched-tokens", str(limits.max_num_batched_tokens)]
     if limits.kv_cache_tokens:
         engine_args += ["--kv-cache-tokens", str(limits.kv_cache_tokens)]
-    _, _, paths = bench_load.run_load(
+    rows, env, paths = bench_load.run_load(
         make_llm, llm_kwargs, load_opts, opts, args.out, engine_args, max_num_seqs=limits.max_num_seqs
     )
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}", file=sys.stderr)
+    if env.get("interrupted"):
+        print(f"specserve: interrupted: {args.out} holds the {len(rows)} run(s) that finished", file=sys.stderr)
+        return 130
     return 0
 
 
