@@ -173,7 +173,23 @@ def test_a_prediction_is_lossless_and_accepted(client):
     base = client.responses.create(**kw, extra_body={"speculation": "none"}).output_text
     resp = client.responses.create(**kw, extra_body={"prediction": {"type": "content", "content": base}})
     assert resp.output_text == base
-    assert resp.model_extra["speculation"]["by_source"]["prediction"]["accepted"] > 0
+    pred = resp.model_extra["speculation"]["by_source"]["prediction"]
+    assert pred["accepted"] > 0
+    # the usage reports them as chat's does (before, only `speculation` did)
+    details = resp.usage.output_tokens_details.model_extra
+    assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (
+        pred["accepted"],
+        pred["rejected"],
+    )
+    assert details["accepted_prediction_tokens"] <= resp.usage.output_tokens
+    prediction = {"prediction": {"type": "content", "content": base}}
+    events = list(client.responses.create(**kw, stream=True, extra_body=prediction))
+    done = events[-1].response
+    assert done.output_text == base
+    streamed = done.usage.output_tokens_details.model_extra
+    assert (
+        streamed["accepted_prediction_tokens"] == done.model_extra["speculation"]["by_source"]["prediction"]["accepted"]
+    )
 
 
 def test_previous_response_id_continues_the_conversation_but_not_its_instructions(client):

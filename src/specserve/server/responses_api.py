@@ -305,14 +305,22 @@ class ResponsesContext(ResponseContext):
 
 
 def _usage(output: RequestOutput) -> dict:
+    """OpenAI's Responses usage, with chat's Predicted Outputs counts in `output_tokens_details`
+    (draft tokens from the `prediction` the target accepted / rejected): a prediction is served
+    here, and its counts were reported only in `speculation` before."""
     s = output.stats
+    pred = s.by_source["prediction"]
     return {
         "input_tokens": s.prompt_tokens,
         # cache_write_tokens: OpenAI's count of tokens written for prompt caching it bills apart
         # (the openai SDK's ResponseUsage requires it); writing our prefix cache costs nothing extra.
         "input_tokens_details": {"cached_tokens": s.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": s.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": pred.accepted,
+            "rejected_prediction_tokens": pred.rejected,
+        },
         "total_tokens": s.prompt_tokens + s.output_tokens,
     }
 
