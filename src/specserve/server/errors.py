@@ -98,9 +98,13 @@ _RANGE_ERRORS = {
 
 def _validation_error(e: ValidationError) -> APIError:
     """The most telling error: a value out of range beats the type mismatch of another union member
-    (five stop strings are "at most 4 items", not "should be a valid string")."""
+    (five stop strings are "at most 4 items", not "should be a valid string"), and else the one
+    deepest in the body: a union member that the value's shape matched failed inside it
+    (`"content": [{"type": "text", "text": 5}]` is "content[0].text: should be a valid string",
+    where it was "content: should be a valid string", naming the wrong field)."""
     errors = e.errors(include_url=False)
-    err = next((x for x in errors if x["type"] in _RANGE_ERRORS), errors[0])
+    deepest = max(errors, key=lambda x: len(x["loc"]))  # the first of the deepest
+    err = next((x for x in errors if x["type"] in _RANGE_ERRORS), deepest)
     if err["type"] == "json_invalid":
         return bad_request(f"the request body is not valid JSON ({err['msg']})", None, "invalid_json")
     param = _param_path(err["loc"])

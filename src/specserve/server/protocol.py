@@ -73,8 +73,12 @@ def content_text(content: Content | None, param: str) -> str:
         return content or ""
     texts = []
     for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        if part.type != "text":
             raise unsupported(f"{param}[{j}]", f"content part type {part.type!r} (only 'text' parts)")
+        if part.text is None:  # was "content part type 'text' (only 'text' parts) is not supported"
+            raise bad_request(
+                f"missing required parameter '{param}[{j}].text'", f"{param}[{j}].text", "missing_required_parameter"
+            )
         texts.append(part.text)
     return "".join(texts)
 
