@@ -16,6 +16,7 @@ import random
 
 import pytest
 from tiny import steady_prices, tiny_model, tiny_tokenizer
+from tiny_gguf import llamacpp_llms
 
 from specserve import SamplingParams
 from specserve.llm import LLM
@@ -25,8 +26,11 @@ PIECES = ("foo", "user_id", "self", "return", "東京", "é", "\n", "    ", "✓
 EDITS = ("insert", "delete", "substitute", "rename", "truncate", "junk", "unicode", "repeat")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def llm(request):
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama.cpp"])
+def llm(request, tmp_path_factory):
+    """The tiny model on transformers (f32) or as an f32 GGUF on llama.cpp (batch-invariant kernels)."""
+    if request.param == "llama.cpp":
+        return steady_prices(llamacpp_llms(tmp_path_factory.mktemp("gguf"))[0])[0]
     return steady_prices(LLM.from_models(tiny_model(request.param, seed=0), tiny_tokenizer(), name=request.param))[0]
 
 
