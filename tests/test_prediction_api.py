@@ -155,3 +155,14 @@ def _answer(body: dict) -> list[str]:
     if body.get("object") == "response":
         return [body["output"][0]["content"][0]["text"]]
     return [c.get("message", {}).get("content") or c.get("text") or "" for c in body["choices"]]
+
+
+@pytest.mark.parametrize(
+    "part,code",
+    [({"type": "input_text"}, "missing_required_parameter"), ({"type": "input_text", "text": 5}, "invalid_type")],
+)
+def test_a_responses_text_part_without_text_names_its_text(client, part, code):
+    """Was "content part type 'input_text' (only text parts) is not supported", naming the part."""
+    body = {**RESP, "input": [{"role": "user", "content": [part]}]}
+    err = client.post("/v1/responses", json=body).json()["error"]
+    assert (err["param"], err["code"]) == ("input[0].content[0].text", code), err

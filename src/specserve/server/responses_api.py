@@ -58,8 +58,15 @@ def _text(content, param: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+        if kind not in TEXT_PARTS:
             raise unsupported(f"{param}[{j}]", f"content part type {kind!r} (only text parts)")
+        if not isinstance(part.get("text"), str):  # was "content part type 'input_text' ... is not supported"
+            missing = part.get("text") is None
+            raise bad_request(
+                f"missing required parameter '{param}[{j}].text'" if missing else f"{param}[{j}].text must be a string",
+                f"{param}[{j}].text",
+                "missing_required_parameter" if missing else "invalid_type",
+            )
         texts.append(part["text"])
     return "".join(texts)
 
