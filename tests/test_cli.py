@@ -192,8 +192,9 @@ def test_a_reader_that_leaves_ends_generate_quietly(model_dir):
         (["--replica-cpus", "2", "--ray-address", "auto"], "--ray-address, --replica-cpus: Ray Serve flags"),
         (["--ray", "--replicas", "0"], "--replicas must be at least 1, got 0"),  # after Ray had started
         (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas must be at least 1 and at least"),
-        (["--ray", "--target-ongoing-requests", "nan"], "--target-ongoing-requests must be above 0"),
-        (["--ray", "--replica-cpus", "-1"], "--replica-cpus must be at least 0"),
+        (["--ray", "--target-ongoing-requests", "nan"], "--target-ongoing-requests must be a number above 0"),
+        (["--ray", "--replica-cpus", "-1"], "--replica-cpus must be a number at least 0"),
+        (["--ray", "--replica-cpus", "inf"], "--replica-cpus must be a number at least 0, got inf"),
     ],
 )
 def test_serve_refuses_ray_flags_it_would_ignore_or_ray_would_refuse(model_dir, capsys, args, message):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import os
 import random
 import signal
@@ -104,10 +105,10 @@ class ScaleConfig:
             raise ValueError(f"--min-replicas must be at least 0, got {self.min_replicas}")
         if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas or 0):
             raise ValueError(f"--max-replicas must be at least 1 and at least --min-replicas, got {self.max_replicas}")
-        if not self.target_ongoing_requests > 0:  # nan too
-            raise ValueError(f"--target-ongoing-requests must be above 0, got {self.target_ongoing_requests}")
-        if not self.replica_cpus >= 0:
-            raise ValueError(f"--replica-cpus must be at least 0, got {self.replica_cpus}")
+        if not 0 < self.target_ongoing_requests < math.inf:  # nan too
+            raise ValueError(f"--target-ongoing-requests must be a number above 0, got {self.target_ongoing_requests}")
+        if not 0 <= self.replica_cpus < math.inf:
+            raise ValueError(f"--replica-cpus must be a number at least 0, got {self.replica_cpus}")
 
     def upper(self) -> int:
         """The most replicas this configuration may run."""
@@ -473,6 +474,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, ScaleConfig]:
     """The `specserve serve` flags as the replica and scale configurations; `limits` (the engine
     flags as config.EngineLimits) reach each replica (they used to be dropped silently)."""
+    scale = ScaleConfig(
+        replicas=args.replicas,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        target_ongoing_requests=args.target_ongoing_requests,
+        replica_cpus=args.replica_cpus,
+    )  # first: it checks --replica-cpus, which threads reads
     replica = ReplicaConfig(
         model=args.model,
         draft_model=args.draft_model,
@@ -496,13 +504,6 @@ def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, 
         prefix_caching=limits.prefix_caching,
         host_cache_bytes=limits.host_cache_bytes,
         host_cache_dir=limits.host_cache_dir,
-    )
-    scale = ScaleConfig(
-        replicas=args.replicas,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
-        target_ongoing_requests=args.target_ongoing_requests,
-        replica_cpus=args.replica_cpus,
     )
     return replica, scale
 
