@@ -226,6 +226,31 @@ def test_cli_replay_names_the_file_it_cannot_read(tokenizer, tmp_path, capsys):
         assert message in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize(
+    "runs, message",
+    [
+        ([{"mode": "prediction"}], "not a bench report this version reads (no 'skipped' in it)"),
+        (5, "not a bench report this version reads ('int' object is not iterable)"),
+        (
+            [{"mode": "prediction", "skipped": None, "output_ids": [1], "speedup": 2.0, "scenario": "gone"}],
+            "its scenario 'gone' is not one of this version's",
+        ),
+        (
+            [{"mode": "prediction", "skipped": None, "output_ids": [1], "speedup": None, "scenario": "py-rename"}],
+            "no prediction run with its output ids and a measured speedup",
+        ),
+    ],
+)
+def test_cli_replay_bench_refuses_a_report_it_cannot_read(tokenizer, tmp_path, capsys, runs, message):
+    """A run missing a field or from a scenario this version lacks was a KeyError traceback, and a
+    report whose only prediction run had no speedup (one emission) was said to have no output ids."""
+    report = tmp_path / "bench.json"
+    report.write_text(json.dumps({"environment": {"model": tokenizer.folder, "cost_curve": "1:1,8:2"}, "runs": runs}))
+    assert main(["replay", "--bench", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1, err
+
+
 def test_auto_is_priced_by_the_cost_ratio_not_by_timing_the_oracle(tokenizer):
     """`auto` needs prices; replay gives it the linear model of the cost ratio. Timing the oracle
     instead (its cost grows with every row it fills) cut its drafts short."""

@@ -67,6 +67,8 @@ def check_report(report: dict, tokenizer) -> list[ReplayCheck]:
     for run in report["runs"]:
         if run["mode"] != "prediction" or run["skipped"] or not run.get("output_ids") or not run["speedup"]:
             continue
+        if run["scenario"] not in code:
+            raise ValueError(f"its scenario {run['scenario']!r} is not one of this version's ({', '.join(code)})")
         ids = run["output_ids"]
         prediction = prediction_of(code[run["scenario"]], run["trimmed_lines"])
         out = replay_ids(tokenizer, prediction, ids, SpeculationConfig("prediction"), prices)

@@ -163,9 +163,18 @@ def check_bench(args) -> int:
         env = report["environment"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--bench {args.bench}: not a bench report ({e})") from None
-    checks = check_report(report, load_tokenizer(args.model or env["model"]))
+    tokenizer = load_tokenizer(args.model or env["model"])
+    try:
+        checks = check_report(report, tokenizer)
+    except KeyError as e:  # a run without a field, or a scenario this version does not have: was a traceback
+        raise ValueError(f"--bench {args.bench}: not a bench report this version reads (no {e} in it)") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--bench {args.bench}: not a bench report this version reads ({e})") from None
     if not checks:
-        raise ValueError(f"--bench {args.bench}: no prediction run with its output ids to replay")
+        raise ValueError(
+            f"--bench {args.bench}: no prediction run with its output ids and a measured speedup to replay "
+            "(a run whose answer came in one emission has no speedup)"
+        )
     if args.json:
         print(json.dumps([{**asdict(c), "error": c.error} for c in checks], indent=2))
     else:
