@@ -31,13 +31,13 @@ Two refinements use what the request has shown so far:
   (`probe_length`: k_init tokens, fewer where such a pass costs over PROBE_COST plain steps):
   short anchors are often wrong, and a wrong long draft wastes a pass of its length.
   Without prices K doubles from k_init up to FALLBACK_K_MAX, as it always did.
-- *new text is looked up* (`PredictionLookup`, `speculation="prediction"` only): while the output
+- *new text is looked up* (`PredictionLookup`, under `prediction` and `auto`): while the output
   writes text the prediction does not hold (no anchor), short drafts continue the output's latest
   n-gram from where it last occurred in the prediction or the output (a new line often reuses a
   name or call just written). These drafts are n-gram drafts, reported under "ngram", not as
   prediction tokens. With prices they are drafted only at a K that beats a plain step at the
-  acceptance they have shown (so on a CPU where verifying is dear they sit out). Under `auto` the
-  chain's own n-gram source does this over the prompt, which holds the file.
+  acceptance they have shown (so on a CPU where verifying is dear they sit out). Under `auto`, when
+  it has nothing, the chain's own n-gram source looks over the prompt, which holds the file.
 """
 
 from __future__ import annotations
