@@ -174,3 +174,15 @@ def test_a_responses_text_part_without_text_names_its_text(client, part, code):
     body = {**RESP, "input": [{"role": "user", "content": [part]}]}
     err = client.post("/v1/responses", json=body).json()["error"]
     assert (err["param"], err["code"]) == ("input[0].content[0].text", code), err
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize("content", ["", [], [{"type": "text", "text": ""}]])
+def test_an_empty_prediction_is_served_as_none_with_no_prediction_tokens(client, path, content):
+    plain = client.post(path, json={**BODIES[path], "speculation": "none"}).json()
+    r = client.post(path, json={**BODIES[path], "prediction": pred(content)}).json()
+    assert _answer(r) == _answer(plain)
+    usage = r["usage"]
+    details = usage.get("completion_tokens_details") or usage["output_tokens_details"]
+    assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (0, 0)
+    assert "prediction" not in r["speculation"]["by_source"]
