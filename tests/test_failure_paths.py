@@ -543,10 +543,15 @@ def test_numpy_values_and_the_shape_of_generate_s_arguments():
         ((["a", "b"], [q]), "a list of 1 for 2 prompts"),
         (("def add", {"max_tokens": 4}), "params must be a SamplingParams"),
         (("def add", q, 5), "prediction must be text or token ids"),
+        (("def add", q, [True, 5]), "prediction token ids must be integers"),  # was read as token 1
+        (("def add", q, [1.5]), "prediction token ids must be integers"),
     ]:
         with pytest.raises(InvalidRequestError, match=message):
             llm.generate(*args)
     assert len(llm.generate(["def add", "class A"], [q, q])) == 2
+    # numpy token ids as a prediction, as a prompt takes them (they were refused as not integers)
+    pred = llm.generate(ids, SamplingParams(max_tokens=8), prediction=list(np.array(ids[:4])))
+    assert pred.token_ids == llm.generate(ids, SamplingParams(max_tokens=8)).token_ids
 
 
 @pytest.mark.parametrize(

@@ -404,16 +404,19 @@ class LLM:
         """Text (tokenized with the tokenizer's special tokens) or token ids, validated; vLLM's
         dict prompts too."""
         prompt = _unpack_prompt(prompt)
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-            if not all(is_integer(t) for t in ids):  # 1.5 was read as 1
-                raise InvalidRequestError(f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt")
-            ids = [int(t) for t in ids]  # numpy's integers too
-            check_token_ids(ids, self.vocab_size, "prompt")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else self._token_ids(prompt, "prompt")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    def _token_ids(self, ids: Sequence[int], what: str) -> list[int]:
+        """Token ids as plain ints, validated: numpy's integers are taken, floats (1.5 was read
+        as 1) and bools refused."""
+        ids = list(ids)
+        if not all(is_integer(t) for t in ids):
+            raise InvalidRequestError(f"{what} token ids must be integers in [0, {self.vocab_size})", what)
+        ids = [int(t) for t in ids]
+        check_token_ids(ids, self.vocab_size, what)
         return ids
 
     # -- generation -------------------------------------------------------------------------
@@ -447,6 +450,8 @@ class LLM:
             raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
         if prediction is not None and not isinstance(prediction, (str, list, tuple)):
             raise InvalidRequestError(f"prediction must be text or token ids, got {type(prediction).__name__}")
+        if prediction is not None and not isinstance(prediction, str):  # True was token 1, numpy ids refused
+            prediction = self._token_ids(prediction, "prediction")
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
         return self.engine.request(
             self.prompt_ids(prompt),
