@@ -106,6 +106,7 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):
             (["--port", "99999"], "must be 0-65535"),
             (["--request-timeout", "-5"], "must be >= 0 seconds"),
             (["--request-timeout", "nan"], "must be >= 0 seconds"),
+            (["--request-timeout", "inf"], "must be >= 0 seconds, and finite"),
             (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
             (["--port", "0", "--host-cache-dir", __file__], "is a file, not a folder"),
         ]:

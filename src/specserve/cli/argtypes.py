@@ -22,6 +22,6 @@ def non_negative_int(text: str) -> int:
 
 def non_negative_seconds(text: str) -> float:
     value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError("must be >= 0 seconds (0: no deadline)")
+    if not 0 <= value < float("inf"):  # also refuses nan, and inf (0 is "none"; with --ray it became Ray's wait)
+        raise argparse.ArgumentTypeError("must be >= 0 seconds, and finite (0: no deadline)")
     return value
