@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from ..config import is_integer
+
 # OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
 # "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
 # values at most 512; safety_identifier at most 64 characters; top_logprobs 0..20.
@@ -139,7 +141,7 @@ _PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of
 
 
 def _is_token(value: Any) -> bool:
-    return not isinstance(value, bool) and (isinstance(value, int) or isinstance(value, float) and value.is_integer())
+    return is_integer(_integral(value))  # as `Int` takes it: 2 and 2.0, never true
 
 
 def _prompt_shape(value: Any) -> Any:
