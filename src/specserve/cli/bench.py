@@ -209,9 +209,8 @@ def apply_demo(args) -> None:
 
 
 def resolve_options(args) -> tuple[dict, BenchOptions]:
-    """LLM arguments and bench options, with --quick / --demo defaults filled in."""
+    """LLM arguments and bench options, with --quick defaults filled in (run() applied --demo's)."""
     quick = args.quick
-    apply_demo(args)
     model = args.model or (QUICK_MODEL if quick else None)
     draft = args.draft_model or ("none" if quick else None)
     options = load_options(args, "float32" if quick else "bfloat16")
