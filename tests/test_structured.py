@@ -278,6 +278,7 @@ class _Pet(BaseModel):
         {"oneOf": [{"type": "integer"}, {"type": "number"}]},  # 1 matches both
         {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]},
         {"oneOf": [{"const": 1}, {"enum": [2, 1]}]},
+        {"oneOf": [{"const": 1}, {"const": 1.0}]},  # one JSON number
         {"oneOf": [{"type": "object", "properties": {"a": INT}}, {"type": "object", "properties": {"b": INT}}]},
         {"oneOf": [{"$ref": "#/$defs/missing"}, {"type": "string"}]},
     ],

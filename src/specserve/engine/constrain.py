@@ -358,7 +358,7 @@ def _disjoint(a: dict, b: dict, root) -> bool:
     """Whether no value can match both branches (provably; False when unsure)."""
     va, vb = _value_set(a), _value_set(b)
     if va is not None and vb is not None:
-        return not any(x == y and type(x) is type(y) for x in va for y in vb)
+        return not _values_overlap(va, vb)
     ta, tb = _types(a), _types(b)
     if ta is not None and tb is not None and not ta & tb:
         return True
@@ -368,9 +368,14 @@ def _disjoint(a: dict, b: dict, root) -> bool:
     for name in shared:
         va = _value_set(_resolve((a.get("properties") or {}).get(name), root))
         vb = _value_set(_resolve((b.get("properties") or {}).get(name), root))
-        if va is not None and vb is not None and _disjoint({"enum": va}, {"enum": vb}, root):
+        if va is not None and vb is not None and not _values_overlap(va, vb):
             return True
     return False
+
+
+def _values_overlap(va: list, vb: list) -> bool:
+    """Whether two const/enum lists share a JSON value: 1 and 1.0 are one number, true is not 1."""
+    return any(x == y and isinstance(x, bool) == isinstance(y, bool) for x in va for y in vb)
 
 
 def _check_one_of(branches: list, root, path: str) -> None:
