@@ -139,11 +139,12 @@ def test_named_tool_choice_streamed_deltas_reassembled_by_sdk(client):
     ) as stream:
         final = stream.get_final_completion()
     c = final.choices[0]
-    assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1
+    assert c.finish_reason == "stop" and len(c.message.tool_calls) == 1  # OpenAI's reason for a named call
     _check_call(c.message.tool_calls[0], WEATHER)
     plain = client.chat.completions.create(
         model=MODEL, messages=MSGS, tools=[WEATHER, CLOCK], tool_choice=choice, temperature=0, max_tokens=96
     )
+    assert plain.choices[0].finish_reason == "stop"
     assert plain.choices[0].message.tool_calls[0].function.arguments == c.message.tool_calls[0].function.arguments
     assert c.message.content is None and plain.choices[0].message.content is None  # the stream's role chunk had ""
 

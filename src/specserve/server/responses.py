@@ -52,10 +52,13 @@ def speculation(outputs: RequestOutput | list[RequestOutput]) -> dict | list[dic
     return outputs.stats.to_dict()
 
 
-def finish_reason(output: RequestOutput, tool_calls: bool = False) -> str:
+def finish_reason(output: RequestOutput, tool_calls: bool = False, named: bool = False) -> str:
+    """OpenAI's reason: "length" when cut, "tool_calls" when the answer is calls the model chose
+    (tool_choice "auto" or "required"), "stop" otherwise, a call to the function tool_choice named
+    included (that is OpenAI's own answer, streamed or not)."""
     if output.finish_reason == "length":
         return "length"
-    return "tool_calls" if tool_calls else "stop"
+    return "tool_calls" if tool_calls and not named else "stop"
 
 
 @dataclass
@@ -203,9 +206,13 @@ class ChatDialect(Dialect):
                 chunks.append(
                     self._delta(ctx, index, {"tool_calls": [{"index": j, "function": {"arguments": c.arguments}}]})
                 )
-        done = {"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason(output, bool(calls))}
+        done = {"index": index, "delta": {}, "logprobs": None, "finish_reason": self._reason(ctx, output, calls)}
         chunks.append(self._chunk(ctx, [done], speculation=output.stats.to_dict()))
         return chunks
+
+    @staticmethod
+    def _reason(ctx, output: RequestOutput, calls: list) -> str:
+        return finish_reason(output, bool(calls), named=ctx.tools is not None and ctx.tools.named)
 
     def _delta(self, ctx, index: int, delta: dict) -> dict:
         return self._chunk(ctx, [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
@@ -222,7 +229,7 @@ class ChatDialect(Dialect):
             "index": index,
             "message": message,
             "logprobs": self._logprobs(ctx, output.logprobs),
-            "finish_reason": finish_reason(output, bool(calls)),
+            "finish_reason": self._reason(ctx, output, calls),
         }
 
     def response(self, ctx, outputs) -> dict:

@@ -47,6 +47,12 @@ class ToolSetup:
         return frozenset(t["function"]["name"] for t in self.tools or ())
 
     @property
+    def named(self) -> bool:
+        """Whether one function was named in tool_choice: OpenAI then finishes with "stop", not
+        "tool_calls" (the call was asked for, not chosen by the model)."""
+        return self.choice not in ("none", "auto", "required")
+
+    @property
     def parse_calls(self) -> bool:
         """Whether the output is scanned for <tool_call> blocks."""
         return bool(self.tools) and self.choice != "none"
