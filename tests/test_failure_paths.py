@@ -318,9 +318,13 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_event_and_done_and_is_re
     assert chat(server).status_code == 200
 
 
-def test_a_responses_stream_that_fails_mid_way_ends_with_an_error_event(server):
-    """The Responses API's stream: typed events numbered in order, the last an `error` event
-    (no [DONE] line: that is chat's), and a 500 on record."""
+def test_a_responses_stream_that_fails_mid_way_ends_with_response_failed(server):
+    """The Responses API's stream: typed events numbered in order, the last `response.failed`
+    (OpenAI's lifecycle end for a failed response; until 2026-12-05 a bare `error` event, which
+    the SDK's stream helper and agents never took for an end), with the text streamed so far, the
+    SDK's own type in strict mode, no [DONE] line (that is chat's), and a 500 on record."""
+    from openai.types.responses import ResponseFailedEvent
+
     before = metric_value(server.metrics(), "specserve_requests_total", endpoint="responses", status="500")
     arm(server, "step", after=4)
     body = {"model": CHAT["model"], "input": "hi", "max_output_tokens": 32, "stream": True}
@@ -330,8 +334,11 @@ def test_a_responses_stream_that_fails_mid_way_ends_with_an_error_event(server):
     events = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
     names = [line[len("event: ") :] for line in lines if line.startswith("event: ")]
     assert names == [e["type"] for e in events] and [e["sequence_number"] for e in events] == list(range(len(events)))
-    assert "response.output_text.delta" in names and names[-1] == "error"
-    assert events[-1]["code"] == "engine_error" and "injected" in events[-1]["message"]
+    assert "response.output_text.delta" in names and names[-1] == "response.failed"
+    failed = ResponseFailedEvent.model_validate(events[-1], strict=True).response
+    assert failed.status == "failed" and failed.error.code == "server_error" and "injected" in failed.error.message
+    streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert failed.output[0].content[0].text == streamed and failed.output[0].status == "incomplete"
     after = metric_value(server.metrics(), "specserve_requests_total", endpoint="responses", status="500")
     assert after == before + 1
 

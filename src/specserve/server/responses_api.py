@@ -338,6 +338,12 @@ def _logprobs(ctx: ResponsesContext, lps: list[TokenLogprob] | None) -> list[dic
     return [ChatDialect.entry(ctx, lp) for lp in lps] if ctx.logprobs and lps else []
 
 
+def _response_error(e: APIError) -> dict:
+    """A response's `error`: OpenAI's codes for it are few ("rate_limit_exceeded", "server_error",
+    ...), so anything but a 429 is a server error; the message keeps what happened."""
+    return {"code": "rate_limit_exceeded" if e.status == 429 else "server_error", "message": e.message}
+
+
 def _message(ctx: ResponsesContext, text: str, status: str, logprobs: list[dict] | None = None) -> dict:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {"id": ctx.message_id, "type": "message", "status": status, "role": "assistant", "content": [part]}
@@ -428,7 +434,12 @@ class ResponsesDialect(Dialect):
     done_line = ""
 
     def error_event(self, ctx: ResponsesContext, e: APIError) -> dict:
-        return ctx.event("error", code=e.code, message=e.message, param=e.param)
+        """A failure after the first event: `response.failed`, the response with status "failed",
+        its `error` and the text streamed so far, as OpenAI ends a stream whose response failed
+        (the SDK's stream helper and agents wait for that lifecycle event, not a bare `error`)."""
+        items = [_message(ctx, ctx.text, "incomplete")] if ctx.opened else []
+        body = {**self.body(ctx, None, items), "status": "failed", "error": _response_error(e)}
+        return ctx.event("response.failed", response=body)
 
     def opening_chunks(self, ctx) -> list[dict]:
         skeleton = self.body(ctx, None, [])
