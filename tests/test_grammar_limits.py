@@ -7,6 +7,7 @@ import datetime
 import ipaddress
 import json
 import random
+import re
 import string
 import threading
 import time
@@ -26,6 +27,8 @@ from specserve.engine.constrain import (
     GrammarCache,
     GrammarSpec,
     _CompilePool,
+    check_schema,
+    optional_groups,
 )
 from specserve.server.app import ServerOptions, create_app
 from specserve.server.structured import json_whitespace
@@ -271,3 +274,135 @@ def test_date_and_ipv4_formats_hold_exactly_what_python_accepts():
     for text, want in (("2024-02-29", True), ("2023-02-29", False)):
         body = json.dumps({"name": "f", "arguments": {"d": text}})
         assert accepts(f, call, f"<tool_call>\n{body}\n</tool_call>") == want, text
+
+
+def _valid_url(text: str, model) -> bool:
+    try:
+        model.model_validate({"u": text})
+        return True
+    except ValueError:
+        return False
+
+
+def _url_samples(rng: random.Random) -> list[str]:
+    """Typical web URLs, and strings near them that break a rule: a space, a bad escape, a port
+    past 65535, no host, a stray '#', an ill-formed scheme, lengths either side of the bounds."""
+    parts = [
+        "https://",
+        "http://",
+        "ftp://",
+        "h2://",
+        "1a://",
+        "http:/",
+        "://",
+        "example.com",
+        "a.b-c.io",
+        ":8080",
+        ":65535",
+        ":65536",
+        ":99999",
+        "/",
+        "/path/to",
+        "/a b",
+        "/%20",
+        "?q=1&r=two",
+        "#frag",
+        "#a#b",
+        "@",
+        "x",
+    ]
+    drawn = ["".join(rng.choice(parts) for _ in range(rng.randint(1, 7))) for _ in range(300)]
+    return drawn + ["https://example.com/" + "a" * n for n in (8, 9, 10, 11, 60, 180, 181)]
+
+
+def test_a_length_bounded_uri_format_is_served_and_writes_only_what_pydantic_accepts():
+    """pydantic's HttpUrl and AnyUrl write `format: uri` with `maxLength` / `minLength`, which
+    xgrammar does not enforce together, so every `parse(response_format=Model)` with a URL field
+    was a 400. Such a field is now written as a bounded pattern: each string it allows is a URL
+    pydantic's AnyUrl parses (and HttpUrl, an http one) within the bounds; typical URLs are allowed."""
+    from pydantic import AnyUrl, BaseModel, HttpUrl
+
+    class Web(BaseModel):
+        u: HttpUrl
+
+    class Anything(BaseModel):
+        u: AnyUrl
+
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    web = Web.model_json_schema()
+    check_schema(web)  # a 400 before
+    check_schema(Anything.model_json_schema())
+    schemas = [
+        web,
+        *({"type": "string", "format": "uri", "minLength": a, "maxLength": b} for a, b in ((1, 80), (30, 200))),
+    ]
+    matchers = [xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", schema))) for schema in schemas]
+    allowed = 0
+    for text in _url_samples(random.Random(0)):
+        for schema, matcher in zip(schemas, matchers):
+            field = schema["properties"]["u"] if schema is web else schema
+            matcher.reset()
+            if matcher.accept_string(json.dumps({"u": text} if schema is web else text)) and matcher.is_completed():
+                allowed += 1
+                assert field["minLength"] <= len(text) <= field["maxLength"] and _valid_url(text, Anything), text
+                assert _valid_url(text, Web) or not text.startswith(("http://", "https://")), text
+    assert allowed >= 15  # the draw reaches the allowed side too
+    for text in ("https://example.com/path/to?q=1&r=two#frag", "http://localhost:8080/", "https://a.b-c.io"):
+        assert accepts(f, GrammarSpec("json_schema", web), json.dumps({"u": text})), text
+    assert not accepts(f, GrammarSpec("json_schema", web), json.dumps({"u": "https://a.io/" + "x" * 2071}))
+    for schema, message in (
+        ({**schemas[1], "maxLength": 31}, "maxLength below"),
+        ({**schemas[1], "minLength": 79}, "leaves no room"),
+        ({**schemas[1], "maxLength": -1}, "non-negative integer"),
+        ({**schemas[1], "pattern": "a+"}, "cannot be combined"),
+    ):
+        with pytest.raises(ConstraintError, match=message):
+            check_schema(schema)
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    """A small random regex: atoms (literals, classes, escapes), quantifiers, groups, alternation."""
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        if depth < 2 and rng.random() < 0.3:
+            branches = [_random_pattern(rng, depth + 1) for _ in range(rng.choice([1, 1, 2]))]
+            atom = "(?:" + "|".join(branches) + ")"
+        else:
+            atom = rng.choice(["a", "b", "c", "[ab]", "[a-c]", "[^a]", ".", r"\d", "[)?]", r"\)"])
+        parts.append(atom + rng.choice(["", "", "?", "*", "+", "{0,2}", "{1,3}", "{2}"]))
+    return "".join(parts)
+
+
+def test_json_schema_patterns_hold_exactly_what_python_re_matches():
+    """xgrammar 0.2.9 enforces a JSON-schema `pattern` wrongly where an optional group holds a
+    repeated element: `[0-9]{3}(?:-[0-9]+)?` let "1234" through, and our own `time` format took
+    "12:00:00123Z", so answers broke their schema with finish_reason "stop". Each pattern's
+    optional groups are now written `{0,1}`; 300 random patterns against Python's `re`, each
+    on 10 random strings (the old code disagreed on 21 of them with this draw)."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    rng = random.Random(3)
+    for _ in range(300):
+        pattern = _random_pattern(rng)
+        matcher = xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", {"type": "string", "pattern": pattern})))
+        for _ in range(10):
+            text = "".join(rng.choice("abcd1)?") for _ in range(rng.randint(0, 6)))
+            matcher.reset()
+            got = matcher.accept_string(json.dumps(text)) and matcher.is_completed()
+            assert got == bool(re.fullmatch(pattern, text)), (pattern, text)
+    for text, want in (("1234", False), ("123-4", True), ("123-", False)):
+        assert (
+            accepts(
+                f, GrammarSpec("json_schema", {"type": "string", "pattern": "[0-9]{3}(?:-[0-9]+)?"}), json.dumps(text)
+            )
+            == want
+        )
+    clock = {"type": "string", "format": "time"}
+    assert not accepts(f, GrammarSpec("json_schema", clock), json.dumps("12:00:00123Z"))
+    assert accepts(f, GrammarSpec("json_schema", clock), json.dumps("12:00:00.123Z"))
+
+
+def test_optional_groups_rewrites_only_group_quantifiers():
+    assert optional_groups(r"a(?:b*)?c") == r"a(?:b*){0,1}c"
+    assert optional_groups(r"(x)??") == r"(x){0,1}"
+    assert optional_groups(r"[)?]\)?(a)?") == r"[)?]\)?(a){0,1}"  # a class and an escaped paren stay
+    assert optional_groups(r"[]a)?]b") == r"[]a)?]b" and optional_groups(r"[^]x)?]") == r"[^]x)?]"

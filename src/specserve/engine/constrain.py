@@ -222,8 +222,10 @@ def _check_combinations(schema: dict, path: str) -> None:
         raise ConstraintError(f"{path}: 'pattern' cannot be combined with 'format'")
     for key in ("pattern", "format"):
         for length in ("minLength", "maxLength"):
-            if key in schema and length in schema:
+            if key in schema and length in schema and not _bounded_uri(schema):
                 raise ConstraintError(f"{path}: {key!r} cannot be combined with {length!r}")
+    if _bounded_uri(schema):
+        uri_pattern(schema.get("minLength", 0), schema.get("maxLength"), path)  # refuses bounds it cannot meet
     if isinstance(schema.get("pattern"), str) and re.search(r"\(\?<?[=!]", schema["pattern"]):
         raise ConstraintError(f"{path}: lookahead and lookbehind in a pattern are not supported")
     properties, required = schema.get("properties") or {}, schema.get("required")
@@ -256,17 +258,99 @@ FORMAT_PATTERNS = {
 }
 
 
+# A `format: uri` with a length bound (pydantic's HttpUrl and AnyUrl write one) is written as this
+# pattern: xgrammar enforces no length next to a format or a pattern. It is a strict subset of RFC
+# 3986: scheme://host[:port][/path][?query][#fragment], no percent-escapes, each part bounded so
+# that every value it allows has the schema's length. A stricter grammar never writes a value the
+# schema rejects; it only cannot write some (a mailto: link, a %20).
+_URI_SCHEME = r"[a-zA-Z][a-zA-Z0-9+.\-]{0,15}"  # at most 16 characters
+_URI_HOST = r"[a-zA-Z0-9\-._~!$&'()*+,;=]"  # a reg-name's characters, no escapes
+_URI_PCHAR = r"a-zA-Z0-9\-._~!$&'()*+,;=:@"  # a path segment's characters, no escapes
+_URI_FIXED = 16 + len("://") + len(":65535") + len("/?#")  # the longest scheme, the port and separators
+_PORT = r"(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"  # 0-65535
+_URI_SHORTEST = len("a://h")
+URI_MIN_MAX_LENGTH = _URI_FIXED + 4  # room for a host and a little path, query and fragment
+
+
+def _bounded_uri(schema: dict) -> bool:
+    return schema.get("format") == "uri" and ("minLength" in schema or "maxLength" in schema)
+
+
+def uri_pattern(min_length, max_length, path: str = "schema") -> str:
+    """The pattern of a `format: uri` string of min_length..max_length characters (no bound: None)."""
+    for name, value in (("minLength", min_length), ("maxLength", max_length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConstraintError(f"{path}: {name} must be a non-negative integer")
+    if max_length is not None and max_length < URI_MIN_MAX_LENGTH:
+        raise ConstraintError(f"{path}: a 'uri' format with a maxLength below {URI_MIN_MAX_LENGTH} is not supported")
+    budget = 4096 if max_length is None else max_length - _URI_FIXED  # characters for host, path, query, fragment
+    needs_path = min_length > _URI_SHORTEST  # the shortest value, a://h, is too short without one
+    least = max(0, min_length - _URI_SHORTEST - 1)  # path characters after its "/" that make it long enough
+    if least > budget - 1:
+        raise ConstraintError(f"{path}: minLength {min_length} leaves no room under maxLength {max_length}")
+    host = min(253, max(1, budget // 2), budget - least)  # a DNS name is at most 253 characters
+    rest = budget - host
+    tail = max(least, rest - rest // 3 - rest // 6)  # the path's share; the query and fragment get the rest
+    query = (rest - tail) * 2 // 3
+    fragment = rest - tail - query
+    path_part = rf"/[{_URI_PCHAR}/]{{{least},{tail}}}"
+    return (
+        rf"{_URI_SCHEME}://{_URI_HOST}{{1,{host}}}(?::{_PORT})?"
+        + (path_part if needs_path else rf"(?:{path_part})?")
+        + rf"(?:\?[{_URI_PCHAR}/?]{{0,{query}}})?(?:#[{_URI_PCHAR}/?]{{0,{fragment}}})?"
+    )
+
+
+def optional_groups(pattern: str) -> str:
+    """`pattern` with each optional group `(...)?` written `(...){0,1}`: the same strings.
+
+    xgrammar 0.2.9 matches a JSON-schema `pattern` (its JSON-string regex mode) wrongly where a
+    group of one branch holding a repeated element is optional: `a(?:xy*)?` accepts "ay",
+    `[0-9]{3}(?:-[0-9]+)?` accepts "1234", so answers broke their own schema while we called them
+    valid. Plain regex mode is right, and so is `{0,1}` (checked against Python's `re` over random
+    patterns in tests/test_grammar_limits.py). Escapes and character classes are copied as they are."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":  # an escape: the next character is literal, or names a class
+            out.append(pattern[i : i + 2])
+            i += 2
+        elif in_class:
+            in_class = c != "]"
+            out.append(c)
+            i += 1
+        elif c == "[":  # a class; a "]" right after "[" or "[^" is a literal
+            start = i + 2 if pattern[i + 1 : i + 2] == "^" else i + 1
+            start += pattern[start : start + 1] == "]"
+            out.append(pattern[i:start])
+            in_class, i = True, start
+        elif c == ")" and pattern[i + 1 : i + 2] == "?":
+            out.append("){0,1}")
+            i += 3 if pattern[i + 2 : i + 3] == "?" else 2  # lazy `??`: the same strings
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
 def for_xgrammar(schema):
     """A copy of `schema` as xgrammar is to read it: each `format` it under-enforces written as a
-    `pattern`, and OpenAPI's `discriminator` (an annotation once check_schema passed it) left out."""
+    `pattern`, each pattern's optional groups in the form it enforces (`optional_groups`), and
+    OpenAPI's `discriminator` (an annotation once check_schema passed it) left out."""
     if isinstance(schema, list):
         return [for_xgrammar(sub) for sub in schema]
     if not isinstance(schema, dict):
         return schema
     out = {}
+    if _bounded_uri(schema):  # the pattern holds the bounds: xgrammar would drop them next to it
+        schema = {k: v for k, v in schema.items() if k not in ("format", "minLength", "maxLength")} | {
+            "pattern": uri_pattern(schema.get("minLength", 0), schema.get("maxLength"))
+        }
     for key, value in schema.items():
         if key == "format" and value in FORMAT_PATTERNS:
-            out["pattern"] = FORMAT_PATTERNS[value]
+            out["pattern"] = optional_groups(FORMAT_PATTERNS[value])
+        elif key == "pattern" and isinstance(value, str):
+            out[key] = optional_groups(value)
         elif key == "discriminator":  # an annotation here: _check_one_of made sure the branches are disjoint
             continue
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
