@@ -2,6 +2,7 @@
 
 runner.py       refactor scenarios x speculation modes x peers on the same weights
 load.py         `bench --concurrency`: many requests at once, in-process and through the server
+session.py      `bench --session`: a scripted multi-turn coding session, as an agent runs it
 peers.py        llama-cpp-python and transformers generate() on the same weights
 replay.py       what the prediction drafter would accept, without a model
 replay_check.py a bench report's prediction runs replayed: projected beside measured speedups

@@ -1,9 +1,22 @@
 """The engine: requests in, one batched step at a time, tokens out.
 
-core.py       EngineCore.step(): retire -> admit -> draft -> schedule -> run -> commit
-request.py    one request's state: prefill progress, draft, verification, stop handling
-scheduler.py  admission by cache capacity, prefill chunks, drafts trimmed to what pays
-client.py     the worker thread and the small interface the HTTP server talks to
+core.py          EngineCore.step(): retire -> admit -> draft -> schedule -> run -> commit
+request.py       one request's state: prefill progress, draft, verification, stop handling
+scheduler.py     admission by cache capacity, prefill chunks, drafts trimmed to what pays
+client.py        the worker thread and the small interface the HTTP server talks to
+
+sampling.py      logits -> the distribution sampled from; per-position random numbers (Noise)
+verify.py        how many draft tokens the target accepts, and the next token
+detokenize.py    committed tokens -> text, with EOS, stop strings and max_tokens
+constrain.py     grammar constraints (structured outputs) over xgrammar
+governor.py      prices a step (CostModel) and keeps `auto` from drafters that do not pay
+prices.py        the measured prices kept on disk, keyed by machine and model set-up
+prefix_cache.py  requests start from the longest cached prefix of their prompt
+draft_prefix.py  the draft model's sequences follow the target's prefix cache
+host_cache.py    the prefix cache's second tier, in host memory
+host_store.py    the host tier kept on disk between runs
+stats.py         per-request statistics and the output types (RequestOutput, StepEvent)
+tokenizer.py     one tokenizer copy per thread
 """
 
 from __future__ import annotations
