@@ -22,7 +22,7 @@ def drive(gov: Governor, rate: float, steps: int, source: str = "draft", k_max: 
     for _ in range(steps):
         k = gov.k_cap(source, k_max)
         accepted = int(k * rate)
-        gov.record(source if k else "none", 1 + k, k if source == "draft" else 0, accepted + 1)
+        gov.record(source if k else "none", 1 + k, accepted + 1)
         ks.append(k)
     return ks
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 METHODS = ("auto", "none", "prediction", "ngram", "draft")
 
@@ -197,9 +197,6 @@ class SpeculationConfig:
         k = config.get("num_speculative_tokens")
         spec = cls("ngram" if method == "ngram" else "draft", num_speculative_tokens=k, **fields)
         return spec, model
-
-    def with_k(self, k: int | None) -> SpeculationConfig:
-        return replace(self, num_speculative_tokens=k)
 
 
 # Measuring prices (engine/governor.py) times target passes of CALIBRATION_SIZES tokens over a short

@@ -352,8 +352,8 @@ class Governor:
                 best_k, best = k, value
         return best_k
 
-    def record(self, source: str, fed: int, draft_passes: int, committed: int) -> None:
-        """One finished step: its source, tokens fed to the target, draft passes, tokens committed."""
+    def record(self, source: str, fed: int, committed: int) -> None:
+        """One finished step: its source, tokens fed to the target, tokens committed."""
         self._steps += 1
         if source in GOVERNED and fed > 1:
             accepted, proposed = self.counts.get(source, list(self.prior))

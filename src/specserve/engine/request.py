@@ -237,7 +237,7 @@ class Request:
         self.stats.record_step(src, len(draft_ids), min(n_acc, committed), committed)
         self.stats.verify_time += step_time
         if self.governor is not None:
-            self.governor.record(src, 1 + len(draft_ids), len(draft_ids) if src == "draft" else 0, n_acc + 1)
+            self.governor.record(src, 1 + len(draft_ids), n_acc + 1)
         heard = Draft(draft_ids, src, None) if src != "none" else None
         for p in self.chain:
             p.observe(self.tokens, heard, n_acc)

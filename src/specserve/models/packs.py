@@ -168,7 +168,6 @@ PACKS: dict[str, Pack] = {
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 TEST_PACK = "smollm2-135m-instruct"
-GEMMA_PACK = "gemma-3-270m"
 _ROLE_DEFAULTS = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
 
 

@@ -364,7 +364,7 @@ class PredictionLookup(NgramProposer):
     def observe(self, tokens: list[int], draft: Draft | None, num_accepted: int) -> None:
         if draft is not None and draft.source == self.name:
             super().observe(tokens, draft, num_accepted)
-            self.governor.record(self.name, 1 + len(draft.token_ids), 0, num_accepted + 1)
+            self.governor.record(self.name, 1 + len(draft.token_ids), num_accepted + 1)
 
 
 def _token_starts(offsets) -> list[int]:
