@@ -3,7 +3,7 @@
 specserve bench --quick --out bench-quick            # SmolLM2-135M, one scenario, short outputs (CI)
 specserve bench --out bench --max-tokens 256 --scenarios py-rename,ts-async --modes plain,prediction
 specserve bench --concurrency 1,4,16 --modes plain,prediction --load-via both --out bench-load
-                                                     # load: C requests at once (bench_load.py)
+                                                     # load: C requests at once (bench/load.py)
 specserve bench --session --out bench-session        # a 4-turn coding conversation (bench/session.py)
 """
 
@@ -354,7 +354,7 @@ def run(args) -> int:
 
 
 def run_load(args) -> int:
-    """`--concurrency`: the load benchmark (bench_load.py) instead of the per-scenario one."""
+    """`--concurrency`: the load benchmark (bench/load.py) instead of the per-scenario one."""
     from ..bench import load as bench_load
 
     concurrency = bench_load.parse_concurrency(args.concurrency)  # bad values: one line, before any load

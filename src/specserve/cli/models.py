@@ -1,6 +1,6 @@
 """``specserve models list`` and ``specserve models pull NAME``: the offline model packs.
 
-``cli.py`` calls :func:`add_parser`; every handler returns an exit code and turns a
+``cli/main.py`` calls :func:`add_parser`; every handler returns an exit code and turns a
 SpecServeError (or an OS error such as a full disk) into one line on stderr, never a traceback.
 """
 

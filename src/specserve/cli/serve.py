@@ -21,7 +21,7 @@ from .generate import add_engine_args, add_model_args, check_model_paths, engine
 
 
 def add_parser(subparsers) -> None:
-    """Register the `serve` subcommand (contract with cli.py)."""
+    """Register the `serve` subcommand (contract with cli/main.py)."""
     p = subparsers.add_parser(
         "serve",
         help="run the OpenAI-compatible HTTP server",
