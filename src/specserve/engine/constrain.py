@@ -99,7 +99,7 @@ SUPPORTED_SCHEMA_KEYWORDS = frozenset(
         "minItems",
         "maxItems",
         "format",
-        "discriminator",  # OpenAPI's (pydantic writes it): next to oneOf/anyOf only, see _one_of_problem
+        "discriminator",  # OpenAPI's (pydantic writes it): next to oneOf/anyOf only, see _check_one_of
         # annotations: no effect on validity
         "title",
         "description",
