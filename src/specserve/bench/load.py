@@ -42,7 +42,7 @@ from tqdm import tqdm
 from ..config import SamplingParams
 from ..server.launch import ServerProcess
 from . import pyplot, require
-from .runner import BenchOptions, build_prompt, environment, load_scenarios, save_report
+from .runner import BenchOptions, build_prompt, cell, environment, load_scenarios, save_report
 
 LOAD_MODES = ("plain", "prediction")
 VIAS = ("inproc", "server")
@@ -480,10 +480,6 @@ def warm_up_server(url: str, prompts: list[Prompt], modes: tuple[str, ...], conc
 # --------------------------------------------------------------------------- outputs
 
 
-def _f(v, spec: str = ".2f") -> str:
-    return "–" if v is None else f"{v:{spec}}"
-
-
 def _ms(v) -> str:
     return "–" if v is None else f"{v * 1000:.1f}"
 
@@ -508,10 +504,10 @@ def markdown(rows: list[LoadRow], env: dict) -> str:
     )
     body = "".join(
         f"| {r.via} | {r.mode} | {r.concurrency} | {r.output_tokens} | {r.wall_s:.2f} | {r.aggregate_tok_s:.1f} | "
-        f"{_f(r.per_request_tok_s_p50, '.1f')} | {_ms(r.ttft_p50)} | {_ms(r.ttft_p99)} | {_ms(r.itl_p50)} | "
-        f"{_ms(r.itl_p99)} | {_f(r.acceptance_rate, '.1%')} | "
-        f"{'–' if r.speedup_vs_c1 is None else f'{r.speedup_vs_c1:.2f}x'} | {_f(r.steady_tok_s, '.1f')} | "
-        f"{_f(r.of_prefill, '.0%')} |\n"
+        f"{cell(r.per_request_tok_s_p50, '.1f')} | {_ms(r.ttft_p50)} | {_ms(r.ttft_p99)} | {_ms(r.itl_p50)} | "
+        f"{_ms(r.itl_p99)} | {cell(r.acceptance_rate, '.1%')} | "
+        f"{'–' if r.speedup_vs_c1 is None else f'{r.speedup_vs_c1:.2f}x'} | {cell(r.steady_tok_s, '.1f')} | "
+        f"{cell(r.of_prefill, '.0%')} |\n"
         for r in rows
     )
     lines = []

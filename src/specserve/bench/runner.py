@@ -411,7 +411,7 @@ def headlines(runs: list[Run]) -> list[str]:
     """One line per speculative run that has a peer to compare with: the ratio a user would quote."""
     return [
         f"{r.scenario}/{r.mode}: {r.tokens_per_second:.1f} tok/s = {r.vs_peer:.2f}x "
-        f"{peer.engine}'s plain decoding on the same weights ({_f(r.speedup, '.2f', 'x')} ours"
+        f"{peer.engine}'s plain decoding on the same weights ({cell(r.speedup, '.2f', 'x')} ours"
         + (f", {r.of_prefill:.0%} of the prefill rate" if r.of_prefill else "")
         + ")"
         for r in runs
@@ -512,7 +512,8 @@ def _named(device: str) -> str:
     return device
 
 
-def _f(v, spec: str = ".2f", suffix: str = "") -> str:
+def cell(v, spec: str = ".2f", suffix: str = "") -> str:
+    """A Markdown table cell of every bench report: the value formatted, or – when there is none."""
     return "–" if v is None else f"{v:{spec}}{suffix}"
 
 
@@ -520,8 +521,8 @@ def html_rows(r: Run) -> dict:
     """The HTML report's summary rows from the bench: its decode rate replaces the engine's
     (output tokens over the time after prefill), so that the page quotes bench.md's tok/s."""
     return {
-        "output tokens/s": f"{_f(r.tokens_per_second)} (after the first token, as in bench.md)",
-        "speedup vs plain": _f(r.speedup, ".2f", "x"),
+        "output tokens/s": f"{cell(r.tokens_per_second)} (after the first token, as in bench.md)",
+        "speedup vs plain": cell(r.speedup, ".2f", "x"),
     } | divergence_row(r)
 
 
@@ -590,10 +591,10 @@ def markdown_table(runs: list[Run], env: dict) -> str:
             continue
         rows.append(
             f"| {r.scenario} | {r.mode} | {r.engine} | {r.output_tokens} | {r.latency:.2f} | "
-            f"{_f(r.ttft)} | {_f(r.tokens_per_second)} | {_f(r.acceptance_rate, '.1%')} | "
-            f"{_f(r.tokens_per_step)} | {_f(r.speedup, '.2f', 'x')} | {_f(r.vs_peer, '.2f', 'x')} | "
-            f"{_f(r.e2e_speedup, '.2f', 'x')} | "
-            f"{_f(r.of_prefill, '.0%')} | {_equal_cell(r)} |\n"
+            f"{cell(r.ttft)} | {cell(r.tokens_per_second)} | {cell(r.acceptance_rate, '.1%')} | "
+            f"{cell(r.tokens_per_step)} | {cell(r.speedup, '.2f', 'x')} | {cell(r.vs_peer, '.2f', 'x')} | "
+            f"{cell(r.e2e_speedup, '.2f', 'x')} | "
+            f"{cell(r.of_prefill, '.0%')} | {_equal_cell(r)} |\n"
         )
     return head + "".join(rows)
 
@@ -644,13 +645,18 @@ def write_chart(runs: list[Run], path: Path) -> Path:
     return path
 
 
-def save_report(out: Path, stem: str, env: dict, key: str, rows: list, markdown: str, chart) -> dict[str, Path]:
-    """<stem>.json ({"environment": env, key: rows}), <stem>.md and <stem>.png (chart(path)) in `out`."""
+def save_report(
+    out: Path, stem: str, env: dict, key: str, rows: list, markdown: str, chart=None, as_dict=asdict
+) -> dict[str, Path]:
+    """<stem>.json ({"environment": env, key: [as_dict(row)]}), <stem>.md and, given a chart(path),
+    <stem>.png in `out` (every bench report: scenarios, load, session)."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md", "chart": out / f"{stem}.png"}
-    paths["json"].write_text(json.dumps({"environment": env, key: [asdict(r) for r in rows]}, indent=2))
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}
+    paths["json"].write_text(json.dumps({"environment": env, key: [as_dict(r) for r in rows]}, indent=2))
     paths["markdown"].write_text(markdown)
-    chart(paths["chart"])
+    if chart is not None:
+        paths["chart"] = out / f"{stem}.png"
+        chart(paths["chart"])
     return paths
 
 

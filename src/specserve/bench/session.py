@@ -42,7 +42,7 @@ from ..engine.prefix_cache import common_prefix
 from ..errors import InvalidRequestError
 from . import pyplot
 from .peers import peer_skip_reason, run_session_turn, session_llama
-from .runner import _Clock, load_scenarios
+from .runner import _Clock, cell, load_scenarios, save_report
 
 SYSTEM = (
     "You are a coding assistant. Answer questions about code briefly. When asked to change a file, reply "
@@ -294,10 +294,6 @@ def warm_up(llm, peer: bool) -> None:
 # --------------------------------------------------------------------------- outputs
 
 
-def _f(v, spec: str = ".2f") -> str:
-    return "–" if v is None else f"{v:{spec}}"
-
-
 def _same(v: bool | None) -> str:
     return "–" if v is None else ("yes" if v else "DIFFERS")
 
@@ -323,7 +319,7 @@ def markdown(runs: list[SessionRun], env: dict) -> str:
         for t in r.turns:
             rows.append(
                 f"| {r.name} | {t.turn} | {t.kind} | {t.prompt_tokens} | {t.cached_tokens} | {t.reusable_tokens} | "
-                f"{t.completion_tokens} | {t.finish_reason} | {_f(t.ttft)} | {t.latency:.2f} | "
+                f"{t.completion_tokens} | {t.finish_reason} | {cell(t.ttft)} | {t.latency:.2f} | "
                 f"{_same(t.same_as_cache_on)} |\n"
             )
     rows.append("\n| run | session s | sum of TTFT s | prompt tok | cached tok | out tok | vs cache on |\n")
@@ -368,17 +364,11 @@ def write_chart(runs: list[SessionRun], path: Path) -> Path:
 
 
 def write_results(runs: list[SessionRun], env: dict, out: Path, chart: bool = True) -> dict[str, Path]:
-    """session.json, session.md and (with `chart`) session.png in `out`."""
-    import json
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "session.json", "markdown": out / "session.md"}
-    data = {"environment": env, "runs": [asdict(r) | {"totals": r.totals()} for r in runs]}
-    paths["json"].write_text(json.dumps(data, indent=2))
-    paths["markdown"].write_text(markdown(runs, env))
-    if chart:
-        paths["chart"] = write_chart(runs, out / "session.png")
-    return paths
+    """session.json (each run with its totals), session.md and (with `chart`) session.png in `out`."""
+    draw = (lambda p: write_chart(runs, p)) if chart else None
+    return save_report(
+        out, "session", env, "runs", runs, markdown(runs, env), draw, lambda r: asdict(r) | {"totals": r.totals()}
+    )
 
 
 def bench_session(make_llm, opts: SessionOptions, out: Path, environment) -> tuple[list[SessionRun], dict, dict]:
