@@ -70,6 +70,18 @@ class Backend(Protocol):
     #   save_sequence(seq) -> SavedSequence | None: a copy of seq's cache; None if it cannot
     #   restore_sequence(seq, saved) -> bool: the empty seq holds the copy; False (seq left
     #   empty) when the cache has no room
+    #
+    # Optional members the engine reads where a backend has them (llama.cpp has them all,
+    # transformers only on_gpu); without one, the engine takes the default in brackets:
+    #   cache_tokens: int           cells allocated up front; admission keeps within them [EngineLimits.cache_tokens]
+    #   attends_every_cell: bool    a pass attends over every used cell, so cached prefixes pay
+    #                               rent (prefix_cache.py) and a lone request is moved down [False]
+    #   relocate(seq) -> bool       move seq's cells to the lowest free ones (with attends_every_cell)
+    #   keeps_prefix(seq, n) -> bool  seq's cells still hold what a cut to n positions attends to
+    #                               (a sliding window may have overwritten them) [always]
+    #   on_gpu: bool                the cache lives in accelerator memory: copying it out to the
+    #                               host tier may not pay [False]
+    #   cell_bytes() -> int         bytes one cache cell takes (part of the host store's key)
 
 
 @dataclass(frozen=True)
