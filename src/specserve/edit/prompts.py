@@ -152,12 +152,13 @@ PROMPTS: dict[str, EditPrompt] = {
         ),
     )
 }
-# Chosen by scripts/eval_edit_prompt.py on 33 real edits (docs/server.md, "Which edit prompt"): with
-# the retry below, `file-first` gives the most usable and the most correct files of the candidates.
+# Chosen by scripts/eval_edit_prompt.py on 33 real edits (the measured table in docs/server.md,
+# "`specserve edit`"): with the retry below, `file-first` gives the most usable and the most correct
+# files of the candidates.
 DEFAULT_PROMPT = "file-first"
 # `specserve edit` asks once more with this prompt when the first answer cannot be the updated
 # file (short, no code, a placeholder, or the file unchanged): its worked example cures short
-# answers, the commonest failure of the others (docs/server.md, "Which edit prompt").
+# answers, the commonest failure of the others (the same table).
 RETRY_PROMPT = "example"
 SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
 # When that answer is refused too, the first request's conversation goes on with its answer and a
