@@ -78,7 +78,7 @@ def add_model_args(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
         choices=("bfloat16", "float32", "float16"),
         help=dtype_help or "torch dtype, transformers backend only (default bfloat16)",
     )
-    p.add_argument("--device", help="cpu, cuda or cuda:N, transformers backend (default: cuda when available)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or mps, transformers backend (default: cuda when available)")
     p.add_argument("--threads", type=int, help="llama.cpp CPU threads (default: every core)")
     p.add_argument(
         "--gpu-layers",

@@ -34,7 +34,8 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECSERVE_API_KEY, else open)",
+        help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and the OpenAPI docs "
+        "(default: $SPECSERVE_API_KEY, else open)",
     )
     p.add_argument("--speculation", default="auto", choices=METHODS, help="default speculation method (default auto)")
     p.add_argument(
@@ -71,7 +72,7 @@ def add_parser(subparsers) -> None:
         metavar="DIR",
         help="write the prefix cache's host tier to DIR as it changes (every 30 s) and when the server "
         "stops, and read it back when it starts, so conversations stay warm across restarts and "
-        "crashes (llama.cpp; default: off)",
+        "crashes (default: off)",
     )
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
