@@ -52,11 +52,14 @@ def table_rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in row] for row in rows[2:]]
 
 
+FENCE = re.compile(r"```\w*\s*$")  # a fence line holds the fence and a language, nothing else
+
+
 def fenced(text: str) -> list[tuple[str, str]]:
     """(language, body) of each fenced code block, read line by line (a fence opens with its language)."""
     blocks, lang, body = [], None, []
     for line in text.splitlines():
-        if line.startswith("```"):
+        if FENCE.match(line):
             if lang is None:
                 lang, body = line[3:].strip(), []
             else:
@@ -86,8 +89,9 @@ def spans(text: str) -> list[str]:
     """Inline code spans outside fenced blocks, a span wrapped over two lines joined into one."""
     inside, kept = False, []
     for line in text.splitlines():
-        inside = inside != line.startswith("```")  # a fence line opens or closes a block
-        kept += [] if inside or line.startswith("```") else [line]
+        fence = bool(FENCE.match(line))
+        inside = inside != fence  # a fence line opens or closes a block
+        kept += [] if inside or fence else [line]
     prose = "\n".join(kept)
     return [" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose)]
 
@@ -222,6 +226,26 @@ def test_design_files_table_names_files_that_exist():
             missing += [] if folder.exists() else [name]
             if name.endswith("/"):  # its files are named in the concern column
                 missing += [f"{name}{f}" for f in re.findall(r"`(\w+\.py)`", row[1]) if not (folder / f).exists()]
+    assert not missing, missing
+
+
+OTHER_PROJECTS = {"transformers/integrations/ggml.py"}  # models.md: where to look in transformers
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_file_and_test_the_docs_cite_exists(doc):
+    """A path in a code span (one with a folder: a bare `config.json` is any model's) is a file of
+    the repo, from its root, src/, src/specserve/, docs/, tests/ or scripts/; and a test named as
+    `test_x.py::test_y` or `test_y` is one."""
+    roots = [ROOT, ROOT / "src", ROOT / "src" / "specserve", ROOT / "docs", ROOT / "tests", ROOT / "scripts"]
+    tests = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py"))
+    missing = []
+    for span in spans(read(doc)):
+        for path in re.findall(r"^(?:python )?(\w[\w.-]*(?:/[\w.-]+)*\.(?:py|sh|json|md|toml))\b", span):
+            if "/" in path and path not in OTHER_PROJECTS and not any((root / path).exists() for root in roots):
+                missing.append(path)
+        for name in re.findall(r"(?:^|::)(test_\w+)$", span):
+            missing += [] if re.search(rf"^def {name}\(", tests, re.M) else [name]
     assert not missing, missing
 
 
