@@ -27,7 +27,7 @@ DRAIN_LIMIT_S = 10.0
 def default_max_body_bytes(max_context: int) -> int:
     """The default cap: the prompt and the prediction may each fill the context, at 64 bytes a token.
 
-    2 x 64 B x max_context + 1 MiB: 1.03 MiB for a 512-token model, 2 MiB for 8k (SmolLM2),
+    2 x 64 B x max_context + 1 MiB: 1.06 MiB for a 512-token model, 2 MiB for 8k (SmolLM2),
     5 MiB for 32k (Qwen2.5-Coder). Anything larger cannot be a request the model could serve.
     """
     return 2 * BYTES_PER_TOKEN * max_context + OVERHEAD_BYTES
