@@ -799,21 +799,26 @@ def test_when_the_answer_is_begun_for_the_model(instruction, opened):
         ("x = 1\n", "y = 1"),  # the answer dropped the last newline
         ("x = 1", "x = 1\ny = 2\n"),  # the answer added one
         ("a\nb\nc\n", "a\nB\nc\n"),  # both end with one: no marker
+        ("import os\n\f\ndef a():\n    return 1\n", "import os\n\f\ndef a():\n    return 5\n"),  # a page break
+        ("s = 'a\u2028b'  # \x85\n", "s = 'a\u2028c'  # \x85\n"),  # Unicode line separators inside a line
+        ("x = 1  # \r z\ny = 2\n", "x = 1  # \r z\ny = 3\n"),  # a lone CR inside a line
     ],
 )
 def test_the_diff_is_one_git_applies(tmp_path, old, new):
     """A last line without a newline is marked as diff -u marks it, not run together with the
     next line of the diff (`-x = 1+y = 1`): git applies the printed diff to the file and gets
-    the answer, byte for byte."""
+    the answer, byte for byte. Only '\n' ends a line, as for diff and git: a form feed, a lone
+    CR or a Unicode line separator inside a line is part of it (str.splitlines broke lines there,
+    and the diff of a file with a ^L page break was one git called corrupt)."""
     import subprocess
 
     from specserve.cli.edit import unified_diff
 
-    (tmp_path / "f.py").write_text(old)
+    (tmp_path / "f.py").write_bytes(old.encode())
     patch = tmp_path / "edit.diff"
-    patch.write_text(unified_diff(old, new, "f.py"))
+    patch.write_bytes(unified_diff(old, new, "f.py").encode())
     subprocess.run(["git", "apply", "--unsafe-paths", str(patch)], cwd=tmp_path, check=True, capture_output=True)
-    assert (tmp_path / "f.py").read_text() == new
+    assert (tmp_path / "f.py").read_bytes() == new.encode()
 
 
 CALC = """import math

@@ -108,3 +108,18 @@ def test_simplify_or_clean_up_one_function_never_loses_the_others():
         assert verdict.failure is None and verdict.code == without_second, instruction
     refused = judge_answer(FILE, short, "simplify first", "javascript")  # no splice outside Python: refused
     assert refused.failure and "no longer defines" in refused.failure
+
+
+def test_characters_that_str_splitlines_takes_for_line_ends_do_not_move_the_splice():
+    """Python ends a line at '\\n' (and a lone CR) only: a form feed (PEP 8's page break, found in
+    the standard library), a Unicode line separator in a string, or U+0085 in a comment is inside
+    a line. str.splitlines broke lines there too, so the definitions' line numbers from `ast` pointed
+    at the wrong lines: the splice kept the old `second` beside the new one and ate blank lines."""
+    odd = FILE.replace("import os\n", "import os\n\f\n").replace("return a + 1", "return a + 1  # \u2028 \x85")
+    spliced, names = splice_definitions(odd, "def second(b):\n    return b * 3\n")
+    assert names == ["second"] and spliced == odd.replace(
+        "@decorator\ndef second(b):\n    return b * 2", "def second(b):\n    return b * 3"
+    )
+    lone_cr = "def first(a):\r    return a\n\n\ndef second(b):\n    return b\n"  # a lone CR ends a line for Python
+    spliced, _ = splice_definitions(lone_cr, "def second(b):\n    return b * 3\n")
+    assert spliced == "def first(a):\r    return a\n\n\ndef second(b):\n    return b * 3\n"

@@ -89,18 +89,27 @@ def add_parser(subparsers) -> None:
 NO_NEWLINE = "\\ No newline at end of file\n"
 
 
+def diff_lines(text: str) -> list[str]:
+    """`text` cut into lines as diff and git cut it: after each '\n' only, each line keeping it.
+    (str.splitlines also ends a line at a form feed, a lone CR or a Unicode line separator, which
+    are characters inside a line to diff, so the diff of a file holding one was corrupt.)"""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
+
 def unified_diff(old: str, new: str, name: str) -> str:
     """A unified diff as `diff -u` and `git diff` write it, which `patch` applies: a line without
     a newline (a file's last) is followed by the "\\ No newline at end of file" marker, so it is
     not run together with the next line of the diff."""
-    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{name}", f"b/{name}")
+    lines = difflib.unified_diff(diff_lines(old), diff_lines(new), f"a/{name}", f"b/{name}")
     return "".join(line if line.endswith("\n") else line + "\n" + NO_NEWLINE for line in lines)
 
 
 def colorize(diff: str) -> str:
     """ANSI colours for a terminal: additions green, removals red, hunks cyan."""
     out = []
-    for line in diff.splitlines(True):
+    for line in diff_lines(diff):
         if line.startswith(("+++", "---")):
             out.append(f"\033[1m{line}\033[0m")
         elif line.startswith("+"):

@@ -18,6 +18,7 @@ import, which must come first, builds nothing.
 from __future__ import annotations
 
 import ast
+import io
 
 from .names import DEFINITION_NODES
 
@@ -45,15 +46,22 @@ def splice_definitions(original: str, answer: str) -> tuple[str, list[str]] | No
     names = [n.name for n in defs]
     if len(set(names)) != len(names) or any(len(old_defs.get(name, [])) != 1 for name in names):
         return None
-    old_lines, new_lines = original.splitlines(keepends=True), answer.splitlines(keepends=True)
+    old_lines, new_lines = _lines(original), _lines(answer)
     replacements = sorted(((*_span(old_defs[n.name][0]), _text(new_lines, n)) for n in defs), reverse=True)
     for start, end, text in replacements:  # bottom up, so earlier spans keep their line numbers
-        old_lines[start:end] = [text if text.endswith("\n") or end >= len(old_lines) else text + "\n"]
+        old_lines[start:end] = [text if text.endswith(("\n", "\r")) or end >= len(old_lines) else text + "\n"]
     if added:  # above every definition, so the replacements below did not move this line
         at = _import_line(old_tree, old_lines)
         gap = ["\n", "\n"] if at < len(old_lines) and old_lines[at].strip() else []  # none before code: PEP 8's two
         old_lines[at:at] = [line + "\n" for line in dict.fromkeys(added)] + gap
     return "".join(old_lines), names
+
+
+def _lines(text: str) -> list[str]:
+    """`text`'s lines as Python numbers them (`ast`'s lineno), each with its end: a line ends at
+    '\n', '\r\n' or a lone '\r' only. (str.splitlines also ends one at a form feed, U+2028, U+0085
+    and others, which Python reads as characters inside a line: the spans then missed.)"""
+    return io.StringIO(text, newline="").readlines()
 
 
 def _import_line(tree: ast.Module, lines: list[str]) -> int:
