@@ -22,6 +22,7 @@ from .engine.stats import RequestOutput
 from .engine.tokenizer import per_thread
 from .errors import InvalidRequestError, ModelLoadError
 from .fim import fim_prompt_ids
+from .literal import encode_marked, mark_specials, special_texts
 from .models.loader import eos_ids, load
 
 
@@ -381,6 +382,7 @@ class LLM:
         template = getattr(self.tokenizer, "chat_template", None)
         if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             messages = template_messages(messages, tools, template)
+        messages, marks = mark_specials(messages, self.special_texts)
         if template:
             native = tools if tools and template_supports_tools(template) else None
             text = self.tokenizer.apply_chat_template(
@@ -394,7 +396,14 @@ class LLM:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
             if continue_final_message:
                 text = text[: -len("\nassistant: ")]
+        if marks:  # a control token's spelling in a message is text (literal.py)
+            return encode_marked(self.tokenizer, text, self.special_texts, marks)
         return self.encode(text)
+
+    @functools.cached_property
+    def special_texts(self) -> list[str]:
+        """The spellings of the tokenizer's control tokens, which a message's text may hold as text."""
+        return special_texts(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:

@@ -150,9 +150,7 @@ class PredictionProposer:
     def set_text(self, text: str) -> None:
         """Follow `text` (tokenized with character offsets) from its start."""
         self.text = self.orig = text
-        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        self.ids: list[int] = list(enc["input_ids"])
-        self.starts = _token_starts(enc["offset_mapping"])
+        self.ids, self.starts = _tokenize(self.tok, text)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         pass  # the prediction was tokenized in __init__
@@ -259,7 +257,7 @@ class PredictionProposer:
         self.trusted = length >= TRUST_CHARS
         idx = bisect_left(self.starts, end)  # first token starting at or after the anchor
         nxt = self.starts[idx] if idx < len(self.starts) else len(self.text)
-        self.bridge = self.tok.encode(self.text[end:nxt], add_special_tokens=False) if nxt > end else []
+        self.bridge = _tokenize(self.tok, self.text[end:nxt])[0] if nxt > end else []
         self.pos, self.char_pos, self.anchored = idx, end, True
         self.k.restart()
         self.age = 0
@@ -329,8 +327,7 @@ class PredictionProposer:
             Span(s.w0 + at, s.w1 + at, s.o0, s.o1, s.old) for s in spans
         ]
         self.text = self.text[:at] + rest
-        enc = self.tok(self.text, add_special_tokens=False, return_offsets_mapping=True)
-        self.ids, self.starts = list(enc["input_ids"]), _token_starts(enc["offset_mapping"])
+        self.ids, self.starts = _tokenize(self.tok, self.text)
         self.char_pos = min(self.char_pos, at)
 
 
@@ -365,6 +362,15 @@ class PredictionLookup(NgramProposer):
         if draft is not None and draft.source == self.name:
             super().observe(tokens, draft, num_accepted)
             self.governor.record(self.name, 1 + len(draft.token_ids), num_accepted + 1)
+
+
+def _tokenize(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """(`text`'s token ids, where each token's text starts) as the output would write it: a control
+    token's spelling (`<|im_end|>` in a file being edited) is its characters, since an output's text
+    never holds a control token (the detokenizer skips them; a drafted one was a wasted draft, and
+    an end-of-turn one an invitation to stop)."""
+    enc = tokenizer(text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True)
+    return list(enc["input_ids"]), _token_starts(enc["offset_mapping"])
 
 
 def _token_starts(offsets) -> list[int]:
