@@ -79,6 +79,16 @@ def test_perfect_prediction_accepts_everything_but_bonus_tokens(tokenizer):
     check_stats_add_up(tokenizer, BEFORE, BEFORE)
 
 
+def test_a_file_that_spells_a_control_token_replays_as_text(tokenizer):
+    """A model writes `<|im_end|>` in a file with the characters' tokens (the control token would
+    end its turn, and the detokenizer skips it): the replay's output is tokenized so, as the
+    prediction drafter tokenizes the prediction, and a perfect prediction still accepts everything."""
+    text = BEFORE + 'END = "<|im_end|>"\n' + BEFORE
+    r = replay(tokenizer, text, text)
+    assert r.exact and r.rejected == 0 and r.acceptance_rate == 1.0
+    assert r.prediction_tokens == r.output_tokens == len(tokenizer.encode(text, split_special_tokens=True))
+
+
 def test_edit_in_the_middle_reanchors(tokenizer, monkeypatch):
     after = edited(BEFORE)
     r = replay(tokenizer, BEFORE, after)

@@ -169,7 +169,8 @@ def replay(
 ) -> ReplayResult:
     """Replay the prediction drafter against `output`; see the module docstring. prompt: a
     prompt the oracle target reads first (what `auto`'s prompt drafting can copy from)."""
-    output_ids = tokenizer.encode(output, add_special_tokens=False)
+    # as a model writes text (a control token's spelling is its characters), and as the drafter tokenizes the prediction
+    output_ids = tokenizer.encode(output, add_special_tokens=False, split_special_tokens=True)
     if not output_ids:
         raise ValueError("the output is empty: nothing to replay")
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False) if prompt else None
@@ -178,7 +179,9 @@ def replay(
     sizes = [st["proposed"] + 1 for st in out.steps]
     return ReplayResult(
         output_tokens=s.output_tokens,
-        prediction_tokens=len(tokenizer.encode(prediction, add_special_tokens=False)) if prediction else 0,
+        prediction_tokens=len(tokenizer.encode(prediction, add_special_tokens=False, split_special_tokens=True))
+        if prediction
+        else 0,
         steps=s.steps,
         proposed=s.proposed,
         accepted=s.accepted,
