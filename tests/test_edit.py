@@ -386,6 +386,23 @@ def test_a_file_that_mixes_line_ends_keeps_each_kept_line_s_own(server, tmp_path
     assert path.read_bytes() == expected.encode()
 
 
+def test_a_stray_cr_before_a_line_end_is_kept_on_lines_the_edit_did_not_touch(server, tmp_path):
+    """A CRLF file with a line ending in CR CR LF (converted twice by some tool): the model sees
+    that line with a CR before its '\n' and writes it back so; that '\r\n' in the answer was taken
+    for the model's own CRLF and turned into '\n', so the untouched line lost its CR."""
+    path = tmp_path / "greet.py"
+    lines = ORIGINAL.split("\n")[:-1]
+    ends = ["\r\n"] * len(lines)
+    ends[3] = "\r\r\n"
+    path.write_bytes("".join(line + end for line, end in zip(lines, ends)).encode())
+    sent = server.answer
+    server.on_request = lambda body: setattr(server, "answer", sent.replace("\n\n\ndef main", "\n\n\r\ndef main"))
+    assert edit_cli(server, path, "--in-place") == 0
+    assert "\r\n" in server.requests[0]["prediction"]["content"]  # the stray CR, as the model saw it
+    expected = "".join(line + end for line, end in zip(EDITED.split("\n")[:-1], ends))
+    assert path.read_bytes() == expected.encode()
+
+
 @pytest.mark.parametrize("how", ["--in-place", "--output FILE", "--output ./FILE"])
 def test_a_file_changed_while_the_model_answers_is_not_overwritten(server, src, capsys, how):
     """Minutes pass while a CPU model answers: what the user saved meanwhile must survive, also

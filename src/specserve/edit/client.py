@@ -65,8 +65,11 @@ def strip_fence(text: str, original: str = "") -> str:
     the original's trailing newlines (none, one, or a blank last line) kept.
 
     A file that itself opens with a fence (Markdown beginning with a code block) and an answer
-    that opens with the same line is the file, not a wrapped answer: nothing is stripped."""
-    text = text.replace("\r\n", "\n").removeprefix("\ufeff")
+    that opens with the same line is the file, not a wrapped answer: nothing is stripped.
+
+    A '\r\n' is the file's own when the original (as the model saw it) has one: a line that ends in
+    a stray CR before its line end (CR CR LF in a CRLF file) keeps that CR."""
+    text = (text if "\r\n" in original else text.replace("\r\n", "\n")).removeprefix("\ufeff")
     m = _FENCE.match(text)
     first = next((ln.strip() for ln in original.splitlines() if ln.strip()), "")
     opens_like_file = first.startswith(("```", "~~~")) and text.lstrip().split("\n", 1)[0].strip() == first

@@ -72,7 +72,10 @@ class SourceFile:
     def encode(self, text: str) -> bytes:
         """`text` (an edited version of .text) with this file's BOM and line ends."""
         if "\r\n" in self.ends:
-            text = _restore_ends(self.text, self.ends, text.replace("\r\n", "\n"), "\r\n" if self.crlf else "\n")
+            # a '\r\n' is the model's own CRLF, unless the file has a stray CR before a line end (strip_fence)
+            if "\r\n" not in self.text:
+                text = text.replace("\r\n", "\n")
+            text = _restore_ends(self.text, self.ends, text, "\r\n" if self.crlf else "\n")
         return ((_BOM if self.bom else "") + text).encode("utf-8")
 
 
