@@ -63,6 +63,40 @@ def test_empty_stdin_prompt_fails_before_loading_a_model():
     assert r.returncode == 2 and "prompt on stdin is empty" in r.stderr  # not the model error: checked first
 
 
+def test_prompt_prediction_and_suffix_files_are_read_byte_for_byte(tmp_path):
+    """CRLF and lone CR line ends reach the model as the file has them (open() in text mode made
+    them '\n', while the same text on stdin kept them: a CRLF file's prediction or FIM suffix was
+    another text than the file)."""
+    from specserve.cli.generate import read_text
+
+    path = tmp_path / "crlf.py"
+    path.write_bytes(b"a = 1\r\nb = 2\rc = 3\n")
+    assert read_text(str(path), "prediction") == "a = 1\r\nb = 2\rc = 3\n"
+
+
+@pytest.mark.parametrize("how", ["stdin", "--prompt-file", "argument", "--prediction"])
+def test_text_that_is_not_utf8_is_refused_in_one_line(tmp_path, how):
+    """Bytes that are not UTF-8 on stdin or in an argument came in as lone surrogates and ended in a
+    tokenizer TypeError traceback after the model was loaded."""
+    bad = b"caf\xe9 = 1\n"
+    path = tmp_path / "latin.py"
+    path.write_bytes(bad)
+    args = {
+        "stdin": [],
+        "--prompt-file": ["--prompt-file", str(path)],
+        "argument": [bad],
+        "--prediction": ["x", "--prediction", "-"],
+    }[how]
+    r = subprocess.run(
+        [sys.executable, "-m", "specserve.cli", "generate", "--model", "/nonexistent/model", *args],
+        input=bad,
+        capture_output=True,
+        timeout=120,
+    )
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "is not UTF-8 text" in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -403,3 +403,12 @@ def projected_speedup_of(tokenizer, prediction: str, ids: list[int], prices: Cos
     """Plain passes over priced speculative passes, straight from a replay's step trace."""
     out = replay_ids(tokenizer, prediction, ids, prices=prices)
     return len(ids) / sum(prices.target(st["proposed"] + 1) for st in out.steps)
+
+
+def test_input_files_are_read_byte_for_byte(tmp_path):
+    """A CRLF edit is replayed on the CRLF text (read_text made its line ends '\n')."""
+    from specserve.cli.replay import read_input
+
+    path = tmp_path / "before.py"
+    path.write_bytes(b"a = 1\r\nb = 2\r\n")
+    assert read_input(path, "--prediction") == "a = 1\r\nb = 2\r\n"

@@ -191,28 +191,44 @@ def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
 
 
 def read_text(path: str, what: str) -> str:
-    """A file's text, or stdin's for "-" (it was looked for as a file named "-")."""
-    if path == "-":
-        return sys.stdin.read()
+    """A file's text, or stdin's for "-" (it was looked for as a file named "-"), byte for byte:
+    line ends as they are (a text-mode open() made CRLF '\n'), and a one-line error for bytes that
+    are not UTF-8 (stdin handed them over as lone surrogates, which failed in the tokenizer)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
     except OSError as e:
         raise InvalidRequestError(f"cannot read {what} file {path!r}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise InvalidRequestError(f"{what} file {path!r} is not UTF-8 text") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = f"the {what} on stdin" if path == "-" else f"{what} file {path!r}"
+        raise InvalidRequestError(f"{where} is not UTF-8 text (byte {e.start})") from None
+
+
+def utf8_argument(text: str, what: str) -> str:
+    """An argument as given; a one-line error for bytes that are not UTF-8 (Python hands them over
+    as lone surrogates, which failed in the tokenizer with a traceback)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(f"the {what} is not UTF-8 text") from None
+    return text
 
 
 def read_prompt(args) -> str:
     if args.prompt is not None and args.prompt_file:
         raise InvalidRequestError("give the prompt as an argument or with --prompt-file, not both")
     if args.prompt is not None:
-        return args.prompt
+        return utf8_argument(args.prompt, "prompt")
     if args.prompt_file and args.prompt_file != "-":
         return read_text(args.prompt_file, "prompt")
     if sys.stdin.isatty():
         raise InvalidRequestError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
-    prompt = sys.stdin.read()
+    prompt = read_text("-", "prompt")
     if not prompt:
         raise InvalidRequestError("the prompt on stdin is empty")
     return prompt
@@ -240,6 +256,7 @@ def check_stdin_once(args) -> None:
 def run(args) -> int:
     check_stdin_once(args)
     prompt = read_prompt(args)
+    system = utf8_argument(args.system, "--system message") if args.system else None
     prediction = read_text(args.prediction, "prediction") if args.prediction else None
     suffix = read_text(args.suffix, "suffix") if args.suffix else None
     if suffix is not None and (args.chat or args.system):
@@ -250,7 +267,7 @@ def run(args) -> int:
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,
-        stop=tuple(args.stop),
+        stop=tuple(utf8_argument(stop, "--stop string") for stop in args.stop),
     )
     spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     check_model_paths(args)
@@ -263,9 +280,7 @@ def run(args) -> int:
 
     llm = LLM.from_options(args.model, args.draft_model, load_options(args))
     if args.chat or args.system:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt}
-        ]
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt_ids = llm.apply_chat_template(messages)
     elif suffix is not None:
         prompt_ids = llm.fim_prompt_ids(prompt, suffix)

@@ -100,7 +100,7 @@ def read_input(path: Path | None, flag: str) -> str | None:
     if path is None:
         return None
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")  # byte for byte: read_text made CRLF line ends '\n'
     except OSError as e:
         raise ValueError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError:
