@@ -162,6 +162,45 @@ def test_a_tagged_call_whose_arguments_are_not_an_object_stays_content():
     assert json.loads(parse_tool_calls(text, {"lookup"})[1][0].arguments) == {"key": "ab"}  # JSON text: kept
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"key": "a\\ud800"}', '"{\\"key\\": \\"a\\ud800\\"}"', '{"key": "\\udfff", "n": 1}'],
+)
+def test_a_lone_surrogate_escape_in_the_arguments_is_kept_escaped(arguments):
+    """A model may write a "\\ud800" escape (a forced call's grammar allows any \\u escape):
+    decoded and written back raw it has no UTF-8, and the answer's body failed to encode (a
+    500, or a stream cut short). It stays an escape, meaning the same string."""
+    from fastapi.responses import JSONResponse
+
+    from specserve.server.responses import CHAT
+
+    text = '<tool_call>\n{"name": "lookup", "arguments": ' + arguments + "}\n</tool_call>"
+    [call] = parse_tool_calls(text, {"lookup"})[1]
+    assert call.arguments.isascii()
+    decoded = json.loads(arguments)
+    assert json.loads(call.arguments) == (json.loads(decoded) if isinstance(decoded, str) else decoded)
+    body = CHAT.response(_chat_context(CHAT), _scripted(text, "stop"))
+    assert json.loads(JSONResponse(body).body)["choices"][0]["message"]["tool_calls"][0]["function"] == {
+        "name": "lookup",
+        "arguments": call.arguments,
+    }
+    ctx = _chat_context(CHAT)
+    chunks = CHAT.delta_chunks(ctx, text, None) + CHAT.finish_chunks(ctx, _scripted(text, "stop"))
+    assert all(CHAT.sse(c).encode() for c in chunks)
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_arguments_that_are_not_json_stay_content(value):
+    """Python's decoder takes NaN and Infinity (and reads 1e999 as inf, written back as
+    Infinity): such arguments came back as a call whose arguments JSON.parse rejects."""
+    for text in (
+        '<tool_call>\n{"name": "lookup", "arguments": {"n": ' + value + "}}\n</tool_call>",
+        '{"name": "lookup", "arguments": {"n": ' + value + "}}",
+        '<tool_call>\n{"name": "lookup", "arguments": "{\\"n\\": ' + value + '}"}\n</tool_call>',
+    ):
+        assert parse_tool_calls(text, {"lookup"}) == (text, [])
+
+
 def test_refusals_name_the_param():
     bad = [
         (  # OpenAI's arguments are a JSON object; a string schema gave the bare string 'f'

@@ -44,6 +44,25 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _AFTER_CALL = re.compile(r"\s*(?:" + re.escape(CLOSE) + r"|$)")  # what may follow a block's JSON
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what a "\\ud800" escape decodes to: no UTF-8 for it
+
+
+def _not_json(token: str):
+    raise ValueError(f"{token} is not JSON")
+
+
+def _finite(number: str) -> float:
+    """A JSON number as a float; one too large for a float (1e999) is refused, as inf would be
+    written back as `Infinity`, which is not JSON."""
+    value = float(number)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{number} is out of range")
+    return value
+
+
+# The calls' JSON, strictly: Python's decoder takes NaN and Infinity, and arguments holding them,
+# written back, were text that JSON.parse (and every strict client) rejects.
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
 
 
 @dataclass(frozen=True)
@@ -180,7 +199,7 @@ def _blocks(text: str) -> list[tuple[int, int, ToolCall]] | None:
         start = at + len(OPEN)
         start += len(text[start:]) - len(text[start:].lstrip())
         try:
-            obj, end = json.JSONDecoder().raw_decode(text, start)
+            obj, end = _DECODER.raw_decode(text, start)
         except ValueError:
             return None
         tail, call = _AFTER_CALL.match(text, end), _call_from_obj(obj)
@@ -203,18 +222,30 @@ def _without_blocks(text: str, blocks: list[tuple[int, int, ToolCall]], offset: 
 
 def _call_from_obj(obj) -> ToolCall | None:
     """A parsed call object ({"name", "arguments" or "parameters"}) as a ToolCall."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or _LONE_SURROGATE.search(obj["name"]):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # the arguments written as JSON text: kept as written, if an object
         try:
-            is_object = isinstance(json.loads(args), dict)
+            is_object = isinstance(_DECODER.decode(args), dict)
         except ValueError:
             is_object = False
-        return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], args) if is_object else None
+        return ToolCall(_call_id(), obj["name"], _escape_surrogates(args)) if is_object else None
     if not isinstance(args, dict):  # null, a list, a number: no call a client could decode
         return None
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], json.dumps(args, ensure_ascii=False))
+    return ToolCall(_call_id(), obj["name"], _escape_surrogates(json.dumps(args, ensure_ascii=False)))
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _escape_surrogates(arguments: str) -> str:
+    """The arguments' JSON with each lone surrogate (decoded from a `\\ud800` escape the model
+    wrote; a pair decodes to one character) escaped again: raw, it has no UTF-8, and writing the
+    response body failed (a 500, or a stream cut off). Such a character is inside a JSON string,
+    where the escape means the same."""
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", arguments)
 
 
 _FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)\n?```", re.DOTALL)
@@ -229,7 +260,7 @@ def _bare_calls(text: str, names: Collection[str]) -> list[ToolCall]:
     if body.startswith("{{"):
         body = body[1:]  # the template's example doubles the braces; the model may close one or both
     try:
-        obj, end = json.JSONDecoder().raw_decode(body)
+        obj, end = _DECODER.raw_decode(body)
     except ValueError:
         return []
     if body[end:].strip() not in ("", "}"):
