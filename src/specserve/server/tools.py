@@ -9,8 +9,8 @@ The wire format is Qwen2.5's (also Hermes'): the model writes
 one block per call. Small models do not always write the tags: the default 1.5B pack often
 answers a tool request with the call alone, as bare JSON, in a ```json fence, or in the doubled
 braces that Qwen2.5's own chat template shows as its example (`{{"name": ..., "arguments": ...}}`).
-An answer that is nothing but such a call (or a list of them), naming a declared tool, is taken
-as the call, as llama.cpp's server takes bare and fenced JSON for this format; anything else
+An answer that is nothing but such calls (one, several in a row, or a list), naming declared tools, is taken
+as the calls, as llama.cpp's server takes bare and fenced JSON for this format; anything else
 stays content. How tools and earlier calls reach the prompt (the template's own tools
 support, or our fallback system message) is `specserve/chat.py`, shared with `LLM.chat`.
 Either way the output is parsed the same way. `tool_choice` "required" or a named function
@@ -189,28 +189,47 @@ def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
 
 
 # -- parsing -------------------------------------------------------------------------------------
-def _blocks(text: str) -> list[tuple[int, int, ToolCall]] | None:
-    """Each `<tool_call>` block of the text as (start, end, call); None when one does not parse.
-    The block's JSON is decoded before its closing tag is looked for: a string argument may
-    itself hold "</tool_call>" (the forcing grammar allows it), and cutting the block at it
-    turned a valid forced call into content."""
+def _blocks(text: str) -> list[tuple[int, int, list[ToolCall]]] | None:
+    """Each `<tool_call>` block of the text as (start, end, its calls); None when one does not
+    parse. A block holds one call, or several in a row (`_call_run`). Its JSON is decoded before
+    its closing tag is looked for: a string argument may itself hold "</tool_call>" (the forcing
+    grammar allows it), and cutting the block at it turned a valid forced call into content."""
     blocks, at = [], text.find(OPEN)
     while at >= 0:
         start = at + len(OPEN)
         start += len(text[start:]) - len(text[start:].lstrip())
-        try:
-            obj, end = _DECODER.raw_decode(text, start)
-        except ValueError:
+        run = _call_run(text, start)
+        if run is None:
             return None
-        tail, call = _AFTER_CALL.match(text, end), _call_from_obj(obj)
-        if tail is None or call is None:
+        tail, calls = _AFTER_CALL.match(text, run[1]), [_call_from_obj(o) for o in run[0]]
+        if tail is None or None in calls:
             return None
-        blocks.append((at, tail.end(), call))
+        blocks.append((at, tail.end(), calls))
         at = text.find(OPEN, tail.end())
     return blocks
 
 
-def _without_blocks(text: str, blocks: list[tuple[int, int, ToolCall]], offset: int = 0) -> str:
+_SEPARATOR = re.compile(r"\s*,?\s*")  # between the calls of a run
+
+
+def _call_run(text: str, at: int) -> tuple[list, int] | None:
+    """The JSON values written one after another from `at`, apart by whitespace or a comma, each
+    a call object or a list of them: (the objects, where the last value ends); None when there
+    is none. Asked for two calls, the default 1.5B pack writes them so (`{...},\n{...}` or
+    `{...}\n{...}`, in a fence), and only the first value was looked at: the answer stayed text."""
+    objs, end = [], None
+    while True:
+        try:
+            obj, after = _DECODER.raw_decode(text, at)
+        except ValueError:
+            break
+        objs.extend(obj if isinstance(obj, list) else [obj])
+        end = after
+        at = _SEPARATOR.match(text, after).end()
+    return (objs, end) if objs else None
+
+
+def _without_blocks(text: str, blocks: list[tuple[int, int, list[ToolCall]]], offset: int = 0) -> str:
     """text (which starts at `offset` of the parsed text) with the blocks cut out."""
     out, at = [], 0
     for start, end, _ in blocks:
@@ -252,24 +271,22 @@ _FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 
 def _bare_calls(text: str, names: Collection[str]) -> list[ToolCall]:
-    """The calls of an answer that is only a call (or a JSON list of calls) without the tags:
-    bare, fenced, or opened with Qwen2.5's doubled brace. [] when it is anything else."""
+    """The calls of an answer that is only calls without the tags (one, several in a row, or a
+    JSON list of them): bare, fenced, or opened with Qwen2.5's doubled brace. [] when it is
+    anything else."""
     body = text.strip()
     if fence := _FENCE.fullmatch(body):
         body = fence.group(1).strip()
     if body.startswith("{{"):
         body = body[1:]  # the template's example doubles the braces; the model may close one or both
-    try:
-        obj, end = _DECODER.raw_decode(body)
-    except ValueError:
+    run = _call_run(body, 0)
+    if run is None or body[run[1] :].strip() not in ("", "}"):
         return []
-    if body[end:].strip() not in ("", "}"):
-        return []
-    objs = obj if isinstance(obj, list) else [obj]
+    objs = run[0]
     named = [
         o for o in objs if isinstance(o, dict) and o.get("name") in names and ("arguments" in o or "parameters" in o)
     ]
-    if not objs or len(named) < len(objs):
+    if len(named) < len(objs):
         return []
     calls = [_call_from_obj(o) for o in objs]
     return [] if None in calls else calls
@@ -290,7 +307,7 @@ def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None
     # before the first block: a stream has sent it by then (ToolStreamSplitter), and stripping it
     # here made the streamed content differ from this one ("  Sure." streamed, "Sure." answered)
     content = content.rstrip() if text[: blocks[0][0]].strip() else content.strip()
-    return (content or None), [call for _, _, call in blocks]
+    return (content or None), [call for _, _, calls in blocks for call in calls]
 
 
 def _may_be_bare_call(text: str) -> bool:
