@@ -184,6 +184,12 @@ def test_stream_splitter_holds_back_only_the_call(step):
         "  Sure. " + CALL,  # leading whitespace is streamed once text follows: the parsed content keeps it too
         "\n\nSure.\n" + CALL + "\n  after  ",
         " \n" + CALL + "  tail",  # whitespace alone before the block: stripped on both sides
+        # held while it might be an untagged call, then a block: "{...}" was streamed, "  {...}" answered
+        "  " + BARE + CALL,
+        "\t" + BARE + " text " + CALL,
+        # a fence line with a space after its language: streamed as text, then returned as the call too
+        "```json \n" + BARE + "\n```",
+        "```json\t\n" + BARE + "\n```",
     ],
 )
 @pytest.mark.parametrize("step", [1, 5])

@@ -229,13 +229,12 @@ def _call_run(text: str, at: int) -> tuple[list, int] | None:
     return (objs, end) if objs else None
 
 
-def _without_blocks(text: str, blocks: list[tuple[int, int, list[ToolCall]]], offset: int = 0) -> str:
-    """text (which starts at `offset` of the parsed text) with the blocks cut out."""
+def _without_blocks(text: str, blocks: list[tuple[int, int, list[ToolCall]]]) -> str:
+    """The text with the blocks cut out."""
     out, at = [], 0
     for start, end, _ in blocks:
-        start, end = max(start - offset, 0), max(end - offset, 0)
         out.append(text[at:start])
-        at = max(at, end)
+        at = end
     return "".join(out) + text[at:]
 
 
@@ -318,7 +317,7 @@ def _may_be_bare_call(text: str) -> bool:
     if s.startswith("```") or "```".startswith(s):
         head, newline, s = s.partition("\n")
         if not newline:  # still in the fence's first line
-            return re.fullmatch(r"`{0,3}[A-Za-z]*", head) is not None
+            return re.fullmatch(r"`{0,3}[A-Za-z]*[ \t]*", head) is not None  # as _FENCE's first line
         s = s.lstrip()
     s = s[1:].lstrip() if s.startswith("[") else s  # a list of calls
     if not s:
@@ -376,7 +375,8 @@ class ToolStreamSplitter:
         content, calls = parse_tool_calls(self.text, self.names)
         if not calls:  # no (parsable) call: the held text was content after all
             return self.text[self.sent :], []
-        if not content:
-            return "", calls
-        rest = _without_blocks(self.text[self.sent :], _blocks(self.text), self.sent)  # held text, calls cut out
-        return (rest.strip() if not self.text[: self.sent].strip() else rest.rstrip()), calls
+        # What was sent is where the content begins (no call's text is sent, and whitespace waits for
+        # text), so the rest is the content after it: cutting the held text anew stripped the answer's
+        # leading whitespace that the whole answer keeps ("  {...}<tool_call>...": "{...}" streamed).
+        content, sent = content or "", self.text[: self.sent]
+        return (content[len(sent) :] if content.startswith(sent) else ""), calls
