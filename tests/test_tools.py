@@ -4,7 +4,7 @@ import json
 
 import jsonschema
 import pytest
-from tiny import tiny_model, tiny_tokenizer
+from tiny import CHAT_TEMPLATE, tiny_model, tiny_tokenizer
 
 from specserve import SamplingParams
 from specserve.engine.constrain import ConstraintError
@@ -302,6 +302,50 @@ def test_fallback_template_describes_tools_and_round_trips():
         "key": "ab",
         "n": 3,
     }  # native templates get the arguments object (they render it with tojson)
+
+
+# Gemma's rule (its chat template raises the same way): after an optional system message, user
+# and assistant turns alternate. The template has no tools support, so the fallback applies.
+ALTERNATING_TEMPLATE = (
+    "{% set turns = messages[1:] if messages[0]['role'] == 'system' else messages %}"
+    "{% for m in turns %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_the_results_of_parallel_calls_are_one_user_turn_in_the_fallback():
+    """Two calls in one turn, then their two results: the fallback wrote each result as a user
+    turn of its own, and a template that wants roles to alternate refused the conversation (a 400
+    "the model's chat template rejected them"), where Qwen2.5's template joins them in one turn."""
+    call = {"type": "function", "function": {"name": "lookup", "arguments": '{"key": "ab", "n": 3}'}}
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", **call}, {"id": "c2", **call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+    ]
+    tok = tiny_tokenizer()
+    tok.chat_template = ALTERNATING_TEMPLATE  # cached and shared: restored below (the LLM copies it)
+    try:
+        llm = LLM.from_models(tiny_model(max_positions=2048), tok, name="t")
+        text = tok.decode(llm.apply_chat_template(msgs, [TOOL]))
+    finally:
+        tok.chat_template = CHAT_TEMPLATE
+    assert text.endswith(
+        "<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # a result after a new call (not the same turn's) is a turn of its own
+    later = msgs + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c3", **call}]}, msgs[2]]
+    assert [m["role"] for m in template_messages(later, None, None)] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
 
 
 @pytest.fixture(scope="module")

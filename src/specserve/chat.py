@@ -10,7 +10,8 @@ one block per call. Templates that know tools (their Jinja mentions `tools`) get
 tool list through `apply_chat_template(tools=...)` and render assistant `tool_calls` and
 `role: "tool"` messages themselves. For templates without tools support (the *fallback*) we
 describe the tools and this format in a system message, write earlier assistant tool calls as
-`<tool_call>` blocks, and pass tool results as user messages wrapped in `<tool_response>`.
+`<tool_call>` blocks, and pass tool results as user messages wrapped in `<tool_response>` (the
+results of one turn's calls in one user message).
 
 This sits below both `llm.py` (which templates a chat) and `server/` (whose `tools.py` parses
 and forces the same blocks), so neither reaches into the other.
@@ -50,34 +51,41 @@ def fallback_system_prompt(tools: list[dict]) -> str:
     )
 
 
+def _native_call(call: dict) -> dict:
+    """An earlier tool call as a template with tools support wants it (arguments as an object)."""
+    fn = call["function"]
+    return {
+        "type": "function",
+        "id": call.get("id"),
+        "function": {"name": fn["name"], "arguments": _arguments_dict(fn["arguments"])},
+    }
+
+
 def template_messages(messages: list[dict], tools: list[dict] | None, template: str | None) -> list[dict]:
     """Messages ready for the template: native tools support, or the documented fallback."""
     native = template_supports_tools(template)
-    out = []
+    out, results_turn = [], False  # results_turn: the last message out holds tool results (fallback)
     for m in messages:
         m = dict(m)
         calls = m.pop("tool_calls", None) or []
+        is_result = not native and m["role"] == "tool"
         if native:
             if calls:
-                m["tool_calls"] = [
-                    {
-                        "type": "function",
-                        "id": c.get("id"),
-                        "function": {
-                            "name": c["function"]["name"],
-                            "arguments": _arguments_dict(c["function"]["arguments"]),
-                        },
-                    }
-                    for c in calls
-                ]
+                m["tool_calls"] = [_native_call(c) for c in calls]
         elif calls:
             blocks = "\n".join(_block(c["function"]["name"], c["function"]["arguments"]) for c in calls)
             m["content"] = ((m.get("content") or "") + "\n" + blocks).strip()
-        elif m["role"] == "tool":
+        elif is_result:
             m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
         if m.get("content") is None:
             m["content"] = ""
-        out.append(m)
+        if is_result and results_turn:
+            # the results of one turn's calls are one user turn, as Qwen2.5's template writes them: as
+            # user turns of their own, a template that wants roles to alternate (Gemma's) refused them
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + m["content"]}
+        else:
+            out.append(m)
+        results_turn = is_result
     if tools and not native:
         prompt = fallback_system_prompt(tools)
         if out and out[0]["role"] == "system":
