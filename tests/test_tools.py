@@ -375,6 +375,21 @@ def test_forced_call_parses_and_is_identical_across_drafters(llm, choice):
     assert exact.stats.by_source["prediction"].rejected == 0
 
 
+def test_a_forced_call_to_a_tool_whose_schema_names_no_type_has_object_arguments():
+    """A parameters schema without a type (`{}`, often sent for a tool without parameters) let the
+    forcing grammar take any JSON value: under tool_choice "required" the tiny model wrote
+    `"arguments": null`, `false` or a number for each of 8 seeds (temperature 1), and every forced
+    call came back as content with no tool call. Now any object, and nothing else."""
+    import xgrammar as xgr
+
+    tools = [{"type": "function", "function": {"name": "ping", "parameters": {}}}]
+    guide = tool_guide(tool_setup(tools, "required", None))
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tiny_tokenizer())).compile_grammar(guide.source)
+    for arguments, allowed in [("{}", True), ('{"a": [1]}', True), ("null", False), ("false", False), ("3", False)]:
+        text = '<tool_call>\n{"name": "ping", "arguments": ' + arguments + "}\n</tool_call>"
+        assert xgr.GrammarMatcher(compiled).accept_string(text) is allowed, arguments
+
+
 def test_choice_seeds_are_derived_and_distinct():
     ps = choice_params(SamplingParams(temperature=1.0, seed=5), 3)
     assert len({p.seed for p in ps}) == 3 and ps == choice_params(SamplingParams(temperature=1.0, seed=5), 3)

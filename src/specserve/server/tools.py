@@ -167,11 +167,15 @@ def call_grammar(tool: dict) -> xgr.Grammar:
     The arguments' grammar is compiled from the parameters schema as its own root, so its local
     `$ref`s ("#/$defs/Cat", what pydantic writes for a nested model) resolve; nested under
     "arguments" in one wrapping schema they pointed at nothing, and every forced call with a
-    nested model was a 400."""
+    nested model was a 400. A schema that names no type (`{}`, what a tool without parameters is
+    often given) is an object's, as `check_tools` reads it: compiled as it is, it let the model
+    write any JSON value (`null`, `false`, a number), and every such forced call came back as
+    content, its arguments no object."""
     fn = tool["function"]
+    params = fn["parameters"] if "type" in fn["parameters"] else {"type": "object", **fn["parameters"]}
     try:
         arguments = xgrammar().Grammar.from_json_schema(
-            json.dumps(for_xgrammar(fn["parameters"])), any_whitespace=False, strict_mode=True
+            json.dumps(for_xgrammar(params)), any_whitespace=False, strict_mode=True
         )
     except Exception as e:  # noqa: BLE001
         raise ConstraintError(f"tools: cannot compile the schema of {fn['name']!r}: {e}", "tools") from None
