@@ -251,6 +251,34 @@ def test_arguments_that_are_not_json_stay_content(value):
         assert parse_tool_calls(text, {"lookup"}) == (text, [])
 
 
+DEEP = 3000  # brackets: past the depth Python's JSON decoder goes (its recursion limit)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * DEEP,
+        "<tool_call>\n" + "[" * DEEP,
+        "```json\n" + "[" * DEEP + "\n```",
+        '{"name": "lookup", "arguments": ' + '{"a": ' * DEEP,
+        '<tool_call>\n{"name": "lookup", "arguments": "' + "[" * DEEP + '"}\n</tool_call>',
+    ],
+)
+def test_an_answer_nested_too_deep_to_decode_stays_content(text):
+    """Tools and `structured_outputs: {"regex": "\\[{1200}"}` on the 0.5B pack: the answer's
+    brackets raised RecursionError in the JSON decoder, a 500 (and an error event ending the
+    stream). Too deep to decode is not a call: the text stays content."""
+    from specserve.server.responses import CHAT
+
+    assert parse_tool_calls(text, {"lookup"}) == (text, [])
+    assert CHAT.response(_chat_context(CHAT), _scripted(text, "stop"))["choices"][0]["message"]["content"] == text
+    s = ToolStreamSplitter({"lookup"})
+    sent = "".join(s.feed(text[i : i + 7]) for i in range(0, len(text), 7))
+    assert sent + s.finish()[0] == text
+    history = [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[" * DEEP}}]}]
+    assert template_messages(history, None, "{{ tools }}")[0]["tool_calls"][0]["function"]["arguments"] == "[" * DEEP
+
+
 def test_refusals_name_the_param():
     bad = [
         (  # OpenAI's arguments are a JSON object; a string schema gave the bare string 'f'

@@ -33,7 +33,7 @@ def _arguments_dict(arguments) -> dict | str:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to decode: the text as sent
             return arguments
     return arguments
 

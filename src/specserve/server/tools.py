@@ -225,7 +225,7 @@ def _call_run(text: str, at: int) -> tuple[list, int] | None:
     while True:
         try:
             obj, after = _DECODER.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python decodes (a 500 before)
             break
         objs.extend(obj if isinstance(obj, list) else [obj])
         end = after
@@ -243,19 +243,19 @@ def _without_blocks(text: str, blocks: list[tuple[int, int, list[ToolCall]]]) ->
 
 
 def _call_from_obj(obj) -> ToolCall | None:
-    """A parsed call object ({"name", "arguments" or "parameters"}) as a ToolCall."""
+    """A parsed call object ({"name", "arguments" or "parameters"}) as a ToolCall. Arguments nested
+    deeper than Python's JSON code goes make none (its RecursionError was a 500)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or _LONE_SURROGATE.search(obj["name"]):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):  # the arguments written as JSON text: kept as written, if an object
-        try:
-            is_object = isinstance(_DECODER.decode(args), dict)
-        except ValueError:
-            is_object = False
-        return ToolCall(_call_id(), obj["name"], _escape_surrogates(args)) if is_object else None
-    if not isinstance(args, dict):  # null, a list, a number: no call a client could decode
-        return None
-    return ToolCall(_call_id(), obj["name"], _escape_surrogates(json.dumps(args, ensure_ascii=False)))
+    try:
+        if isinstance(args, str):  # the arguments written as JSON text: kept as written, if an object
+            arguments = args if isinstance(_DECODER.decode(args), dict) else None
+        else:  # null, a list, a number: no call a client could decode
+            arguments = json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else None
+    except (ValueError, RecursionError):
+        arguments = None
+    return None if arguments is None else ToolCall(_call_id(), obj["name"], _escape_surrogates(arguments))
 
 
 def _call_id() -> str:
