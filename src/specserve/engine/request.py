@@ -61,7 +61,9 @@ class Request:
     ):
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
-        if len(prompt_ids) >= max_context:
+        # A prompt may fill the context: the one token written after it is never cached (its
+        # logits come from the last prompt position), which is what scoring a full window needs.
+        if len(prompt_ids) > max_context:
             raise ContextLengthError(
                 f"the prompt has {len(prompt_ids)} tokens but the model's context length is {max_context}"
             )

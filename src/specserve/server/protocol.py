@@ -195,6 +195,21 @@ def _max_tokens(
     return requested
 
 
+def _scored_max_tokens(prompt_len: int, max_context: int) -> int:
+    """The max_tokens a scored prompt (`max_tokens: 0`) runs with: 1, the token the engine writes
+    and the answer leaves out. That token is never cached, so the prompt may fill the whole
+    context (it was refused as prompt + 1 token over it, where evaluation harnesses score
+    windows of exactly the context length)."""
+    if prompt_len > max_context:
+        raise bad_request(
+            f"This model's maximum context length is {max_context} tokens, but the prompt has "
+            f"{prompt_len} tokens. Please shorten it.",
+            "prompt",
+            "context_length_exceeded",
+        )
+    return 1
+
+
 def _prediction_text(pred: Prediction | None, llm) -> str | None:
     """The prediction's text; refused when it alone is longer than the context."""
     if pred is None:
@@ -384,8 +399,10 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     scores_only = req.max_tokens == 0  # the engine writes one token, which the answer leaves out
     if scores_only and not req.echo:
         raise bad_request("max_tokens 0 writes nothing: it scores a prompt, with echo and logprobs", "max_tokens")
-    requested = 1 if scores_only else req.max_tokens
-    max_tokens = _max_tokens(requested, COMPLETIONS_DEFAULT_MAX_TOKENS, longest, llm.max_context, "prompt")
+    if scores_only:
+        max_tokens = _scored_max_tokens(longest, llm.max_context)
+    else:
+        max_tokens = _max_tokens(req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, longest, llm.max_context, "prompt")
     params = sampling_params(req, max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
         params = replace(params, prompt_logprobs=req.logprobs)

@@ -1,0 +1,62 @@
+"""Requests at the edges of the context: prompts of n_ctx - 1, n_ctx and n_ctx + 1 tokens, answers
+that would run past the context's end, on both backends with a small context so it is cheap."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from tiny import tiny_model, tiny_tokenizer
+from tiny_gguf import write_tiny_gguf
+
+from specserve.config import SPARE_CELLS
+from specserve.llm import LLM
+from specserve.server.app import create_app
+
+CTX = 64
+
+
+@pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
+def client(request, tmp_path_factory):
+    if request.param == "transformers":
+        llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none", max_context=CTX)
+    else:
+        from specserve.backends.llamacpp import LlamaCppBackend
+
+        path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+        backend = LlamaCppBackend(path, max_context=CTX, max_sequences=2, cache_tokens=CTX + SPARE_CELLS)
+        llm = LLM.from_backends(backend, tiny_tokenizer())
+    assert llm.max_context == CTX
+    with TestClient(create_app(llm, "tiny")) as c:
+        yield c
+
+
+def _score(client, prompt: list[int]):
+    return client.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0},
+    )
+
+
+def test_a_prompt_that_fills_the_context_can_be_scored(client):
+    """max_tokens 0 writes nothing the answer keeps, so a prompt of exactly the context length is
+    scored (it was a 400, "the prompt has 64 tokens", as if it asked for one more token)."""
+    prompt = [(7 * i) % 250 + 5 for i in range(CTX)]
+    full = _score(client, prompt)
+    assert full.status_code == 200, full.text
+    scores = full.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(scores) == CTX and scores[0] is None
+    shorter = _score(client, prompt[:-1]).json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert scores[:-1] == pytest.approx(shorter, abs=1e-4)  # each position reads only the tokens before it
+    assert full.json()["usage"]["completion_tokens"] == 0
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1, None])
+def test_a_prompt_over_the_context_is_refused(client, max_tokens):
+    body = {"model": "tiny", "prompt": [5] * (CTX + 1), "echo": True}
+    r = client.post("/v1/completions", json=body | ({} if max_tokens is None else {"max_tokens": max_tokens}))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def test_a_prompt_that_fills_the_context_leaves_no_room_for_an_answer(client):
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": [5] * CTX, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
