@@ -60,3 +60,30 @@ def test_a_prompt_over_the_context_is_refused(client, max_tokens):
 def test_a_prompt_that_fills_the_context_leaves_no_room_for_an_answer(client):
     r = client.post("/v1/completions", json={"model": "tiny", "prompt": [5] * CTX, "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def test_the_spare_sequence_gets_the_cells_that_measure_prices_not_a_context(tmp_path):
+    """The engine hands out a full context to each sequence but the spare one, which measures
+    prices on SPARE_CELLS; the default cache gave it a whole context as well, never used."""
+    from specserve.backends.llamacpp import LlamaCppBackend
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    for sequences in (1, 2, 9):  # a bare backend; generate's one request; serve's eight
+        b = LlamaCppBackend(path, max_sequences=sequences)
+        want = b.max_context if sequences == 1 else b.max_context * (sequences - 1) + SPARE_CELLS
+        assert b.cache_tokens == want, (sequences, b.cache_tokens)
+        b.close()
+
+
+def test_generate_allocates_one_request_s_cache(tmp_path, capsys):
+    """`specserve generate` runs one request, but loaded the engine's default of 8 sequences and
+    a cache of 9 contexts (73,728 cells, 1.6 GiB on SmolLM2): now one context and the spare cells."""
+    from tiny_gguf import save_tiny_gguf
+
+    from specserve.cli.main import main
+
+    model = save_tiny_gguf(tmp_path / "pack")
+    argv = ["generate", "def add(a, b):", "--model", model, "--max-tokens", "4", "--speculation", "none"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"KV cache {512 + SPARE_CELLS} cells" in err and "2 sequence ids" in err, err

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import SPARE_CELLS
 from ..errors import ModelLoadError
 from ..hardware import available_memory
 from .base import SavedSequence, SeqInput
@@ -243,7 +244,8 @@ class LlamaCppBackend:
     threads: CPU threads for decoding and batches (default: every core this process may use).
     max_context: tokens one sequence may hold (default: the model's training context, capped
     at DEFAULT_MAX_CONTEXT). cache_tokens: cells of the cache all sequences share (default
-    max_context * max_sequences); the engine admits requests only while their prompt + answer
+    max_context for each sequence but one, which the engine keeps spare for measuring prices,
+    plus SPARE_CELLS for it); the engine admits requests only while their prompt + answer
     fits. Keep both near what
     requests need: on the CPU a decoding step's attention cost follows the allocated context
     (Qwen 1.5B with 3.8k tokens cached: 17.3 tok/s at 16384, 18.5 at 8192, 19.5 at 4608).
@@ -336,14 +338,19 @@ class LlamaCppBackend:
         return int(2 * ll.llama_model_n_layer(m) * width * per_value)
 
     def _default_cells(self, sequences: int) -> int:
-        """`sequences` full contexts, but at most KV_MEMORY_SHARE of the available memory (and at
-        least two contexts: one request of full length plus room to measure prices)."""
-        want = self.max_context * sequences
+        """A full context for each sequence but the spare one, which measures prices on SPARE_CELLS
+        cells (the engine keeps those free where there is more than one sequence); at most
+        KV_MEMORY_SHARE of the available memory, and at least one request of full length. The
+        spare sequence was given a whole context, which the engine never hands out: `generate`
+        (one request) allocated 9 contexts of SmolLM2, 73,728 cells (1.6 GiB), to use 8,192."""
+        spare = SPARE_CELLS if sequences > 1 else 0
+        one = self.max_context + spare
+        want = self.max_context * max(1, sequences - 1) + spare
         free = available_memory()
         if free is None:
             return want
         budget = int(KV_MEMORY_SHARE * free / self.cell_bytes())
-        return max(min(want, budget), min(want, 2 * self.max_context))
+        return max(min(want, budget), one)
 
     @property
     def kernels(self) -> str:

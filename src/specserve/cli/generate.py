@@ -21,6 +21,10 @@ from ..errors import InvalidRequestError
 from ..hardware import cpu_info, describe
 from ..models import packs
 
+# `generate` runs one request: one sequence's cache (the default, 8 for batching, allocated 8 full
+# contexts more than it uses), and no prefix cache or host tier, which only later requests read.
+ONE_REQUEST = EngineLimits(max_num_seqs=1, prefix_caching=False, host_cache_bytes=0)
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -278,7 +282,7 @@ def run(args) -> int:
         raise InvalidRequestError("--speculation draft needs a draft model: give one with --draft-model")
     from ..llm import LLM  # heavy import only once the arguments are known to be good
 
-    llm = LLM.from_options(args.model, args.draft_model, load_options(args))
+    llm = LLM.from_options(args.model, args.draft_model, load_options(args), limits=ONE_REQUEST)
     if args.chat or args.system:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt_ids = llm.apply_chat_template(messages)
