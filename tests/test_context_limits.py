@@ -3,6 +3,9 @@ that would run past the context's end, on both backends with a small context so 
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
 from fastapi.testclient import TestClient
 from tiny import tiny_model, tiny_tokenizer
@@ -87,3 +90,55 @@ def test_generate_allocates_one_request_s_cache(tmp_path, capsys):
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert f"KV cache {512 + SPARE_CELLS} cells" in err and "2 sequence ids" in err, err
+
+
+@pytest.fixture(scope="module")
+def tiny_pack(tmp_path_factory):
+    from tiny_gguf import save_tiny_gguf
+
+    return save_tiny_gguf(tmp_path_factory.mktemp("pack"))
+
+
+def _generate(tiny_pack, capsys, *flags):
+    from specserve.cli.main import main
+
+    code = main(["generate", "--model", tiny_pack, "--speculation", "none", "--max-context", "256", *flags])
+    return code, capsys.readouterr()
+
+
+def test_generate_refuses_max_tokens_the_context_cannot_hold(tiny_pack, capsys):
+    """--max-tokens beyond what the context leaves was cut at the context's end without a word (the
+    answer shorter than asked, finish "length"): a one-line error now, as the server's 400."""
+    prompt = "hello " * 100
+    n = len(tiny_tokenizer().encode(prompt))
+    code, out = _generate(tiny_pack, capsys, prompt, "--max-tokens", str(256 - n + 1), "--json")
+    assert code == 2 and out.out == "", out.out
+    assert f"leaves {256 - n}; lower --max-tokens" in out.err and "Traceback" not in out.err, out.err
+    code, out = _generate(tiny_pack, capsys, prompt, "--max-tokens", str(256 - n), "--json")
+    assert code == 0, out.err
+    assert len(json.loads(out.out)["token_ids"]) == 256 - n  # exactly what fits, still allowed
+
+
+def test_generate_s_default_max_tokens_is_capped_to_what_the_context_leaves(tiny_pack, capsys):
+    prompt = "hello " * 100
+    n = len(tiny_tokenizer().encode(prompt))
+    code, out = _generate(tiny_pack, capsys, prompt, "--json")
+    assert code == 0, out.err
+    assert len(json.loads(out.out)["token_ids"]) == 256 - n
+
+
+def test_the_python_api_warns_when_max_tokens_is_cut_by_the_context(tiny_pack):
+    """LLM.generate keeps vLLM's behaviour (the answer stops at the context's end), but says so."""
+    from specserve.config import SamplingParams
+    from specserve.llm import ContextCutWarning
+
+    llm = LLM(tiny_pack, max_context=256, max_num_seqs=1, speculation="none")
+    prompt = [5] * 250
+    with pytest.warns(ContextCutWarning, match="max_tokens=20 does not fit.*at most 6"):
+        out = llm.generate(prompt, SamplingParams(max_tokens=20))
+    assert len(out.token_ids) == 6 and out.finish_reason == "length"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(llm.generate(prompt, SamplingParams(max_tokens=6)).token_ids) == 6
+        assert len(llm.generate([5] * 256, SamplingParams(max_tokens=1)).token_ids) == 1  # a full prompt, one token
+    llm.close()

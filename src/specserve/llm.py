@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from .chat import template_messages, template_supports_tools
@@ -24,6 +25,10 @@ from .errors import InvalidRequestError, ModelLoadError
 from .fim import fim_prompt_ids
 from .literal import encode_marked, mark_specials, special_texts
 from .models.loader import eos_ids, load
+
+
+class ContextCutWarning(UserWarning):
+    """A request's max_tokens is more than the context leaves after its prompt: the answer is cut."""
 
 
 def _check_messages(messages) -> None:
@@ -462,15 +467,31 @@ class LLM:
         if prediction is not None and not isinstance(prediction, str):  # True was token 1, numpy ids refused
             prediction = self._token_ids(prediction, "prediction")
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
+        ids, params = self.prompt_ids(prompt), params or SamplingParams()
+        self._warn_if_cut(len(ids), params.max_tokens)
         return self.engine.request(
-            self.prompt_ids(prompt),
-            params or SamplingParams(),
+            ids,
+            params,
             spec,
             prediction,
             should_cancel,
             self.constraint(guide),
             on_event,
         )
+
+    def _warn_if_cut(self, prompt_len: int, max_tokens: int) -> None:
+        """Say so when max_tokens cannot all be written: the answer stops at the context's end (as
+        vLLM's LLM cuts it, with finish_reason "length"), which without a word looked like the
+        model stopping early. The server refuses such a request instead (a 400), as OpenAI does; the
+        CLI refuses an explicit --max-tokens. A prompt may fill the context and still get one token."""
+        room = max(1, self.max_context - prompt_len)
+        if max_tokens > room:
+            warnings.warn(
+                f"max_tokens={max_tokens} does not fit: the context holds {self.max_context} tokens and "
+                f"the prompt has {prompt_len}, so the answer stops after at most {room} (finish_reason 'length')",
+                ContextCutWarning,
+                stacklevel=4,
+            )
 
     def stream(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import (
@@ -17,13 +18,14 @@ from ..config import (
     loads_draft_model,
 )
 from ..edit.files import check_writable
-from ..errors import InvalidRequestError
+from ..errors import ContextLengthError, InvalidRequestError
 from ..hardware import cpu_info, describe
 from ..models import packs
 
 # `generate` runs one request: one sequence's cache (the default, 8 for batching, allocated 8 full
 # contexts more than it uses), and no prefix cache or host tier, which only later requests read.
 ONE_REQUEST = EngineLimits(max_num_seqs=1, prefix_caching=False, host_cache_bytes=0)
+DEFAULT_MAX_TOKENS = SamplingParams.max_tokens
 
 
 def add_parser(sub) -> None:
@@ -50,7 +52,12 @@ def add_parser(sub) -> None:
     add_model_args(p)
     p.add_argument("--speculation", choices=METHODS, default="auto", help="draft source (default: auto)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, help="starting K for every draft source")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        help=f"most tokens to write (default {DEFAULT_MAX_TOKENS}, or what the context leaves after the "
+        "prompt when that is less; more than it leaves is an error)",
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -266,7 +273,7 @@ def run(args) -> int:
     if suffix is not None and (args.chat or args.system):
         raise InvalidRequestError("--suffix fills a gap in code; it does not go with --chat or --system")
     params = SamplingParams(
-        max_tokens=args.max_tokens,
+        max_tokens=DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens,  # fitted to the prompt below
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
@@ -290,6 +297,7 @@ def run(args) -> int:
         prompt_ids = llm.fim_prompt_ids(prompt, suffix)
     else:
         prompt_ids = llm.tokenizer.encode(prompt)
+    params = replace(params, max_tokens=fit_max_tokens(args.max_tokens, len(prompt_ids), llm.max_context))
     gen = llm.stream(prompt_ids, params, prediction=prediction, speculation=spec)
     for event in gen:
         if not args.json:
@@ -313,6 +321,26 @@ def run(args) -> int:
         write_html(args.html, llm.tokenizer, out, title="specserve generate")
         print(f"wrote {args.html}", file=sys.stderr)
     return 0
+
+
+def fit_max_tokens(asked: int | None, prompt_len: int, context: int) -> int:
+    """--max-tokens against what the context leaves after the prompt, as the server checks
+    max_tokens: more than that is an error (it was cut at the context's end without a word, the
+    answer shorter than asked); left out, the default is capped to it."""
+    room = context - prompt_len
+    if room <= 0:
+        raise ContextLengthError(
+            f"the prompt has {prompt_len} tokens and the model's context length is {context}: "
+            "no room is left for an answer; shorten the prompt (or raise --max-context)"
+        )
+    if asked is None:
+        return min(DEFAULT_MAX_TOKENS, room)
+    if asked > room:
+        raise ContextLengthError(
+            f"--max-tokens {asked} does not fit: the model's context length is {context} tokens and the "
+            f"prompt has {prompt_len}, which leaves {room}; lower --max-tokens (or raise --max-context)"
+        )
+    return asked
 
 
 def format_stats(stats, finish_reason: str) -> str:
