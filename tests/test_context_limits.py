@@ -142,3 +142,13 @@ def test_the_python_api_warns_when_max_tokens_is_cut_by_the_context(tiny_pack):
         assert len(llm.generate(prompt, SamplingParams(max_tokens=6)).token_ids) == 6
         assert len(llm.generate([5] * 256, SamplingParams(max_tokens=1)).token_ids) == 1  # a full prompt, one token
     llm.close()
+
+
+def test_a_max_context_over_the_model_s_is_capped_with_a_warning(tiny_pack, capsys):
+    """The backends cap the context at the model's training context; that was silent."""
+    llm = LLM(tiny_pack, max_context=1024, max_num_seqs=1, speculation="none")
+    assert llm.max_context == 512
+    assert "warning: --max-context 1024 is more than model.gguf was trained on: its context is 512" in (
+        capsys.readouterr().err
+    )
+    llm.close()

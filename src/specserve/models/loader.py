@@ -103,12 +103,24 @@ def load(
         if backend_name == "llama.cpp"
         else (options.dtype or options.default_dtype)
     )
+    _warn_if_context_capped(options.max_context, loaded.backend.max_context, source.display_name)
     cache = f"; {loaded.backend.describe_cache()}" if hasattr(loaded.backend, "describe_cache") else ""
     print(
         f"loaded {source.display_name} on {backend_name} ({what}) in {time.perf_counter() - t0:.1f}s{cache}",
         file=sys.stderr,
     )
     return loaded
+
+
+def _warn_if_context_capped(asked: int | None, got: int, name: str) -> None:
+    """Say so when --max-context asks for more than the model was trained on: both backends cap it
+    there, and the capped context was then used without a word (a request that needed the context
+    asked for was refused as over a context the user had not set)."""
+    if asked is not None and got < asked:
+        print(
+            f"warning: --max-context {asked} is more than {name} was trained on: its context is {got} tokens",
+            file=sys.stderr,
+        )
 
 
 def _first_line(e: Exception) -> str:
