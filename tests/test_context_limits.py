@@ -152,3 +152,21 @@ def test_a_max_context_over_the_model_s_is_capped_with_a_warning(tiny_pack, caps
         capsys.readouterr().err
     )
     llm.close()
+
+
+def test_a_prompt_that_fills_a_kv_cache_smaller_than_the_context_can_be_scored(tmp_path):
+    """With --kv-cache-tokens below the context, the server offers the cache's size as max_model_len;
+    a scored prompt of that length holds exactly that many cells (the token written after it is
+    never fed), but it was reserved one more and refused: "needs 101 cache cells ... holds 100"."""
+    from specserve.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(write_tiny_gguf(tmp_path / "t.gguf"), max_sequences=2, cache_tokens=100 + SPARE_CELLS)
+    llm = LLM.from_backends(backend, tiny_tokenizer())
+    assert llm.max_context == 100 < backend.max_context
+    with TestClient(create_app(llm, "tiny")) as c:
+        r = _score(c, [(3 * i) % 250 + 5 for i in range(100)])
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"][0]["logprobs"]["token_logprobs"]) == 100
+        body = {"model": "tiny", "prompt": [5] * 60, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+        r = c.post("/v1/completions", json=body)  # prompt + max_tokens = the whole cache: still served
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40, r.text

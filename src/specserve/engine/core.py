@@ -200,7 +200,7 @@ class EngineCore:
         )
         if not self.scheduler.fits_ever(req):
             raise ContextLengthError(
-                f"the request needs {req.reserve} cache cells (prompt + max_tokens) but the "
+                f"the request needs {req.reserve} cache cells (prompt + max_tokens - 1) but the "
                 f"engine's cache holds {self.scheduler.cache_tokens}; lower max_tokens"
             )
         req.draft_runner = SequenceRunner(self.draft) if self.draft is not None else None

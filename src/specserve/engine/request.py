@@ -89,8 +89,10 @@ class Request:
     # -- sizes the scheduler reads ------------------------------------------------------------
     @property
     def reserve(self) -> int:
-        """Cache cells this request may ever hold: prompt + answer (drafts never pass max_tokens)."""
-        return min(self.max_context, len(self.prompt_ids) + self.params.max_tokens)
+        """Cache cells this request may ever hold: prompt + answer but its last token, which is
+        never fed (drafts stop short of it: `room`). Counting that token too refused a scored
+        prompt (max_tokens 1) that fills a cache smaller than the context, one cell over it."""
+        return min(self.max_context, len(self.prompt_ids) + self.params.max_tokens - 1)
 
     @property
     def scores_prompt(self) -> bool:
