@@ -170,3 +170,14 @@ def test_a_prompt_that_fills_a_kv_cache_smaller_than_the_context_can_be_scored(t
         body = {"model": "tiny", "prompt": [5] * 60, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
         r = c.post("/v1/completions", json=body)  # prompt + max_tokens = the whole cache: still served
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40, r.text
+
+
+def test_replay_measures_its_cost_on_one_request_s_cache(tiny_pack, tmp_path, capsys):
+    """replay --measure-cost times one runner, but loaded the batching default's 8 sequences."""
+    from specserve.cli.main import main
+
+    (tmp_path / "a.py").write_text("def add(a, b):\n    return a + b\n")
+    files = ["--prediction", str(tmp_path / "a.py"), "--output", str(tmp_path / "a.py")]
+    assert main(["replay", *files, "--model", tiny_pack, "--measure-cost"]) == 0
+    err = capsys.readouterr().err
+    assert f"KV cache {512 + SPARE_CELLS} cells" in err and "2 sequence ids" in err, err

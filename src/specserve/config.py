@@ -299,6 +299,11 @@ class EngineLimits:
         return self.kv_cache_tokens or self.max_num_seqs * max_context
 
 
+# A command that runs one request at a time (`generate`, `replay --measure-cost`): one sequence's
+# cache (the batching default of 8 allocated 8 full contexts, 1.6 GiB on SmolLM2, to use one), and
+# no prefix cache or host tier, which only later requests read.
+ONE_REQUEST = EngineLimits(max_num_seqs=1, prefix_caching=False, host_cache_bytes=0)
+
 BACKENDS = ("auto", "llama.cpp", "transformers")
 
 

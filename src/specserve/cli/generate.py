@@ -11,6 +11,7 @@ from pathlib import Path
 from ..config import (
     BACKENDS,
     METHODS,
+    ONE_REQUEST,
     EngineLimits,
     LoadOptions,
     SamplingParams,
@@ -22,9 +23,6 @@ from ..errors import ContextLengthError, InvalidRequestError
 from ..hardware import cpu_info, describe
 from ..models import packs
 
-# `generate` runs one request: one sequence's cache (the default, 8 for batching, allocated 8 full
-# contexts more than it uses), and no prefix cache or host tier, which only later requests read.
-ONE_REQUEST = EngineLimits(max_num_seqs=1, prefix_caching=False, host_cache_bytes=0)
 DEFAULT_MAX_TOKENS = SamplingParams.max_tokens
 
 

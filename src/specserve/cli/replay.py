@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
-from ..config import BACKENDS, METHODS, LoadOptions, SpeculationConfig
+from ..config import BACKENDS, METHODS, ONE_REQUEST, LoadOptions, SpeculationConfig
 
 
 def add_parser(subparsers) -> None:
@@ -89,7 +89,8 @@ def cost_ratio_for(args) -> float:
         from ..bench.replay import measure_cost_ratio
         from ..models import loader
 
-        loaded = loader.load(args.model, "target", LoadOptions(backend=args.backend, dtype=args.dtype))
+        options = LoadOptions(backend=args.backend, dtype=args.dtype)
+        loaded = loader.load(args.model, "target", options, ONE_REQUEST)  # one runner is timed
         return measure_cost_ratio(SequenceRunner(loaded.backend))
     return DEFAULT_COST_RATIO
 
