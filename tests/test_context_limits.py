@@ -12,6 +12,7 @@ from tiny import tiny_model, tiny_tokenizer
 from tiny_gguf import write_tiny_gguf
 
 from specserve.config import SPARE_CELLS
+from specserve.errors import ContextLengthError
 from specserve.llm import LLM
 from specserve.server.app import create_app
 
@@ -141,6 +142,8 @@ def test_the_python_api_warns_when_max_tokens_is_cut_by_the_context(tiny_pack):
         warnings.simplefilter("error")
         assert len(llm.generate(prompt, SamplingParams(max_tokens=6)).token_ids) == 6
         assert len(llm.generate([5] * 256, SamplingParams(max_tokens=1)).token_ids) == 1  # a full prompt, one token
+        with pytest.raises(ContextLengthError):  # refused, and not warned about as if it were cut
+            llm.generate([5] * 257, SamplingParams(max_tokens=4))
     llm.close()
 
 

@@ -485,7 +485,7 @@ class LLM:
         model stopping early. The server refuses such a request instead (a 400), as OpenAI does; the
         CLI refuses an explicit --max-tokens. A prompt may fill the context and still get one token."""
         room = max(1, self.max_context - prompt_len)
-        if max_tokens > room:
+        if max_tokens > room and prompt_len <= self.max_context:  # a longer prompt is refused, not cut
             warnings.warn(
                 f"max_tokens={max_tokens} does not fit: the context holds {self.max_context} tokens and "
                 f"the prompt has {prompt_len}, so the answer stops after at most {room} (finish_reason 'length')",
