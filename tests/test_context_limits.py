@@ -173,6 +173,12 @@ def test_a_prompt_that_fills_a_kv_cache_smaller_than_the_context_can_be_scored(t
         body = {"model": "tiny", "prompt": [5] * 60, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
         r = c.post("/v1/completions", json=body)  # prompt + max_tokens = the whole cache: still served
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40, r.text
+    from specserve.config import SamplingParams
+
+    with warnings.catch_warnings():  # refused for the cache, so not warned about as if it were cut
+        warnings.simplefilter("error")
+        with pytest.raises(ContextLengthError, match="cache holds 100"):
+            llm.generate([5] * 60, SamplingParams(max_tokens=50))
 
 
 def test_replay_measures_its_cost_on_one_request_s_cache(tiny_pack, tmp_path, capsys):

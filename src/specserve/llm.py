@@ -31,6 +31,24 @@ class ContextCutWarning(UserWarning):
     """A request's max_tokens is more than the context leaves after its prompt: the answer is cut."""
 
 
+def _warn_if_cut(req) -> None:
+    """Say so when a request the engine took cannot write all its max_tokens: the answer stops at
+    the context's end (as vLLM's LLM cuts it, with finish_reason "length"), which without a word
+    looked like the model stopping early. The server refuses such a request instead (a 400), as
+    OpenAI does; the CLI refuses an explicit --max-tokens. (A prompt longer than the context, or a
+    request a smaller KV cache cannot hold, is refused before this.) A prompt may fill the context
+    and still get one token."""
+    prompt_len, context, asked = len(req.prompt_ids), req.max_context, req.params.max_tokens
+    room = max(1, context - prompt_len)
+    if asked > room:
+        warnings.warn(
+            f"max_tokens={asked} does not fit: the context holds {context} tokens and the prompt "
+            f"has {prompt_len}, so the answer stops after at most {room} (finish_reason 'length')",
+            ContextCutWarning,
+            stacklevel=4,
+        )
+
+
 def _check_messages(messages) -> None:
     """Chat messages as the template reads them: a list of dicts, each with a string `role` and
     text `content` (a string or text parts; an assistant's may be None, beside its tool calls). A
@@ -467,31 +485,17 @@ class LLM:
         if prediction is not None and not isinstance(prediction, str):  # True was token 1, numpy ids refused
             prediction = self._token_ids(prediction, "prediction")
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
-        ids, params = self.prompt_ids(prompt), params or SamplingParams()
-        self._warn_if_cut(len(ids), params.max_tokens)
-        return self.engine.request(
-            ids,
-            params,
+        req = self.engine.request(
+            self.prompt_ids(prompt),
+            params or SamplingParams(),
             spec,
             prediction,
             should_cancel,
             self.constraint(guide),
             on_event,
         )
-
-    def _warn_if_cut(self, prompt_len: int, max_tokens: int) -> None:
-        """Say so when max_tokens cannot all be written: the answer stops at the context's end (as
-        vLLM's LLM cuts it, with finish_reason "length"), which without a word looked like the
-        model stopping early. The server refuses such a request instead (a 400), as OpenAI does; the
-        CLI refuses an explicit --max-tokens. A prompt may fill the context and still get one token."""
-        room = max(1, self.max_context - prompt_len)
-        if max_tokens > room and prompt_len <= self.max_context:  # a longer prompt is refused, not cut
-            warnings.warn(
-                f"max_tokens={max_tokens} does not fit: the context holds {self.max_context} tokens and "
-                f"the prompt has {prompt_len}, so the answer stops after at most {room} (finish_reason 'length')",
-                ContextCutWarning,
-                stacklevel=4,
-            )
+        _warn_if_cut(req)
+        return req
 
     def stream(
         self,
