@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from ..config import SamplingParams, SpeculationConfig
 from ..engine.constrain import CompiledGuide, ConstraintError, GrammarSpec, PendingGuide
 from ..errors import ContextLengthError, InvalidRequestError
-from .errors import bad_request, unsupported
+from .errors import APIError, bad_request, unsupported
 from .schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -176,12 +176,7 @@ def _max_tokens(
     max_param: the field the request set its maximum with, which the error names."""
     room = max_context - prompt_len
     if room <= 0:
-        raise bad_request(
-            f"This model's maximum context length is {max_context} tokens, but the "
-            f"{prompt_param} has {prompt_len} tokens. Please shorten it.",
-            prompt_param,
-            "context_length_exceeded",
-        )
+        raise _prompt_too_long(prompt_len, max_context, prompt_param)
     if requested is None:
         return room if default is None else min(default, room)
     if prompt_len + requested > max_context:
@@ -201,13 +196,18 @@ def _scored_max_tokens(prompt_len: int, max_context: int) -> int:
     context (it was refused as prompt + 1 token over it, where evaluation harnesses score
     windows of exactly the context length)."""
     if prompt_len > max_context:
-        raise bad_request(
-            f"This model's maximum context length is {max_context} tokens, but the prompt has "
-            f"{prompt_len} tokens. Please shorten it.",
-            "prompt",
-            "context_length_exceeded",
-        )
+        raise _prompt_too_long(prompt_len, max_context, "prompt")
     return 1
+
+
+def _prompt_too_long(prompt_len: int, max_context: int, prompt_param: str) -> APIError:
+    """The 400 for a prompt that leaves the answer no room, in OpenAI's words."""
+    return bad_request(
+        f"This model's maximum context length is {max_context} tokens, but the "
+        f"{prompt_param} has {prompt_len} tokens. Please shorten it.",
+        prompt_param,
+        "context_length_exceeded",
+    )
 
 
 def _prediction_text(pred: Prediction | None, llm) -> str | None:
