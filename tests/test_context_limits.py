@@ -190,3 +190,18 @@ def test_replay_measures_its_cost_on_one_request_s_cache(tiny_pack, tmp_path, ca
     assert main(["replay", *files, "--model", tiny_pack, "--measure-cost"]) == 0
     err = capsys.readouterr().err
     assert f"KV cache {512 + SPARE_CELLS} cells" in err and "2 sequence ids" in err, err
+
+
+def test_a_scratch_sequence_may_fill_a_context_beside_cached_prefixes(tiny_pack):
+    """Benchmarks score a whole answer on a spare sequence (engine.scratch). The spare sequence now
+    has SPARE_CELLS of its own, not a context: the finished requests' cached prefixes must leave
+    the cells first, or the pass runs out of cache (bench --quick: "llama_decode failed")."""
+    from specserve.config import SamplingParams
+
+    llm = LLM(tiny_pack, max_num_seqs=1, speculation="none")
+    out = llm.generate([(3 * i) % 250 + 5 for i in range(400)], SamplingParams(max_tokens=100, ignore_eos=True))
+    assert llm.engine.core.prefix.cells >= 400  # the answer's prefix stays cached
+    with llm.engine.scratch() as runner:
+        assert runner.forward(out.prompt_token_ids + out.token_ids[:-1], last_only=True)[-1].shape[-1] > 0
+    assert llm.engine.context_cost(256).cached == 256  # times passes after half the context, beside no entry
+    llm.close()

@@ -99,8 +99,11 @@ class Engine:
     @contextmanager
     def scratch(self) -> Iterator[SequenceRunner]:
         """A runner on a spare target sequence, for scoring outside any request (benchmarks);
-        the engine does not step meanwhile, and the sequence is freed afterwards."""
+        the engine does not step meanwhile, and the sequence is freed afterwards. Cached prefixes
+        leave the cells first, so it may hold what running requests do not reserve (a whole
+        context when none runs)."""
         with self.core.lock:
+            self.core.evict_entries()
             runner = SequenceRunner(self.core.target)
             try:
                 yield runner

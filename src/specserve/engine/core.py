@@ -338,8 +338,18 @@ class EngineCore:
         whose replays price long-context passes with it; serving never calls it."""
         return on_compute_thread(lambda: self._measure_context_cost(cached))
 
+    def evict_entries(self) -> None:
+        """Move every finished request's cached prefix out of the cells (to the host tier where
+        copies pay), so that a sequence outside any request may hold up to what running requests
+        do not reserve: a spare sequence is given only SPARE_CELLS of its own, and a benchmark's
+        scoring pass over a whole context beside the entries ran out of cache ("llama_decode
+        failed"). Call with the lock held, between steps."""
+        while self.prefix is not None and self.prefix.evict():
+            pass
+
     def _measure_context_cost(self, cached: int) -> ContextCost:
         with self.lock:
+            self.evict_entries()
             runner = SequenceRunner(self.target)
             try:
                 self._context_cost = measure_context_cost(runner, min(cached, self.target.max_context // 2))
