@@ -77,6 +77,9 @@ def test_the_spare_sequence_gets_the_cells_that_measure_prices_not_a_context(tmp
         want = b.max_context if sequences == 1 else b.max_context * (sequences - 1) + SPARE_CELLS
         assert b.cache_tokens == want, (sequences, b.cache_tokens)
         b.close()
+    exact = LlamaCppBackend(path, max_sequences=9, batch_invariant=True)  # keeps a free context above
+    assert exact.cache_tokens == 9 * exact.max_context
+    exact.close()
 
 
 def test_generate_allocates_one_request_s_cache(tmp_path, capsys):

@@ -342,8 +342,10 @@ class LlamaCppBackend:
         cells (the engine keeps those free where there is more than one sequence); at most
         KV_MEMORY_SHARE of the available memory, and at least one request of full length. The
         spare sequence was given a whole context, which the engine never hands out: `generate`
-        (one request) allocated 9 contexts of SmolLM2, 73,728 cells (1.6 GiB), to use 8,192."""
-        spare = SPARE_CELLS if sequences > 1 else 0
+        (one request) allocated 9 contexts of SmolLM2, 73,728 cells (1.6 GiB), to use 8,192.
+        Exact mode keeps that context: free cells above every sequence's are what its in-order
+        placement needs (docs/design.md, "cells_out_of_order"), and a full cache runs out of them."""
+        spare = (self.max_context if self.batch_invariant else SPARE_CELLS) if sequences > 1 else 0
         one = self.max_context + spare
         want = self.max_context * max(1, sequences - 1) + spare
         free = available_memory()
