@@ -218,3 +218,32 @@ def test_a_stream_that_times_out_before_its_first_step_ends_with_the_timeout_eve
 
     body, seen = asyncio.run(run())
     assert '"code":"request_timeout"' in body and body.endswith("data: [DONE]\n\n") and seen == {"504": 1}
+
+
+# -- a handler cancelled by its host (Ray Serve) ------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_handler_is_cancelled_is_cancelled_in_the_engine(stream):
+    """Ray Serve's proxy does not pass a client's disconnect on: it cancels the replica's handler
+    task. The handler counted a 499 and returned while the engine ran the request to its end
+    (its replica's /health said active 3 for 10 s after the client left), and a stream still
+    waiting for its first step stayed in the server's jobs for good (its replica never drained)."""
+    llm = tiny_llm()
+
+    async def run() -> tuple[Job, set, dict]:
+        server, job, ctx = _setup(llm, None)
+        job.prepared.stream = stream
+        server.jobs.add(job)  # what submit does
+        watcher = asyncio.create_task(asyncio.sleep(3600))
+        answer = server._start_stream if stream else server._complete
+        handler = asyncio.create_task(answer(COMPLETIONS, ctx, job, watcher, time.monotonic()))
+        await asyncio.sleep(0.05)  # waiting for the engine's first item
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        await asyncio.sleep(0.01)
+        assert watcher.cancelled()
+        return job, set(server.jobs), counts(server)
+
+    job, jobs, seen = asyncio.run(run())
+    assert job.should_stop() and job.reason == "client"  # the engine drops it at its next step
+    assert jobs == set() and seen == {"499": 1}

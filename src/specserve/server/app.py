@@ -336,6 +336,9 @@ class Server:
         except ClientDisconnect:  # gone while its body was read: nobody to answer
             self.metrics.request(dialect.name, 499)
             return Response(status_code=499)
+        except asyncio.CancelledError:  # its host cancelled the handler (Ray Serve: the client left)
+            self.metrics.request(dialect.name, 499)
+            raise
         except Exception:  # a bug before queueing: the app's handler answers 500
             self.metrics.request(dialect.name, 500)
             raise
@@ -393,6 +396,13 @@ class Server:
                 self.cancel(job, "client")
                 return
 
+    def _abandon(self, job: Job) -> None:
+        """The handler's task was cancelled: what a host that does not pass the client's disconnect
+        on does when the client goes away (Ray Serve's proxy cancels the replica's handler). The
+        engine drops the job, as on a disconnect; it used to run it to its end, unseen."""
+        job.settle(499)
+        self.cancel(job, "client")
+
     def _record(self, dialect: Dialect, job: Job, outputs, ttft: float | None, t0: float) -> None:
         """Count a job's request once, with its settled status (499 when nothing was settled:
         the client went away before anything else happened); usage only for a 200."""
@@ -432,6 +442,9 @@ class Server:
         except ClientGone:
             job.settle(499)
             return Response(status_code=499)
+        except asyncio.CancelledError:
+            self._abandon(job)
+            raise
         except Exception:  # a bug building the answer: the app's handler answers 500, recorded as such
             job.settle(500)
             raise
@@ -453,6 +466,11 @@ class Server:
             self._record(dialect, job, None, None, t0)
             if status == 499:
                 return Response(status_code=499)
+            raise
+        except asyncio.CancelledError:
+            watcher.cancel()
+            self._abandon(job)
+            self._record(dialect, job, None, None, t0)
             raise
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         stream = StreamState()
