@@ -108,6 +108,27 @@ def test_every_engine_flag_reaches_the_replicas():
     assert built.limits() == EngineLimits(max_num_seqs=2, prefix_caching=False, host_cache_dir="kv")
 
 
+def test_a_replicas_metrics_read_the_engine_when_asked():
+    """The replicas pushed (and /metrics/replica answered) `metrics.render()` as it stood: its
+    gauges are set only by the single server's /metrics route, so through Ray every replica said
+    0 requests running and an empty KV cache while 3 requests ran (seen with /health beside it)."""
+    from fastapi.testclient import TestClient
+    from tiny import tiny_model, tiny_tokenizer
+
+    from specserve.llm import LLM
+    from specserve.server.app import create_app
+    from specserve.server.ray_serve import _serve_cluster_metrics
+
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    app = create_app(llm, MODEL)
+    server = app.state.server
+    _serve_cluster_metrics(app, server, "r1", "test")
+    server.engine.submit([llm.request("def add(a, b):") for _ in range(3)])  # no worker (no lifespan): they wait
+    own = TestClient(app).get("/metrics/replica").text
+    assert metric_value(own, "specserve_queue_depth") == 3
+    assert metric_value(server.render_metrics()[0].decode(), "specserve_queue_depth") == 3  # what a replica pushes
+
+
 # -- a local Ray cluster ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):

@@ -577,6 +577,18 @@ class Server:
         }
         return body, 200 if s.alive else 503
 
+    def render_metrics(self) -> tuple[bytes, str]:
+        """The Prometheus text, its gauges (queue, running, KV and host cache) read from the engine
+        now: every exporter goes through here (the Ray replicas pushed `metrics.render()` as is,
+        and their gauges said 0 requests running while 3 ran)."""
+        core = self.llm.engine.core
+        cached_cells = core.prefix.cells if core.prefix is not None else 0
+        host = core.host.stats() if core.host is not None else None
+        self.metrics.set_engine_state(
+            self.engine.num_waiting, self.engine.num_running, core.cache_used, cached_cells, host
+        )
+        return self.metrics.render()
+
     def _exactness(self) -> dict:
         """With `--exact` on llama.cpp: passes placed below their sequence's cells since start
         (each may have left its solo answer; docs/design.md, "The order of a sequence's cells")."""
@@ -712,13 +724,7 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
 
     @app.get("/metrics")
     async def metrics():
-        core = server.llm.engine.core
-        cached_cells = core.prefix.cells if core.prefix is not None else 0
-        host = core.host.stats() if core.host is not None else None
-        server.metrics.set_engine_state(
-            server.engine.num_waiting, server.engine.num_running, core.cache_used, cached_cells, host
-        )
-        content, content_type = server.metrics.render()
+        content, content_type = server.render_metrics()
         return Response(content, media_type=content_type)
 
     return app

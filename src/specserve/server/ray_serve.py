@@ -278,7 +278,7 @@ def _push_forever(server, replica: str, app_name: str) -> None:
     while True:
         try:
             hub = hub or metrics_hub(app_name)
-            push = hub.push.remote(replica, server.metrics.render()[0].decode(), len(server.jobs))
+            push = hub.push.remote(replica, server.render_metrics()[0].decode(), len(server.jobs))
             if ray.get(push, timeout=STALE_AFTER_S):
                 server.drain(DRAIN_GRACE_S)  # idempotent: refuse new requests, end the rest after the grace
         except Exception:  # noqa: BLE001 - metrics must never take a replica down
@@ -317,12 +317,12 @@ def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
     @app.get("/metrics")
     async def cluster_metrics():
         texts = await metrics_hub(app_name).collect.remote()
-        texts[replica] = server.metrics.render()[0].decode()  # this one, fresh
+        texts[replica] = server.render_metrics()[0].decode()  # this one, fresh
         return Response(merge_metrics(texts), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/metrics/replica")
     async def replica_metrics():
-        content, content_type = server.metrics.render()
+        content, content_type = server.render_metrics()
         return Response(content, media_type=content_type)
 
 
