@@ -283,6 +283,35 @@ def test_metrics_have_a_replica_label(ray_server):
     assert "replica=" not in own and "specserve_queue_depth" in own
 
 
+def _session_per_replica(srv) -> dict[str, str]:
+    """A session id (X-Session-Id) that routes to each replica."""
+    found: dict[str, str] = {}
+    for i in range(40):
+        r = httpx.get(f"{srv.url}/health", headers={"X-Session-Id": f"probe-{i}"}, timeout=30)
+        found.setdefault(r.headers["x-specserve-replica"], f"probe-{i}")
+    assert len(found) == 2, found
+    return found
+
+
+@pytest.mark.ray
+def test_a_stored_response_is_found_through_any_replica(ray_server):
+    """Each replica kept its own Responses: GET /v1/responses/{id} and previous_response_id found
+    a response only when the request happened to land on the replica that made it (about half)."""
+    url = f"{ray_server.base_url}/responses"
+    for replica, session in _session_per_replica(ray_server).items():
+        pinned = openai.OpenAI(base_url=ray_server.base_url, api_key="x", default_headers={"X-Session-Id": session})
+        first = pinned.responses.create(model=MODEL, input=f"made on {replica}", max_output_tokens=3)
+        for there in _session_per_replica(ray_server).values():
+            seen = httpx.get(f"{url}/{first.id}", headers={"X-Session-Id": there}, timeout=30)
+            assert seen.status_code == 200 and seen.json()["id"] == first.id, seen.text
+            turn2 = {"model": MODEL, "input": "and then?", "previous_response_id": first.id, "max_output_tokens": 3}
+            chained = httpx.post(url, json=turn2, headers={"X-Session-Id": there}, timeout=60)
+            assert chained.status_code == 200, chained.text
+            assert chained.json()["usage"]["input_tokens"] > first.usage.input_tokens  # turn 1 came along
+        pinned.responses.delete(first.id)
+        assert httpx.get(f"{url}/{first.id}", timeout=30).status_code == 404
+
+
 RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, httpx.TransportError)
 
 

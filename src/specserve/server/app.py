@@ -646,8 +646,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
 
-def create_app(llm, model_name: str | None = None, options: ServerOptions | None = None) -> FastAPI:
-    """An OpenAI-compatible app over one loaded LLM; the worker runs for the app's lifespan."""
+def create_app(
+    llm, model_name: str | None = None, options: ServerOptions | None = None, response_store=None
+) -> FastAPI:
+    """An OpenAI-compatible app over one loaded LLM; the worker runs for the app's lifespan.
+    response_store: where finished Responses are kept (None: this process's memory; the Ray
+    replicas share one, ray_serve.SharedResponseStore)."""
     server = Server(llm, model_name or llm.model_name, options or ServerOptions())
 
     @asynccontextmanager
@@ -677,7 +681,7 @@ def create_app(llm, model_name: str | None = None, options: ServerOptions | None
     async def completions(request: Request):
         return await server.handle(request, COMPLETIONS)
 
-    responses = ResponsesDialect()  # its store keeps this app's finished responses
+    responses = ResponsesDialect(response_store)  # its store keeps the finished responses
 
     @app.post("/v1/responses", dependencies=[auth])
     async def create_response(request: Request):

@@ -13,6 +13,8 @@ autoscaling and replacement of dead replicas. Nothing here parses a request.
   rendezvous hashing sends a session to the same replica while it has room, else to the next one.
 - Autoscaling: `--min-replicas` / `--max-replicas` / `--target-ongoing-requests`; a fixed
   `--replicas N` otherwise. Ray Serve's controller restarts a replica that dies.
+- Responses: the finished Responses (`GET /v1/responses/{id}`, `previous_response_id`) are kept
+  in one `ResponseStore` actor all replicas share.
 - Metrics: every replica pushes its Prometheus text to a small `MetricsHub` actor every few
   seconds; `/metrics` on the ingress answers all replicas' series with a `replica` label,
   `/metrics/replica` the answering replica's own.
@@ -326,6 +328,55 @@ def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
         return Response(content, media_type=content_type)
 
 
+# -- the Responses API's store -------------------------------------------------------------------
+def responses_hub(app_name: str = APP_NAME):
+    """The app's store of finished Responses, one detached actor all replicas share."""
+    import ray
+
+    from .responses_api import ResponseStore
+
+    store = ray.remote(num_cpus=0)(ResponseStore)
+    return store.options(
+        name=f"{app_name}-responses", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()
+
+
+class SharedResponseStore:
+    """A replica's view of the shared Responses store (ResponseStore's methods, run in the hub
+    actor), so `GET /v1/responses/{id}` and `previous_response_id` find a response whichever
+    replica made it. Each replica kept its own: through 2 replicas about half of the lookups of a
+    response just made got a 404 (GET) or a 400 previous_response_not_found (a chained turn)."""
+
+    def __init__(self, app_name: str = APP_NAME):
+        self.app_name, self._hub = app_name, None
+
+    def _call(self, method: str, *args):
+        """The hub's answer; the hub is looked up again once when the call fails (it was replaced)."""
+        import ray
+
+        for attempt in (1, 2):
+            try:
+                self._hub = self._hub or responses_hub(self.app_name)
+                return ray.get(getattr(self._hub, method).remote(*args), timeout=STALE_AFTER_S)
+            except Exception:
+                self._hub = None
+                if attempt == 2:
+                    raise
+        return None
+
+    def put(self, response_id: str, messages: list[dict], body: dict) -> None:
+        self._call("put", response_id, messages, body)
+
+    def messages(self, response_id: str) -> list[dict] | None:
+        return self._call("messages", response_id)
+
+    def body(self, response_id: str) -> dict | None:
+        return self._call("body", response_id)
+
+    def delete(self, response_id: str) -> bool:
+        return self._call("delete", response_id)
+
+
 class ReplicaHeader:
     """Pure ASGI middleware: name the answering replica in an `X-Specserve-Replica` header, so a
     client (or a test) can see where its request ran and check session affinity."""
@@ -382,7 +433,7 @@ class SpecServeReplica:
         options = ServerOptions(
             api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout, max_body_bytes=c.max_body_bytes
         )
-        app = create_app(self.llm, c.served_model_name, options)
+        app = create_app(self.llm, c.served_model_name, options, SharedResponseStore(self.app_name))
         server = app.state.server
         _serve_cluster_metrics(app, server, self.replica, self.app_name)
         app.add_middleware(ReplicaHeader, replica=self.replica)
@@ -546,9 +597,13 @@ def shutdown(local: bool, app_name: str = APP_NAME) -> None:
         log.warning("replicas still busy after the drain: stopping them anyway")
     try:
         serve.delete(app_name)
-        ray.kill(ray.get_actor(f"{app_name}-metrics", namespace=HUB_NAMESPACE))
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
+    for hub in ("metrics", "responses"):
+        try:
+            ray.kill(ray.get_actor(f"{app_name}-{hub}", namespace=HUB_NAMESPACE))
+        except Exception:  # noqa: BLE001 - best effort on the way out (never created, or Ray gone)
+            pass
     if local:
         serve.shutdown()
         ray.shutdown()

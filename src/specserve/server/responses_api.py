@@ -15,7 +15,8 @@ usage as `input_tokens` / `output_tokens`. Streams are typed server-sent events
 Finished responses are kept in memory (`ResponseStore`, least recently used first out, bounded
 in size) unless `store` is false: `previous_response_id` continues one (its conversation, not
 its instructions, as OpenAI does), and `GET` / `DELETE /v1/responses/{id}` read or drop one.
-They live in one server process and are gone after a restart; `conversation` objects and
+They live in one server process (the Ray replicas share one, ray_serve.SharedResponseStore) and
+are gone after a restart; `conversation` objects and
 background responses are refused.
 """
 
