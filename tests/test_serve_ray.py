@@ -80,6 +80,19 @@ def test_scale_flags_become_ray_deployment_options():
     }
 
 
+def test_a_replica_that_failed_to_start_is_named_by_its_own_exception():
+    """Serve's status holds the replica's traceback; the command printed Ray's own instead."""
+    from specserve.server.ray_serve import last_exception
+
+    status = (
+        "Failed to update the deployments.\nTraceback (most recent call last):\n"
+        '  File "loader.py", line 128, in load_tokenizer\n    raise ModelLoadError(f"...") from e\n'
+        "specserve.errors.ModelLoadError: cannot load the tokenizer of 'broken': Couldn't instantiate"
+    )
+    assert last_exception(status) == "cannot load the tokenizer of 'broken': Couldn't instantiate (ModelLoadError)"
+    assert last_exception("the replica died\n") == "the replica died"
+
+
 def test_builder_args_convert_numbers_only_where_the_field_is_a_number():
     replica = config_from_args(
         ReplicaConfig, {"model": "m", "api_key": "12345", "max_queue": "4", "request_timeout": "30", "dtype": "float32"}

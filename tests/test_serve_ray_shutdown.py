@@ -13,7 +13,10 @@ Its own module: it starts its own Ray cluster, which must not overlap test_serve
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -23,6 +26,7 @@ from server_proc import ServerProcess
 from tiny import tiny_model, tiny_tokenizer
 
 from specserve.server.app import DRAIN_GRACE_S
+from specserve.server.launch import free_port
 
 MODEL = "tiny"
 STREAMS = 2  # Ray Serve's max_ongoing_requests per replica (ScaleConfig): both run at once
@@ -105,3 +109,33 @@ def test_stopping_the_server_ends_running_streams_with_an_error_event(tmp_path):
             assert any('"finish_reason":"length"' in g for g in got), (i, got[-3:])
     assert ended_by_stop, "every stream finished before the stop: nothing was tested"
     assert ended >= DRAIN_GRACE_S - 1  # the streams had their grace
+
+
+@pytest.mark.ray
+def test_a_model_that_fails_to_load_in_the_replicas_ends_the_command_with_one_line(tmp_path):
+    """A replica whose model did not load ended `serve --ray` in Ray's traceback ("Failed to update
+    the deployments ['SpecServe']") and a warning that the replicas were still busy."""
+    import ray.serve  # noqa: F401 - `-m ray` asks for this test: a missing Ray fails it, never skips it
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # a folder that passes the CLI's path check, then fails to load
+    port = str(free_port())
+    cmd = [
+        sys.executable,
+        "-m",
+        "specserve.cli",
+        "serve",
+        "--ray",
+        "--replicas",
+        "1",
+        "--port",
+        port,
+        "--model",
+        str(broken),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "still busy" not in done.stderr, done.stderr[-3000:]
+    assert errors[-1].startswith("specserve: error: the replicas failed to start: cannot load the tokenizer"), errors

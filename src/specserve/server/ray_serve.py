@@ -31,11 +31,14 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import threading
 import time
 from dataclasses import dataclass, fields
 from typing import Any
+
+from ..errors import SpecServeError
 
 log = logging.getLogger("specserve.ray")
 APP_NAME = "specserve"
@@ -569,17 +572,45 @@ def run(args: argparse.Namespace, limits) -> int:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
     ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
+    started = True  # whether replicas may be serving (then the stop drains them)
     try:  # from here on: the app may serve before serve.run returns, and a Ctrl-C then must clean up too
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
+        try:
+            serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
+        except RuntimeError:  # Serve gave up deploying: the replicas' constructor raised
+            started = False
+            raise SpecServeError(f"the replicas failed to start: {_deploy_failure()}") from None
         print(f"specserve on Ray Serve: http://{args.host}:{args.port}/v1 ({_replica_summary(scale)})", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
-        shutdown(local=args.ray_address is None)
+        shutdown(local=args.ray_address is None, drain=started)
     return 0
+
+
+def _deploy_failure(app_name: str = APP_NAME) -> str:
+    """Why the replicas failed to start, in one line: the exception their constructor raised, the
+    last `Type: message` line of the traceback in Serve's status (a model that did not load
+    ended the command in Ray's own traceback, "Failed to update the deployments ['SpecServe']")."""
+    from ray import serve
+
+    try:
+        status = serve.status().applications[app_name]
+        text = status.deployments[DEPLOYMENT].message or status.message
+    except Exception:  # noqa: BLE001 - no status to read: say where to look
+        return "see the Ray logs (/tmp/ray/session_latest/logs)"
+    return last_exception(text)
+
+
+def last_exception(traceback_text: str) -> str:
+    """`message (Type)` of the last exception a traceback's text names, else its last line."""
+    raised = list(re.finditer(r"^([A-Za-z_][\w.]*): (.+)$", traceback_text, re.MULTILINE))
+    if not raised:
+        return traceback_text.strip().splitlines()[-1] if traceback_text.strip() else "no reason given by Ray Serve"
+    name, message = raised[-1].groups()
+    return f"{message} ({name.rsplit('.', 1)[-1]})"
 
 
 def _replica_summary(scale: ScaleConfig) -> str:
@@ -588,12 +619,13 @@ def _replica_summary(scale: ScaleConfig) -> str:
     return f"autoscaling {scale.min_replicas or 1}..{scale.upper()} replicas"
 
 
-def shutdown(local: bool, app_name: str = APP_NAME) -> None:
-    """Remove the app and its metrics hub; stop Serve and Ray too when we started the cluster."""
+def shutdown(local: bool, app_name: str = APP_NAME, drain: bool = True) -> None:
+    """Drain the replicas (when they may be serving), remove the app and its hubs; stop Serve and
+    Ray too when we started the cluster."""
     import ray
     from ray import serve
 
-    if not drain_replicas(app_name):
+    if drain and not drain_replicas(app_name):
         log.warning("replicas still busy after the drain: stopping them anyway")
     try:
         serve.delete(app_name)
