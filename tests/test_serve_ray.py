@@ -93,6 +93,18 @@ def test_a_replica_that_failed_to_start_is_named_by_its_own_exception():
     assert last_exception("the replica died\n") == "the replica died"
 
 
+def test_replicas_that_do_not_fit_the_cluster_are_named():
+    assert ScaleConfig(replicas=2).check_fits(2.0) is None
+    assert ScaleConfig(replicas=3).check_fits(2.0) == (
+        "3 replicas x --replica-cpus 1 need 3 CPUs and this Ray cluster has 2: "
+        "ask for fewer replicas or a smaller --replica-cpus"
+    )
+    assert ScaleConfig(replicas=3, replica_cpus=0.5).check_fits(2.0) is None
+    assert ScaleConfig(replicas=1, replica_cpus=0).check_fits(0.0) is None
+    assert ScaleConfig(min_replicas=1, max_replicas=8).check_fits(2.0) is None  # starts with 1, may grow
+    assert ScaleConfig(min_replicas=3, max_replicas=8).check_fits(2.0) is not None
+
+
 def test_builder_args_convert_numbers_only_where_the_field_is_a_number():
     replica = config_from_args(
         ReplicaConfig, {"model": "m", "api_key": "12345", "max_queue": "4", "request_timeout": "30", "dtype": "float32"}

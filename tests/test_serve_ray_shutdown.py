@@ -23,7 +23,7 @@ import time
 import httpx
 import pytest
 from server_proc import ServerProcess
-from tiny import tiny_model, tiny_tokenizer
+from tiny import save_tiny, tiny_model, tiny_tokenizer
 
 from specserve.server.app import DRAIN_GRACE_S
 from specserve.server.launch import free_port
@@ -139,3 +139,23 @@ def test_a_model_that_fails_to_load_in_the_replicas_ends_the_command_with_one_li
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "still busy" not in done.stderr, done.stderr[-3000:]
     assert errors[-1].startswith("specserve: error: the replicas failed to start: cannot load the tokenizer"), errors
+
+
+@pytest.mark.ray
+def test_more_replicas_than_the_cluster_holds_end_the_command_with_one_line(tmp_path):
+    """Ray Serve waits for ever for a replica it cannot place: `serve --ray --replicas 3` on 2
+    cores hung with no word (its warnings go to Ray's logs) until Ctrl-C."""
+    cpus = os.cpu_count() or 1
+    model = save_tiny(tmp_path / "tiny")  # one replica would load it: only the room is wrong
+    flags = ["--ray", "--replicas", "2", "--replica-cpus", str(cpus), "--port", str(free_port()), "--model", model]
+    done = subprocess.run(
+        [sys.executable, "-m", "specserve.cli", "serve", *flags, "--dtype", "float32"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1].startswith(f"specserve: error: 2 replicas x --replica-cpus {cpus} need "), (
+        done.stderr[-3000:]
+    )

@@ -33,6 +33,7 @@ import os
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -119,6 +120,29 @@ class ScaleConfig:
         """The most replicas this configuration may run."""
         return max(self.replicas, self.min_replicas or 0, self.max_replicas or 0)
 
+    @property
+    def autoscaled(self) -> bool:
+        return self.min_replicas is not None or self.max_replicas is not None
+
+    def initial(self) -> int:
+        """The replicas Ray Serve starts with (and waits for before the app serves)."""
+        if not self.autoscaled:
+            return self.replicas
+        low = self.min_replicas if self.min_replicas is not None else 1
+        return max(low, min(self.replicas, self.max_replicas or low))
+
+    def check_fits(self, cpus: float) -> str | None:
+        """Why the first replicas do not fit in a cluster of `cpus` CPUs (None: they do). Ray Serve
+        waits for ever for a replica it cannot place: `serve --ray --replicas 3` on 2 cores never
+        said it was ready, nor why (Ray's own warnings go to its logs)."""
+        need = self.initial() * self.replica_cpus
+        if need <= cpus + 1e-9:
+            return None
+        return (
+            f"{self.initial()} replicas x --replica-cpus {self.replica_cpus:g} need {need:g} CPUs and this Ray "
+            f"cluster has {cpus:g}: ask for fewer replicas or a smaller --replica-cpus"
+        )
+
     @staticmethod
     def shutdown_wait_s(replica: ReplicaConfig) -> float:
         """How long Ray Serve lets a replica it stops (scale-down, redeploy) finish its requests
@@ -143,14 +167,14 @@ class ScaleConfig:
             "health_check_period_s": 2.0,
             "graceful_shutdown_timeout_s": self.shutdown_wait_s(replica),
         }
-        if self.min_replicas is None and self.max_replicas is None:
+        if not self.autoscaled:
             opts["num_replicas"] = self.replicas
         else:
             low = self.min_replicas if self.min_replicas is not None else 1
             opts["autoscaling_config"] = {
                 "min_replicas": low,
                 "max_replicas": max(low, self.max_replicas or low),
-                "initial_replicas": max(low, min(self.replicas, self.max_replicas or low)),
+                "initial_replicas": self.initial(),
                 "target_ongoing_requests": self.target_ongoing_requests,
             }
         return opts
@@ -572,9 +596,11 @@ def run(args: argparse.Namespace, limits) -> int:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
     ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
-    started = True  # whether replicas may be serving (then the stop drains them)
+    started = False  # whether replicas may be serving (then the stop drains them)
     try:  # from here on: the app may serve before serve.run returns, and a Ctrl-C then must clean up too
+        _check_cluster_fits(scale, local=args.ray_address is None)
         serve.start(http_options={"host": args.host, "port": args.port})
+        started = True
         try:
             serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
         except RuntimeError:  # Serve gave up deploying: the replicas' constructor raised
@@ -588,6 +614,18 @@ def run(args: argparse.Namespace, limits) -> int:
     finally:
         shutdown(local=args.ray_address is None, drain=started)
     return 0
+
+
+def _check_cluster_fits(scale: ScaleConfig, local: bool) -> None:
+    """Refuse replicas the cluster this command started cannot place; on a cluster it joined (which
+    may add nodes) say so and wait, as Ray Serve does."""
+    import ray
+
+    problem = scale.check_fits(ray.cluster_resources().get("CPU", 0.0))
+    if problem and local:
+        raise SpecServeError(problem)
+    if problem:
+        print(f"warning: {problem}; Ray Serve waits until the cluster has room", file=sys.stderr, flush=True)
 
 
 def _deploy_failure(app_name: str = APP_NAME) -> str:
@@ -614,7 +652,7 @@ def last_exception(traceback_text: str) -> str:
 
 
 def _replica_summary(scale: ScaleConfig) -> str:
-    if scale.min_replicas is None and scale.max_replicas is None:
+    if not scale.autoscaled:
         return f"{scale.replicas} replicas"
     return f"autoscaling {scale.min_replicas or 1}..{scale.upper()} replicas"
 
