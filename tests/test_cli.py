@@ -137,6 +137,7 @@ def test_serve_refuses_an_address_it_cannot_listen_on_before_loading(model_dir):
         port = taken.getsockname()[1]
         for args, message in [
             (["--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),
+            (["--ray", "--port", str(port)], f"cannot listen on 127.0.0.1:{port}"),  # was Ray's "Failed to bind"
             (["--port", "99999"], "must be 0-65535"),
             (["--request-timeout", "-5"], "must be >= 0 seconds"),
             (["--request-timeout", "nan"], "must be >= 0 seconds"),

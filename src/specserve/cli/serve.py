@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
     check_model_paths(args)
     check_ray_flags(args)
+    if args.ray and args.ray_address is None:  # the local cluster's proxy listens here (a taken port was
+        check_address(args.host, args.port)  # a Ray traceback, "Failed to bind", after the cluster started)
     if args.ray:
         return serve_ray.run(args, engine_limits(args))
     check_address(args.host, args.port)
