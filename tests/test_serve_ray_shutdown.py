@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -159,3 +160,63 @@ def test_more_replicas_than_the_cluster_holds_end_the_command_with_one_line(tmp_
     assert done.stderr.splitlines()[-1].startswith(f"specserve: error: 2 replicas x --replica-cpus {cpus} need "), (
         done.stderr[-3000:]
     )
+
+
+RAY_PROCESS = r"ray::|raylet|gcs_server|ray/dashboard|ray/_private|ray/autoscaler"
+
+
+def _ray_processes() -> set[int]:
+    """Ray's running processes (zombies, which have ended and wait for their parent, left out)."""
+    out = subprocess.run(["pgrep", "-f", RAY_PROCESS], capture_output=True, text=True).stdout
+    states = {int(p): Path(f"/proc/{p}/stat").read_text().split(") ")[-1][:1] for p in out.split() if _exists(p)}
+    return {pid for pid, state in states.items() if state != "Z"}
+
+
+def _exists(pid: str) -> bool:
+    return Path(f"/proc/{pid}/stat").exists()
+
+
+@pytest.mark.ray
+def test_a_sigterm_while_the_cluster_starts_leaves_no_ray_process(tmp_path):
+    """SIGTERM arriving during ray.init (the handler that turns it into a clean stop was installed
+    after it) killed the command and left Ray's dashboard and runtime-env agents running for good."""
+    before = _ray_processes()
+    flags = ["--ray", "--replicas", "1", "--port", str(free_port()), "--model", save_tiny(tmp_path / "tiny")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specserve.cli", "serve", *flags, "--dtype", "float32"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not subprocess.run(["pgrep", "-P", str(proc.pid), "raylet"], capture_output=True).stdout:
+            assert time.monotonic() < deadline and proc.poll() is None, "no raylet started"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # the cluster is starting: ray.init has not returned
+        proc.wait(60)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 20  # a stopped cluster's processes end within seconds
+    while (left := _ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # not to leave them to the next test
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    assert not left, subprocess.run(
+        ["ps", "-o", "pid,cmd", "-p", ",".join(map(str, left))], capture_output=True, text=True
+    ).stdout
+
+
+@pytest.mark.ray
+def test_a_sigterm_once_serving_stops_the_command_and_its_cluster(tmp_path):
+    """ray.init puts in its own SIGTERM handler, which ends the process at once: the command's own
+    must be put back after it, or a SIGTERM skips the drain and leaves Ray's agents running."""
+    before = _ray_processes()
+    with ServerProcess(save_tiny(tmp_path / "tiny"), "--ray", "--replicas", "1") as srv:
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(60) == 0, srv.log_path.read_text()[-3000:]
+    deadline = time.monotonic() + 20
+    while (left := _ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    assert not left

@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from ..errors import SpecServeError
@@ -590,14 +591,12 @@ def run(args: argparse.Namespace, limits) -> int:
     """Start (or join) a Ray cluster, run the app on --host:--port, block until interrupted."""
     replica, scale = configs_from_args(args, limits)  # bad flags first, Ray installed or not
     try:
-        import ray
         from ray import serve
     except ImportError:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
-    ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
     started = False  # whether replicas may be serving (then the stop drains them)
     try:  # from here on: the app may serve before serve.run returns, and a Ctrl-C then must clean up too
+        _init_ray(args)
         _check_cluster_fits(scale, local=args.ray_address is None)
         serve.start(http_options={"host": args.host, "port": args.port})
         started = True
@@ -614,6 +613,21 @@ def run(args: argparse.Namespace, limits) -> int:
     finally:
         shutdown(local=args.ray_address is None, drain=started)
     return 0
+
+
+def _init_ray(args: argparse.Namespace) -> None:
+    """ray.init, then SIGTERM turned into KeyboardInterrupt (the clean stop). ray.init puts in
+    SIGTERM handlers of its own: at first one that exits (SystemExit, taken here for an interrupt:
+    the stop then ends what the cluster had started), then one that ends the process without the
+    drain. A SIGTERM during ray.init used to leave Ray's dashboard and runtime-env agents running."""
+    import ray
+
+    try:
+        ray.init(address=args.ray_address, namespace=HUB_NAMESPACE, log_to_driver=args.log_level == "debug")
+    except SystemExit:
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def _check_cluster_fits(scale: ScaleConfig, local: bool) -> None:
@@ -663,6 +677,22 @@ def shutdown(local: bool, app_name: str = APP_NAME, drain: bool = True) -> None:
     import ray
     from ray import serve
 
+    # what ray.shutdown may leave behind: a raylet stopped while it started its agents left them
+    cluster = _cluster_processes(settle_s=0.0 if ray.is_initialized() else 3.0) if local else set()
+    if ray.is_initialized():
+        _remove_app(app_name, drain)
+    if local:
+        if ray.is_initialized():
+            serve.shutdown()
+        ray.shutdown()  # also what an interrupted ray.init had started
+        _end_processes(cluster)
+
+
+def _remove_app(app_name: str, drain: bool) -> None:
+    """Drain the replicas (when they may be serving), then remove the app and its hubs."""
+    import ray
+    from ray import serve
+
     if drain and not drain_replicas(app_name):
         log.warning("replicas still busy after the drain: stopping them anyway")
     try:
@@ -674,6 +704,54 @@ def shutdown(local: bool, app_name: str = APP_NAME, drain: bool = True) -> None:
             ray.kill(ray.get_actor(f"{app_name}-{hub}", namespace=HUB_NAMESPACE))
         except Exception:  # noqa: BLE001 - best effort on the way out (never created, or Ray gone)
             pass
-    if local:
-        serve.shutdown()
-        ray.shutdown()
+
+
+def _cluster_processes(settle_s: float) -> set[int]:
+    """This process's descendants (the local cluster's processes), and those that appear in the
+    next settle_s seconds (a cluster interrupted while it started is still starting some)."""
+    seen = _descendants(os.getpid())
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        seen |= _descendants(os.getpid())
+    return seen
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes under `pid`, read from /proc (none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _end_processes(pids: set[int], wait_s: float = 5.0) -> None:
+    """Kill those of `pids` still running after wait_s. ray.shutdown soon after the cluster started
+    left its dashboard and runtime-env agents (started by the raylet) running for good."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        deadline = time.monotonic() + wait_s
+        while (running := {p for p in pids if _running(p)}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in running:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (not a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False
