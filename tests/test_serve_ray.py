@@ -21,6 +21,7 @@ import pytest
 from server_proc import ServerProcess, metric_value
 from tiny import save_tiny
 
+from specserve.server import faults
 from specserve.server.ray_serve import (
     ReplicaConfig,
     ScaleConfig,
@@ -164,7 +165,7 @@ def models(tmp_path_factory):
 def ray_server(models):
     import ray.serve  # noqa: F401 - `-m ray` asks for these tests: a missing Ray fails them, never skips them
 
-    with ServerProcess(
+    server = ServerProcess(
         models,
         "--ray",
         "--replicas",
@@ -179,7 +180,9 @@ def ray_server(models):
         "120",
         "--max-context",
         "500",  # below the tiny model's 512: the replicas must serve it
-    ) as srv:
+    )
+    server.env[faults.ENV] = "1"  # POST /debug/fault: a replica's engine worker can be killed
+    with server as srv:
         _wait_replicas(srv, 2, timeout=120)
         yield srv
 
@@ -335,6 +338,23 @@ def test_a_stored_response_is_found_through_any_replica(ray_server):
             assert chained.json()["usage"]["input_tokens"] > first.usage.input_tokens  # turn 1 came along
         pinned.responses.delete(first.id)
         assert httpx.get(f"{url}/{first.id}", timeout=30).status_code == 404
+
+
+@pytest.mark.ray
+def test_a_replica_whose_engine_died_is_replaced(ray_server):
+    """Ray Serve replaced only a replica whose process died: one whose engine worker thread died
+    answered 503 to every request for good (and, answering fastest, got more of them)."""
+    before = _wait_replicas(ray_server, 2, timeout=60)
+    pin = {"X-Session-Id": next(iter(_session_per_replica(ray_server).values()))}
+    victim = httpx.post(f"{ray_server.url}/debug/fault", json={"kind": "worker"}, headers=pin, timeout=30)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    dead = httpx.post(f"{ray_server.base_url}/completions", json=body, headers=pin, timeout=60)
+    assert dead.status_code == 503 and dead.headers["x-specserve-replica"] == victim.headers["x-specserve-replica"]
+    after = _wait_replicas(ray_server, 2, timeout=90, changed_from=before)
+    assert victim.headers["x-specserve-replica"] not in after
+    assert all(
+        httpx.post(f"{ray_server.base_url}/completions", json=body, timeout=60).status_code == 200 for _ in range(8)
+    )
 
 
 RETRYABLE = (openai.APIConnectionError, openai.InternalServerError, httpx.TransportError)

@@ -434,6 +434,7 @@ class SpecServeReplica:
 
         torch.set_num_threads(max(1, config.threads))
         self.config, self.app_name = config, app_name
+        self.server = None  # the app's Server, once built
         self.replica = serve.get_replica_context().replica_tag
         speculation = SpeculationConfig(method=config.speculation, num_speculative_tokens=config.num_speculative_tokens)
         options = LoadOptions(
@@ -462,13 +463,21 @@ class SpecServeReplica:
             api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout, max_body_bytes=c.max_body_bytes
         )
         app = create_app(self.llm, c.served_model_name, options, SharedResponseStore(self.app_name))
-        server = app.state.server
+        server = self.server = app.state.server
         _serve_cluster_metrics(app, server, self.replica, self.app_name)
         app.add_middleware(ReplicaHeader, replica=self.replica)
         threading.Thread(
             target=_push_forever, args=(server, self.replica, self.app_name), name="specserve-metrics-push", daemon=True
         ).start()
         return app
+
+    def check_health(self) -> None:
+        """Ray Serve's health check (every health_check_period_s): raising makes it replace this
+        replica. A replica whose engine worker died answered 503 to every request for good, and
+        the least-loaded routing sent it more of them (it answered fastest)."""
+        server = self.server
+        if server is not None and server.loop is not None and not server.engine.alive:
+            raise RuntimeError(f"replica {self.replica}: its engine's worker thread died")
 
 
 def deployment(config: ReplicaConfig, scale: ScaleConfig, app_name: str = APP_NAME):
