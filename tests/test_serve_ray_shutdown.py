@@ -42,9 +42,9 @@ def save_long_slow_tiny(path) -> str:
     return str(path)
 
 
-def _stream(url: str, i: int, events: dict, started: threading.Event) -> None:
+def _stream(url: str, i: int, events: dict, started: threading.Event, **extra) -> None:
     """One streaming client: every SSE data line it got, in order."""
-    body = {
+    body = extra | {
         "model": MODEL,
         "messages": [{"role": "user", "content": f"def add(a, b):  # {i}"}],
         "max_tokens": MAX_TOKENS,
@@ -220,3 +220,44 @@ def test_a_sigterm_once_serving_stops_the_command_and_its_cluster(tmp_path):
     for pid in left:
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert not left
+
+
+def _redeploy(model: str) -> None:
+    """Deploy the running app again with another config, as `serve deploy` of a new version does:
+    Ray Serve starts a new replica and stops the old one (graceful_shutdown_timeout_s)."""
+    import ray
+    from ray import serve
+
+    from specserve.server.ray_serve import APP_NAME, ReplicaConfig, ScaleConfig, deployment
+
+    ray.init(address="auto", namespace="specserve-test", log_to_driver=False)
+    try:
+        config = ReplicaConfig(model=model, dtype="float32", served_model_name=MODEL, speculation="none", max_queue=15)
+        serve.run(deployment(config, ScaleConfig(replicas=1)), name=APP_NAME, route_prefix="/")
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_a_stream_outlives_a_redeploy_that_stops_its_replica(tmp_path):
+    """Ray Serve's own stop of a replica (redeploy, scale-down) waits for its requests up to
+    graceful_shutdown_timeout_s; it was 5 s, and longer streams were cut with no error. Checked
+    end to end: a stream of tens of seconds runs to its end on the replica being replaced."""
+    import ray.serve  # noqa: F401 - `-m ray` asks for this test: a missing Ray fails it, never skips it
+
+    model = save_long_slow_tiny(tmp_path / "slow")
+    with ServerProcess(model, "--ray", "--replicas", "1", "--served-model-name", MODEL, "--speculation", "none") as srv:
+        events: dict[int, list[str]] = {}
+        started = threading.Event()
+        old = httpx.get(f"{srv.url}/health", timeout=30).headers["x-specserve-replica"]
+        usage = {"stream_options": {"include_usage": True}}
+        stream = threading.Thread(target=_stream, args=(srv.url, 0, events, started), kwargs=usage, daemon=True)
+        stream.start()
+        assert started.wait(120), events
+        _redeploy(model)  # returns once the new replica serves and the old one stopped
+        stream.join(120)
+        new = httpx.get(f"{srv.url}/health", timeout=30).headers["x-specserve-replica"]
+    assert new != old and not stream.is_alive()
+    got = events[0]
+    assert got[-1] == "[DONE]" and '"finish_reason":"length"' in "".join(got[-3:]), got[-3:]
+    assert json.loads(got[-2])["usage"]["completion_tokens"] == MAX_TOKENS  # every token, none cut
