@@ -28,11 +28,12 @@ from specserve.engine.constrain import (
     GrammarSpec,
     _CompilePool,
     check_schema,
+    json_string_pattern,
     optional_groups,
 )
 from specserve.server.app import ServerOptions, create_app
 from specserve.server.structured import json_whitespace
-from specserve.server.tools import forced_grammar
+from specserve.server.tools import check_forced_schemas, forced_grammar
 
 # A 185-byte schema that xgrammar needs ~2 s per alternative to compile on the tiny 400-token
 # vocabulary (measured: 1 alternative 2.0 s, 3 alternatives 6.2 s; ~4 s each on SmolLM2's 49k):
@@ -406,3 +407,77 @@ def test_optional_groups_rewrites_only_group_quantifiers():
     assert optional_groups(r"(x)??") == r"(x){0,1}"
     assert optional_groups(r"[)?]\)?(a)?") == r"[)?]\)?(a){0,1}"  # a class and an escaped paren stay
     assert optional_groups(r"[]a)?]b") == r"[]a)?]b" and optional_groups(r"[^]x)?]") == r"[^]x)?]"
+
+
+def _unicode_pattern(rng: random.Random, depth: int = 0) -> str:
+    """A small random regex over non-ASCII literals and classes, and classes that span '"' and '\\'."""
+    atoms = ["a", "é", "中", "😀", "[é-ê]", "[^é]", "[aé]", ".", "[ -~]", '[^"]', r"\u00e9", "[^\\\\]"]
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        if depth < 2 and rng.random() < 0.3:
+            atom = "(?:" + "|".join(_unicode_pattern(rng, depth + 1) for _ in range(rng.choice([1, 2]))) + ")"
+        else:
+            atom = rng.choice(atoms)
+        parts.append(atom + rng.choice(["", "?", "*", "+", "{0,2}", "{2}"]))
+    return "".join(parts)
+
+
+def test_non_ascii_patterns_hold_exactly_what_python_re_matches():
+    """xgrammar 0.2.9's JSON-string regex mode broke on a non-ASCII character written as it is in
+    a pattern: `é?..` accepted the text `"\\q"` (not JSON) and `"\\""` (one character), so the
+    answer failed json.loads. Each one is now written as an escape (`\\u00e9`); 250 random patterns
+    against Python's `re` on raw-UTF-8 JSON texts (the old code let through invalid ones with this
+    draw). A `"` or `\\` is only ever written by `.`, a negated class or a range like `[ -~]`, which
+    xgrammar reads without them: those may refuse a matching string, never accept one."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    rng = random.Random(5)
+    for _ in range(250):
+        pattern = _unicode_pattern(rng)
+        matcher = xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", {"type": "string", "pattern": pattern})))
+        for _ in range(8):
+            value = "".join(rng.choice('aéê中😀q"\\') for _ in range(rng.randint(0, 4)))
+            text = rng.choice([json.dumps(value, ensure_ascii=False), '"' + value + '"', json.dumps(value)])
+            matcher.reset()
+            got = matcher.accept_string(text) and matcher.is_completed()
+            want = text == json.dumps(value, ensure_ascii=False) and bool(re.fullmatch(pattern, value))
+            if got:
+                assert json.loads(text) == value and want, (pattern, text)
+            elif want and not any(c in value for c in '"\\'):
+                raise AssertionError(f"{pattern!r} refused {text}")
+    assert json_string_pattern("é?[^é]😀[é-ê]") == r"\u00e9?[^\u00e9]\u{1f600}[\u00e9-\u00ea]"
+    assert json_string_pattern(r"[\w.\-]+é") == r"[\w.\-]+\u00e9"  # only non-ASCII characters change
+
+
+@pytest.mark.parametrize(
+    "pattern,named",
+    [
+        (r"\\", "\\"),
+        (r"[\"]", '"'),
+        ('"[^"]*"', '"'),
+        (r"a\nb", "\n"),
+        (r"\x22", '"'),
+        (r"[\x00-\x1f]", "\x00-\x1f"),
+        (r"[\t ]", "\t"),
+    ],
+)
+def test_patterns_naming_a_quote_backslash_or_control_character_are_refused(pattern, named):
+    """xgrammar 0.2.9 copies a quote, backslash or control character a pattern names into the JSON
+    text unescaped: `{"pattern": "\\\\\\\\"}` (one backslash) wrote `"\\"` and `[\\"]` three quotes,
+    answers json.loads refuses, served as valid. Matching their escapes instead was tried and is
+    unsafe (after `\\\\"`, `[^a]*` took `\\q`), so they are a 400 naming the character."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    with pytest.raises(ConstraintError, match=re.escape(f"a pattern that names {named!r} is not supported")):
+        check_schema({"type": "string", "pattern": pattern})
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"p": {"type": "string", "pattern": pattern}}},
+        },
+    }
+    with pytest.raises(ConstraintError, match="not supported"):
+        check_forced_schemas([tool], "f")
+    for fine, value in (("[ -~]+", "a b"), ('[^"]*', "x'y"), (r"[^\\]+", "ab"), (r"[\w.\-]+", "a.b-c")):
+        check_schema({"type": "string", "pattern": fine})  # what they leave out is never written
+        assert accepts(f, GrammarSpec("json_schema", {"type": "string", "pattern": fine}), json.dumps(value))
+        assert not accepts(f, GrammarSpec("json_schema", {"type": "string", "pattern": fine}), '"a\\"b"')

@@ -228,6 +228,12 @@ def _check_combinations(schema: dict, path: str) -> None:
         uri_pattern(schema.get("minLength", 0), schema.get("maxLength"), path)  # refuses bounds it cannot meet
     if isinstance(schema.get("pattern"), str) and re.search(r"\(\?<?[=!]", schema["pattern"]):
         raise ConstraintError(f"{path}: lookahead and lookbehind in a pattern are not supported")
+    special = json_special_in_pattern(schema["pattern"]) if isinstance(schema.get("pattern"), str) else None
+    if special is not None:
+        raise ConstraintError(
+            f"{path}: a pattern that names {special!r} is not supported (a quote, a backslash or a control "
+            "character; the grammar would write it unescaped, which is not JSON)"
+        )
     properties, required = schema.get("properties") or {}, schema.get("required")
     for name in required if isinstance(required, list) else []:
         if isinstance(name, str) and name not in properties:
@@ -333,9 +339,148 @@ def optional_groups(pattern: str) -> str:
     return "".join(out)
 
 
+# Characters a JSON string cannot hold as they are: it writes them as escapes (`\"`, `\\`, `\n`, `\u0001`).
+_JSON_SPECIAL = frozenset('"\\' + "".join(map(chr, range(32))))
+_CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a"}
+
+
+def _escape_at(pattern: str, i: int, in_class: bool) -> tuple[str | None, int]:
+    """The character the escape at pattern[i] (a backslash) stands for, and where it ends.
+    None: it stands for a set (`\\d`), an anchor (`\\b` outside a class) or a reference."""
+    c = pattern[i + 1 : i + 2]
+    for prefix, digits in (("x", 2), ("u", 4)):
+        code = pattern[i + 2 : i + 2 + digits]
+        if c == prefix and re.fullmatch(f"[0-9a-fA-F]{{{digits}}}", code):
+            return chr(int(code, 16)), i + 2 + digits
+    if c == "0":
+        octal = re.match(r"[0-7]{0,2}", pattern[i + 2 :]).group()
+        return chr(int("0" + octal, 8)), i + 2 + len(octal)
+    if c in _CHAR_ESCAPES or (in_class and c == "b"):
+        return _CHAR_ESCAPES.get(c, "\b"), i + 2
+    if c and not c.isalnum():  # an escaped punctuation character stands for itself
+        return c, i + 2
+    return None, i + 2
+
+
+def _class_atom(pattern: str, i: int) -> tuple[tuple[str, str] | str, int]:
+    """The class member at pattern[i] and where it ends: (ch, ch) for a character, the text of a set (`\\d`)."""
+    if pattern[i] == "\\":
+        ch, end = _escape_at(pattern, i, in_class=True)
+        return (pattern[i:end] if ch is None else (ch, ch)), end
+    return (pattern[i], pattern[i]), i + 1
+
+
+def _class_items(pattern: str, i: int) -> tuple[list, int]:
+    """The members of the class whose body starts at pattern[i], and the index of its closing "]":
+    (lo, hi) character ranges (a single character is lo == hi) and, as text, sets like `\\d`."""
+    items, start = [], i
+    while i < len(pattern) and (pattern[i] != "]" or i == start):
+        item, i = _class_atom(pattern, i)
+        if isinstance(item, tuple) and pattern[i : i + 1] == "-" and pattern[i + 1 : i + 2] not in ("]", ""):
+            hi, end = _class_atom(pattern, i + 1)
+            if isinstance(hi, tuple):
+                item, i = (item[0], hi[1]), end
+        items.append(item)
+    return items, i
+
+
+def _code(ch: str) -> str:
+    """`ch` as an escape xgrammar reads (a non-ASCII character written as it is breaks its JSON mode)."""
+    return f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\u{{{ord(ch):x}}}"
+
+
+def _class_char(ch: str) -> str:
+    if ord(ch) > 127:
+        return _code(ch)
+    return "\\" + ch if ch in "]\\^-[" else ch
+
+
+def _class_text(items: list) -> str:
+    """Class members written back (characters and ranges escaped as needed, sets as they were)."""
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+        else:
+            out.append(_class_char(item[0]) + ("" if item[0] == item[1] else "-" + _class_char(item[1])))
+    return "".join(out)
+
+
+def _special_member(items: list) -> str | None:
+    """A member of a positive class that xgrammar may write raw into the JSON text: a quote or a
+    backslash named as a member or a range's end, or a control character (alone or in a range)."""
+    for item in items:
+        if isinstance(item, str):
+            continue
+        for end in item:
+            if end in '"\\':
+                return end
+        if any(item[0] <= chr(c) <= item[1] for c in range(32)):
+            return item[0] if item[0] == item[1] else f"{item[0]}-{item[1]}"
+    return None
+
+
+def json_special_in_pattern(pattern: str) -> str | None:
+    r"""The first character of `pattern` that xgrammar would copy raw into the JSON text (None if none).
+
+        xgrammar 0.2.9 matches a JSON-schema `pattern` against the string's JSON text, not its value,
+        and copies a quote, a backslash or a control character the pattern names into it: the pattern
+        `\` (one backslash) wrote the text `""`, `["]` wrote three quotes and `a
+    b` a raw line
+        break, none of them JSON. Writing them as their JSON escapes (`\"`) was tried and is not
+        safe: after such an escape xgrammar lets `.` and negated classes take any escape, `\q` included.
+        Named through a range that holds no control character (`[ -~]`), in a negated class (`[^"]`)
+        or by `.`, they are left out by xgrammar, which is stricter than the pattern, never looser."""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            ch, i = _escape_at(pattern, i, in_class=False)
+            if ch is not None and ch in _JSON_SPECIAL:
+                return ch
+        elif c == "[":
+            negated = pattern[i + 1 : i + 2] == "^"
+            items, end = _class_items(pattern, i + 1 + negated)
+            found = None if negated else _special_member(items)
+            if found is not None:
+                return found
+            i = end + 1
+        elif c in _JSON_SPECIAL:
+            return c
+        else:
+            i += 1
+    return None
+
+
+def json_string_pattern(pattern: str) -> str:
+    r"""`pattern` with every non-ASCII character written as an escape (`é` -> `\u00e9`): the same strings.
+
+    xgrammar 0.2.9's JSON-string regex mode breaks on a non-ASCII character written as it is: `é?..`
+    let through `"\q"` (not JSON) and `"\""` (one character), `[^é]?..` the same; the escaped
+    form is matched right (checked against Python's `re` over random patterns, in
+    tests/test_grammar_limits.py)."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+        elif c == "[":
+            negated = pattern[i + 1 : i + 2] == "^"
+            items, end = _class_items(pattern, i + 1 + negated)
+            written = any(ord(ch) > 127 for ch in pattern[i:end])
+            out.append("[" + "^" * negated + _class_text(items) + "]" if written else pattern[i : end + 1])
+            i = end + 1
+        else:
+            out.append(_code(c) if ord(c) > 127 else c)
+            i += 1
+    return "".join(out)
+
+
 def for_xgrammar(schema):
     """A copy of `schema` as xgrammar is to read it: each `format` it under-enforces written as a
-    `pattern`, each pattern's optional groups in the form it enforces (`optional_groups`), and
+    `pattern`, each pattern's non-ASCII characters written as escapes (`json_string_pattern`) and
+    its optional groups in the form it enforces (`optional_groups`), and
     OpenAPI's `discriminator` (an annotation once check_schema passed it) left out."""
     if isinstance(schema, list):
         return [for_xgrammar(sub) for sub in schema]
@@ -350,7 +495,7 @@ def for_xgrammar(schema):
         if key == "format" and value in FORMAT_PATTERNS:
             out["pattern"] = optional_groups(FORMAT_PATTERNS[value])
         elif key == "pattern" and isinstance(value, str):
-            out[key] = optional_groups(value)
+            out[key] = optional_groups(json_string_pattern(value))
         elif key == "discriminator":  # an annotation here: _check_one_of made sure the branches are disjoint
             continue
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
