@@ -277,6 +277,47 @@ def test_date_and_ipv4_formats_hold_exactly_what_python_accepts():
         assert accepts(f, call, f"<tool_call>\n{body}\n</tool_call>") == want, text
 
 
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _valid_hostname(text: str) -> bool:
+    """RFC 1123: dot-separated labels of 1-63 letters, digits and inner hyphens, 253 characters at most."""
+    return len(text) <= 253 and all(_LABEL.fullmatch(label) for label in text.split("."))
+
+
+def _hostname_samples(rng: random.Random) -> list[str]:
+    def label() -> str:
+        n = rng.choice([1, 2, 5, 30, 31, 61, 62, 63, 64])
+        inner = "".join(rng.choice("ab9-") for _ in range(max(0, n - 2)))
+        ends = "ab9ab9ab9-_"  # mostly valid, sometimes a hyphen or an underscore where none may be
+        return (rng.choice(ends) + inner + rng.choice(ends))[:n] if n > 1 else rng.choice(ends)
+
+    return ["a", "a.b", "-a", "a..b", "a.", "x" * 63, "x" * 64] + [
+        ".".join(label() for _ in range(rng.randint(1, 9))) for _ in range(400)
+    ]
+
+
+def test_hostname_format_writes_only_rfc_1123_hostnames():
+    """xgrammar's own `hostname` let a 64-character label through (found by fuzzing schemas against
+    `jsonschema` with an RFC 1123 check). It is now our pattern: every name it takes is valid, and
+    every valid name of up to four labels (or eight of at most 30 characters) is taken."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    matcher = xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", {"type": "string", "format": "hostname"})))
+    valid = 0
+    for text in _hostname_samples(random.Random(1)):
+        matcher.reset()
+        got = matcher.accept_string(json.dumps(text)) and matcher.is_completed()
+        labels = text.split(".")
+        longest = max(map(len, labels))
+        servable = (
+            len(labels) <= 3 or (len(labels) == 4 and len(labels[-1]) <= 61) or (len(labels) <= 8 and longest <= 30)
+        )
+        assert got == (_valid_hostname(text) and servable), text
+        valid += got
+    assert valid > 30  # the draw holds enough valid names to mean something
+    assert not accepts(f, GrammarSpec("json_schema", {"type": "string", "format": "hostname"}), json.dumps("x" * 64))
+
+
 def _valid_url(text: str, model) -> bool:
     try:
         model.model_validate({"u": text})

@@ -256,11 +256,23 @@ _DATE = (
 )
 _TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+
+
+def _label(most: int) -> str:
+    """A hostname label (RFC 1123) of 1..most letters, digits and inner hyphens."""
+    return rf"[a-zA-Z0-9](?:[a-zA-Z0-9\-]{{0,{most - 2}}}[a-zA-Z0-9])?"
+
+
+# A hostname: labels of at most 63 characters, at most 253 in all (RFC 1123; xgrammar's own let a
+# 64-character label through). A regex cannot count across labels, so it is written as up to four
+# labels (the last at most 61 long: 3 x 63 + 61 + 3 dots = 253) or five to eight of at most 30.
+_HOSTNAME = rf"(?:{_label(63)}(?:\.{_label(63)}){{0,2}}(?:\.{_label(61)})?|{_label(30)}(?:\.{_label(30)}){{4,7}})"
 FORMAT_PATTERNS = {
     "date": _DATE,
     "time": _TIME,
     "date-time": rf"{_DATE}T{_TIME}",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
+    "hostname": _HOSTNAME,
 }
 
 
