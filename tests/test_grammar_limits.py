@@ -28,7 +28,7 @@ from specserve.engine.constrain import (
     GrammarSpec,
     _CompilePool,
     check_schema,
-    json_string_pattern,
+    exact_pattern,
     optional_groups,
 )
 from specserve.server.app import ServerOptions, create_app
@@ -485,8 +485,8 @@ def test_non_ascii_patterns_hold_exactly_what_python_re_matches():
                 assert json.loads(text) == value and want, (pattern, text)
             elif want and not any(c in value for c in '"\\'):
                 raise AssertionError(f"{pattern!r} refused {text}")
-    assert json_string_pattern("é?[^é]😀[é-ê]") == r"\u00e9?[^\u00e9]\u{1f600}[\u00e9-\u00ea]"
-    assert json_string_pattern(r"[\w.\-]+é") == r"[\w.\-]+\u00e9"  # only non-ASCII characters change
+    assert exact_pattern("é?[^é]😀[é-ê]") == r"\u00e9?[^\u00e9]\u{1f600}[\u00e9-\u00ea]"
+    assert exact_pattern(r"[\w\-]+é") == r"[\w\-]+\u00e9"  # only non-ASCII characters change
 
 
 @pytest.mark.parametrize(
@@ -522,3 +522,38 @@ def test_patterns_naming_a_quote_backslash_or_control_character_are_refused(patt
         check_schema({"type": "string", "pattern": fine})  # what they leave out is never written
         assert accepts(f, GrammarSpec("json_schema", {"type": "string", "pattern": fine}), json.dumps(value))
         assert not accepts(f, GrammarSpec("json_schema", {"type": "string", "pattern": fine}), '"a\\"b"')
+
+
+def _shorthand_pattern(rng: random.Random, depth: int = 0) -> str:
+    """A small random regex over `.`, `\\W`, `\\D`, `\\S` and negated `\\w`, `\\d`, `\\s` classes."""
+    atoms = ["a", "1", "é", ".", r"\W", r"\D", r"\S", r"[^\d]", r"[^\w-]", r"[\Wa]", r"[^\s]", "[0-9]", r"[]a]", "-"]
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        if depth < 2 and rng.random() < 0.3:
+            atom = "(?:" + "|".join(_shorthand_pattern(rng, depth + 1) for _ in range(rng.choice([1, 2]))) + ")"
+        else:
+            atom = rng.choice(atoms)
+        parts.append(atom + rng.choice(["", "?", "*", "+", "{2}"]))
+    return "".join(parts)
+
+
+def test_dot_and_shorthand_classes_hold_exactly_what_python_re_matches():
+    """xgrammar's `\\w`, `\\d`, `\\s` are ASCII, so their complements took what Python's `re` (and
+    pydantic's Rust regex, and `jsonschema`) refuse: `\\W` matched "中", `\\D` "٣", `[^\\d]` "٣"; and
+    in a plain regex `.` matched a line break ("(.)+" took "\\n-"); `[]a]` did not compile. Found by
+    fuzzing `structured_outputs.regex` against `re.fullmatch`. 120 random patterns in both regex
+    modes (the old code disagreed with this draw)."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    rng = random.Random(7)
+    for _ in range(120):
+        pattern = _shorthand_pattern(rng)
+        plain = xgr.GrammarMatcher(f.compile(GrammarSpec("regex", pattern)))
+        in_json = xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", {"type": "string", "pattern": pattern})))
+        for _ in range(8):
+            value = "".join(rng.choice("a1é中٣\u00a0 -\n") for _ in range(rng.randint(0, 3)))
+            want = bool(re.fullmatch(pattern, value))
+            for matcher, text in ((plain, value), (in_json, json.dumps(value, ensure_ascii=False))):
+                matcher.reset()
+                got = matcher.accept_string(text) and matcher.is_completed()
+                assert got == (want and (matcher is plain or "\n" not in value)), (pattern, text)
+    assert len(exact_pattern(r"\W")) > 5000 and exact_pattern(r"[^\W]") == r"[^\W]"  # the ASCII ones stay

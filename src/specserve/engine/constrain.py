@@ -402,7 +402,7 @@ def _code(ch: str) -> str:
 
 
 def _class_char(ch: str) -> str:
-    if ord(ch) > 127:
+    if ord(ch) > 127 or ord(ch) < 32:
         return _code(ch)
     return "\\" + ch if ch in "]\\^-[" else ch
 
@@ -464,35 +464,90 @@ def json_special_in_pattern(pattern: str) -> str | None:
     return None
 
 
-def json_string_pattern(pattern: str) -> str:
-    r"""`pattern` with every non-ASCII character written as an escape (`é` -> `\u00e9`): the same strings.
+# Characters ECMA-262 counts as white space beyond Python's `\s` (JSON Schema's patterns are ECMA's).
+_ECMA_SPACES = (
+    "\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+_SHORTHAND_SETS = {
+    "w": lambda ch: ch.isalnum() or ch == "_",
+    "d": str.isdecimal,
+    "s": lambda ch: ch.isspace() or ch in _ECMA_SPACES,
+}
+_DOT = r"[^\n\r\u2028\u2029]"  # what `.` matches in Python (no \n) and in ECMA-262 (no line terminator)
 
-    xgrammar 0.2.9's JSON-string regex mode breaks on a non-ASCII character written as it is: `é?..`
-    let through `"\q"` (not JSON) and `"\""` (one character), `[^é]?..` the same; the escaped
-    form is matched right (checked against Python's `re` over random patterns, in
-    tests/test_grammar_limits.py)."""
+
+@functools.cache
+def _unicode_set(letter: str) -> str:
+    """Class members (ranges) for every character Python's `\\w`, `\\d` or `\\s` matches, all of
+    Unicode (xgrammar's are ASCII only); `\\s` also holds ECMA-262's white space."""
+    test, ranges, start = _SHORTHAND_SETS[letter], [], None
+    for code in range(0x110001):
+        inside = code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF and test(chr(code))
+        if inside and start is None:
+            start = code
+        elif not inside and start is not None:
+            ranges.append((chr(start), chr(code - 1)))
+            start = None
+    return _class_text(ranges)
+
+
+def _widened(items: list) -> list:
+    """Negated-class members with `\\w`, `\\d`, `\\s` widened to all of Unicode."""
+    return [_unicode_set(t[1]) if t in ("\\w", "\\d", "\\s") else t for t in items]
+
+
+def exact_pattern(pattern: str) -> str:
+    r"""`pattern` written so that xgrammar 0.2.9 holds to what it means; every change is the same
+    set of strings or a subset of it (never a superset), checked against Python's `re` over random
+    patterns in tests/test_grammar_limits.py.
+
+    - Non-ASCII characters as escapes (`é` -> `\u00e9`): written as they are, they broke xgrammar's
+      JSON-string mode (`é?..` let through `"\q"`, not JSON, and `"\""`, one character).
+    - `\W`, `\D`, `\S` as the complement of all of Unicode's word characters, digits and spaces,
+      and a negated class's `\w`, `\d`, `\s` widened the same way: xgrammar's are ASCII, so `\W`
+      took "中" and `[^\d]` took "٣", which Python's `re`, pydantic's Rust regex and `jsonschema`
+      refuse (`\w`, `\d`, `\s` themselves, ASCII, are a subset and stay).
+    - `.` as `[^\n\r\u2028\u2029]`: xgrammar's took a line break ("(.)+" matched "\n-")."""
     out, i = [], 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
-            out.append(pattern[i : i + 2])
+            letter = pattern[i + 1 : i + 2]
+            if letter in ("W", "D", "S"):
+                out.append(f"[^{_unicode_set(letter.lower())}]")
+            else:
+                out.append(_code(letter) if letter and ord(letter) > 127 else pattern[i : i + 2])
             i += 2
         elif c == "[":
-            negated = pattern[i + 1 : i + 2] == "^"
-            items, end = _class_items(pattern, i + 1 + negated)
-            written = any(ord(ch) > 127 for ch in pattern[i:end])
-            out.append("[" + "^" * negated + _class_text(items) + "]" if written else pattern[i : end + 1])
-            i = end + 1
+            out.append(_exact_class(pattern, i))
+            i = _class_items(pattern, i + 1 + (pattern[i + 1 : i + 2] == "^"))[1] + 1
         else:
-            out.append(_code(c) if ord(c) > 127 else c)
+            out.append(_DOT if c == "." else _code(c) if ord(c) > 127 else c)
             i += 1
     return "".join(out)
 
 
+def _exact_class(pattern: str, i: int) -> str:
+    """The class at pattern[i] as `exact_pattern` writes it."""
+    negated = pattern[i + 1 : i + 2] == "^"
+    items, end = _class_items(pattern, i + 1 + negated)
+    if negated:
+        widened = _widened(items)
+        changed = widened != items or pattern[i + 2 : i + 3] == "]" or any(ord(ch) > 127 for ch in pattern[i:end])
+        return "[^" + _class_text(widened) + "]" if changed else pattern[i : end + 1]
+    wide = [t for t in items if t in ("\\W", "\\D", "\\S")]
+    if wide:  # a complement inside a positive class: one alternative each
+        rest = [t for t in items if t not in wide]
+        parts = [f"[^{_unicode_set(t[1].lower())}]" for t in wide] + ([f"[{_class_text(rest)}]"] if rest else [])
+        return "(?:" + "|".join(parts) + ")"
+    rewrite = pattern[i + 1 : i + 2] == "]" or any(ord(ch) > 127 for ch in pattern[i:end])  # xgrammar: `[]a]` is empty
+    return "[" + _class_text(items) + "]" if rewrite else pattern[i : end + 1]
+
+
 def for_xgrammar(schema):
     """A copy of `schema` as xgrammar is to read it: each `format` it under-enforces written as a
-    `pattern`, each pattern's non-ASCII characters written as escapes (`json_string_pattern`) and
-    its optional groups in the form it enforces (`optional_groups`), and
+    `pattern`, each pattern written to hold to its meaning (`exact_pattern`) and its optional
+    groups in the form xgrammar enforces (`optional_groups`), and
     OpenAPI's `discriminator` (an annotation once check_schema passed it) left out."""
     if isinstance(schema, list):
         return [for_xgrammar(sub) for sub in schema]
@@ -507,7 +562,7 @@ def for_xgrammar(schema):
         if key == "format" and value in FORMAT_PATTERNS:
             out["pattern"] = optional_groups(FORMAT_PATTERNS[value])
         elif key == "pattern" and isinstance(value, str):
-            out[key] = optional_groups(json_string_pattern(value))
+            out[key] = optional_groups(exact_pattern(value))
         elif key == "discriminator":  # an annotation here: _check_one_of made sure the branches are disjoint
             continue
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
@@ -672,7 +727,7 @@ class GrammarSpec:
                     json.dumps(for_xgrammar(self.source)), any_whitespace=self.any_whitespace, strict_mode=True
                 )
             if self.kind == "regex":
-                return grammar.from_regex(self.source)
+                return grammar.from_regex(exact_pattern(self.source))
             if self.kind == "ebnf":
                 return grammar.from_ebnf(self.source)
             if self.kind == "grammar":
