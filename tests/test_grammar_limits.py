@@ -557,3 +557,29 @@ def test_dot_and_shorthand_classes_hold_exactly_what_python_re_matches():
                 got = matcher.accept_string(text) and matcher.is_completed()
                 assert got == (want and (matcher is plain or "\n" not in value)), (pattern, text)
     assert len(exact_pattern(r"\W")) > 5000 and exact_pattern(r"[^\W]") == r"[^\W]"  # the ASCII ones stay
+
+
+@pytest.mark.parametrize("pattern", ["a^", "$a", "(^a)*", "(a$)?b", "a(^b)?", "a*^b", "(?:a$)*", "a(?:b$|c)d"])
+def test_anchors_in_the_middle_of_a_pattern_are_refused(pattern):
+    """xgrammar 0.2.9 drops an anchor in the middle of a regex (it only logs "Anchor '^' in the
+    middle of regex is ignored"), so `a^` wrote "a" and `(a$)?b` "ab", which the pattern never
+    matches (found by fuzzing plain regexes against `re.fullmatch`). Such a pattern is now a 400,
+    in a JSON schema and as `structured_outputs.regex`."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    with pytest.raises(ConstraintError, match="anchor in the middle of a pattern"):
+        check_schema({"type": "string", "pattern": pattern})
+    with pytest.raises(ConstraintError, match="anchor in the middle of a pattern") as raised:
+        f.compile(GrammarSpec("regex", pattern, param="structured_outputs.regex"))
+    assert raised.value.param == "structured_outputs.regex"
+
+
+def test_anchors_at_the_ends_of_a_pattern_or_branch_are_kept_and_exact():
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    for pattern in ["a|^b", "(?:^|,)a", "^a$|^b$", "(^a)?b", "^(a|b)+$", "a(?:b$|c)", "^^a$$", r"\^a\$", "[$^]a"]:
+        check_schema({"type": "string", "pattern": pattern})
+        plain = GrammarSpec("regex", pattern)
+        in_json = GrammarSpec("json_schema", {"type": "string", "pattern": pattern})
+        for text in ["", "a", "b", "ab", "ba", "aa", ",a", "ac", "^a$", "$a"]:
+            want = bool(re.fullmatch(pattern, text))
+            assert accepts(f, plain, text) == want, (pattern, text)
+            assert accepts(f, in_json, json.dumps(text)) == want, (pattern, text)

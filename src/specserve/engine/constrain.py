@@ -228,6 +228,9 @@ def _check_combinations(schema: dict, path: str) -> None:
         uri_pattern(schema.get("minLength", 0), schema.get("maxLength"), path)  # refuses bounds it cannot meet
     if isinstance(schema.get("pattern"), str) and re.search(r"\(\?<?[=!]", schema["pattern"]):
         raise ConstraintError(f"{path}: lookahead and lookbehind in a pattern are not supported")
+    anchor = misplaced_anchor(schema["pattern"]) if isinstance(schema.get("pattern"), str) else None
+    if anchor is not None:
+        raise ConstraintError(f"{path}: {ANCHOR_REFUSAL.format(anchor)}")
     special = json_special_in_pattern(schema["pattern"]) if isinstance(schema.get("pattern"), str) else None
     if special is not None:
         raise ConstraintError(
@@ -317,6 +320,87 @@ def uri_pattern(min_length, max_length, path: str = "schema") -> str:
         + (path_part if needs_path else rf"(?:{path_part})?")
         + rf"(?:\?[{_URI_PCHAR}/?]{{0,{query}}})?(?:#[{_URI_PCHAR}/?]{{0,{fragment}}})?"
     )
+
+
+def _tokens(pattern: str) -> list[str]:
+    """The pattern cut into atoms (a character, an escape, a class), group opens "(" (their `?:` or
+    `?P<name>` dropped), ")", "|", "^", "$" and quantifiers ("*", "+", "?", "{m,n}", lazy or not)."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+        elif c == "[":
+            end = _class_items(pattern, i + 1 + (pattern[i + 1 : i + 2] == "^"))[1]
+            out.append(pattern[i : end + 1])
+            i = end + 1
+        elif c == "(":
+            prefix = re.match(r"\((?:\?:|\?P?<[^>]*>)?", pattern[i:]).group()
+            out.append("(")
+            i += len(prefix)
+        elif c == "{" and re.match(r"\{\d*(,\d*)?\}", pattern[i:]):
+            quantifier = re.match(r"\{\d*(,\d*)?\}\??", pattern[i:]).group()
+            out.append(quantifier)
+            i += len(quantifier)
+        elif c in "*+?":
+            out.append(pattern[i : i + 2] if pattern[i + 1 : i + 2] == "?" else c)
+            i += len(out[-1])
+        else:
+            out.append(c)
+            i += 1
+    return out
+
+
+def _repeats(quantifier: str) -> bool:
+    """Whether a quantifier lets its atom match more than once."""
+    if quantifier[0] in "*+":
+        return True
+    bounds = re.match(r"\{(\d*)(,?)(\d*)\}", quantifier)
+    return bool(bounds) and (bounds[2] == "," and (bounds[3] == "" or int(bounds[3]) > 1) or int(bounds[1] or 0) > 1)
+
+
+ANCHOR_REFUSAL = (
+    "a {0!r} anchor in the middle of a pattern (after or before a character it may match, or in a "
+    "repeated group) is not supported"
+)
+
+
+def misplaced_anchor(pattern: str) -> str | None:
+    """The first `^` that may come after a matched character, or `$` before one (None: none does).
+
+    xgrammar 0.2.9 drops such an anchor ("Anchor '^' in the middle of regex is ignored"), so `a^`
+    matched "a" and `(a$)?b` "ab", strings the pattern never matches. An anchor at the start (end)
+    of the pattern, of a top-level alternative or of a group that is itself there is kept, and
+    means the same there; in a repeated group (`(^a)*`) it is refused."""
+    tokens, stack = _tokens(pattern), []
+    at_start, ended = True, False
+    for k, tok in enumerate(tokens):
+        if tok == "(":
+            stack.append({"start": at_start, "ended": ended, "any_ended": False, "anchor": False})
+        elif tok == "|":
+            frame = stack[-1] if stack else {"start": True, "ended": False, "any_ended": False}
+            frame["any_ended"] |= ended
+            at_start, ended = frame["start"], frame["ended"]
+        elif tok == ")" and stack:
+            frame = stack.pop()
+            ended |= frame["any_ended"]
+            at_start = False
+            if frame["anchor"] and k + 1 < len(tokens) and _repeats(tokens[k + 1]):
+                return "^" if "^" in tokens[:k] else "$"
+            if stack:
+                stack[-1]["anchor"] |= frame["anchor"]
+        elif tok in ("^", "$"):
+            if tok == "^" and not at_start:
+                return "^"
+            ended |= tok == "$"
+            if stack:
+                stack[-1]["anchor"] = True
+        elif not (tok[0] in "*+?" or tok[0] == "{" and len(tok) > 1):
+            if ended:
+                return "$"
+            at_start = False
+    return None
 
 
 def optional_groups(pattern: str) -> str:
@@ -727,11 +811,15 @@ class GrammarSpec:
                     json.dumps(for_xgrammar(self.source)), any_whitespace=self.any_whitespace, strict_mode=True
                 )
             if self.kind == "regex":
+                if misplaced_anchor(self.source) is not None:
+                    raise ConstraintError(ANCHOR_REFUSAL.format(misplaced_anchor(self.source)), self.param)
                 return grammar.from_regex(exact_pattern(self.source))
             if self.kind == "ebnf":
                 return grammar.from_ebnf(self.source)
             if self.kind == "grammar":
                 return self.source
+        except ConstraintError:
+            raise
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError subclasses
             raise ConstraintError(f"cannot compile the {self.kind} constraint: {e}", self.param) from None
         raise ConstraintError(f"unknown constraint kind {self.kind!r}", self.param)
