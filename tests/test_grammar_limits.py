@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import jsonschema
 import pytest
 import xgrammar as xgr
 from fastapi.testclient import TestClient
@@ -583,3 +584,29 @@ def test_anchors_at_the_ends_of_a_pattern_or_branch_are_kept_and_exact():
             want = bool(re.fullmatch(pattern, text))
             assert accepts(f, plain, text) == want, (pattern, text)
             assert accepts(f, in_json, json.dumps(text)) == want, (pattern, text)
+
+
+def test_integer_schemas_with_fractional_bounds_are_served_exactly():
+    """xgrammar 0.2.9 refuses a fractional bound on an integer ("Integer constraint must be a whole
+    number"), so `{"type": "integer", "minimum": 0.5}`, valid JSON Schema, was a 400 quoting a C++
+    source path (found fuzzing schemas against `jsonschema`). The bounds are now the whole ones
+    that allow the same integers; 150 random bound sets against jsonschema's verdict."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    rng = random.Random(11)
+    served = 0
+    for _ in range(150):
+        schema = {"type": "integer"}
+        for key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+            if rng.random() < 0.4:
+                schema[key] = rng.choice([-2.5, -1, -0.5, 0, 0.5, 1, 2.25, 3, 7.75])
+        try:
+            matcher = xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", schema)))
+        except ConstraintError as e:  # only bounds that no integer meets
+            assert not any(jsonschema.Draft202012Validator(schema).is_valid(n) for n in range(-10, 11)), (schema, e)
+            continue
+        served += 1
+        for n in range(-6, 10):
+            matcher.reset()
+            got = matcher.accept_string(str(n)) and matcher.is_completed()
+            assert got == jsonschema.Draft202012Validator(schema).is_valid(n), (schema, n)
+    assert served > 100
