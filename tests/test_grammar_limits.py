@@ -610,3 +610,25 @@ def test_integer_schemas_with_fractional_bounds_are_served_exactly():
             got = matcher.accept_string(str(n)) and matcher.is_completed()
             assert got == jsonschema.Draft202012Validator(schema).is_valid(n), (schema, n)
     assert served > 100
+
+
+@pytest.mark.parametrize(
+    "schema,value",
+    [
+        ({"oneOf": [{"properties": {"a": {"type": "integer"}}}, {"type": "integer"}]}, 5),
+        ({"oneOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"type": "string"}]}, "x"),
+        ({"oneOf": [{"$ref": "#/$defs/A"}, {"type": "integer"}], "$defs": {"A": {"properties": {"x": {}}}}}, 5),
+    ],
+)
+def test_one_of_with_an_untyped_properties_branch_is_refused(schema, value):
+    """A branch with `properties` and no `type` matches every value that is not an object (JSON
+    Schema applies `properties` to objects only), so next to `{"type": "integer"}` the integer 5
+    matches both branches and breaks `oneOf`. check_schema took the branch for an object and
+    served it: the grammar wrote 5, which jsonschema refuses (found fuzzing schemas against it)."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    assert not jsonschema.Draft202012Validator(schema).is_valid(value)
+    assert accepts(f, GrammarSpec("json_schema", schema), json.dumps(value))  # what the old code served
+    with pytest.raises(ConstraintError, match="oneOf branches 0 and 1 may both match one value"):
+        check_schema(schema)
+    typed = {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": "integer"}]}
+    check_schema(typed)  # with its type, the branch is told apart

@@ -748,9 +748,7 @@ def _types(schema) -> set[str] | None:
         }
     kind = schema.get("type")
     kinds = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else set()
-    if "properties" in schema:
-        kinds.add("object")
-    if not kinds:
+    if not kinds:  # `properties` alone says nothing of the type: {"properties": ...} matches 5 too
         return None
     return {"number" if k == "integer" else k for k in kinds}
 
