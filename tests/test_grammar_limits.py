@@ -632,3 +632,15 @@ def test_one_of_with_an_untyped_properties_branch_is_refused(schema, value):
         check_schema(schema)
     typed = {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": "integer"}]}
     check_schema(typed)  # with its type, the branch is told apart
+
+
+def test_json_object_with_free_whitespace_is_still_an_object():
+    """`response_format: json_object` with `strict_whitespace: false` was compiled from xgrammar's
+    builtin JSON grammar, which takes any JSON value: the answer could be `[1]` or `true` (found
+    by random walks through each grammar, checking what they write)."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    free = GrammarSpec("json_object", any_whitespace=True)
+    for text in ["[1]", "true", '"a"', "1", "null", "[ ]"]:
+        assert not accepts(f, free, text), text
+    for text in ['{ "a" : [1 , {"b": null}] }', "{}", '{\n  "a": "x"\n}']:
+        assert accepts(f, free, text), text

@@ -826,10 +826,10 @@ class GrammarSpec:
         """The xgrammar Grammar for this spec; a compile error is a ConstraintError."""
         grammar = xgrammar().Grammar
         try:
-            if self.kind == "json_object":
-                if self.any_whitespace:
-                    return grammar.builtin_json_grammar()
-                return grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
+            if self.kind == "json_object":  # an object, any keys (xgrammar's builtin JSON grammar took `[1]`)
+                return grammar.from_json_schema(
+                    '{"type": "object"}', any_whitespace=self.any_whitespace, strict_mode=False
+                )
             if self.kind == "json_schema":
                 return grammar.from_json_schema(
                     json.dumps(for_xgrammar(self.source)), any_whitespace=self.any_whitespace, strict_mode=True
