@@ -644,3 +644,18 @@ def test_json_object_with_free_whitespace_is_still_an_object():
         assert not accepts(f, free, text), text
     for text in ['{ "a" : [1 , {"b": null}] }', "{}", '{\n  "a": "x"\n}']:
         assert accepts(f, free, text), text
+
+
+@pytest.mark.parametrize("pattern,folded", [("(?i)[^k]", "\u212a"), ("(?i)[^é]", "É"), ("(?i)[^a-z]", "\u017f")])
+def test_case_insensitive_negated_classes_are_refused(pattern, folded):
+    """xgrammar folds case in a negated class by ASCII only: `(?i)[^k]` wrote the Kelvin sign and
+    `(?i)[^é]` "É", which Python's `re` folds into the class and so refuses (found fuzzing inline
+    flags against `re.fullmatch`). Such a pattern is now a 400; `(?i)` elsewhere stays served."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    assert not re.fullmatch(pattern, folded)
+    assert accepts(f, GrammarSpec("json_schema", {"type": "string", "pattern": pattern}), f'"{folded}"')
+    with pytest.raises(ConstraintError, match=r"a case-insensitive pattern \(\(\?i\)\) with a negated class"):
+        check_schema({"type": "string", "pattern": pattern})
+    check_schema({"type": "string", "pattern": "(?i)^ab[c-e]$"})  # flags are no text before an anchor
+    spec = GrammarSpec("json_schema", {"type": "string", "pattern": "(?i)^ab[c-e]$"})
+    assert accepts(f, spec, '"ABd"') and not accepts(f, spec, '"abf"')

@@ -232,6 +232,11 @@ def _check_combinations(schema: dict, path: str) -> None:
     anchor = misplaced_anchor(schema["pattern"]) if isinstance(schema.get("pattern"), str) else None
     if anchor is not None:
         raise ConstraintError(f"{path}: {ANCHOR_REFUSAL.format(anchor)}")
+    if isinstance(schema.get("pattern"), str) and _folds_negated_class(schema["pattern"]):
+        raise ConstraintError(
+            f"{path}: a case-insensitive pattern ((?i)) with a negated class is not supported (the grammar "
+            "folds case by ASCII there: (?i)[^k] wrote the Kelvin sign, which Python's re folds to k)"
+        )
     special = json_special_in_pattern(schema["pattern"]) if isinstance(schema.get("pattern"), str) else None
     if special is not None:
         raise ConstraintError(
@@ -325,7 +330,8 @@ def uri_pattern(min_length, max_length, path: str = "schema") -> str:
 
 def _tokens(pattern: str) -> list[str]:
     """The pattern cut into atoms (a character, an escape, a class), group opens "(" (their `?:` or
-    `?P<name>` dropped), ")", "|", "^", "$" and quantifiers ("*", "+", "?", "{m,n}", lazy or not)."""
+    `?P<name>` dropped), ")", "|", "^", "$" and quantifiers ("*", "+", "?", "{m,n}", lazy or not);
+    inline flags (`(?i)`) are left out."""
     out, i = [], 0
     while i < len(pattern):
         c = pattern[i]
@@ -336,6 +342,8 @@ def _tokens(pattern: str) -> list[str]:
             end = _class_items(pattern, i + 1 + (pattern[i + 1 : i + 2] == "^"))[1]
             out.append(pattern[i : end + 1])
             i = end + 1
+        elif c == "(" and re.match(r"\(\?[aiLmsux-]+\)", pattern[i:]):  # inline flags: no text
+            i += len(re.match(r"\(\?[aiLmsux-]+\)", pattern[i:]).group())
         elif c == "(":
             prefix = re.match(r"\((?:\?:|\?P?<[^>]*>)?", pattern[i:]).group()
             out.append("(")
@@ -359,6 +367,15 @@ def _repeats(quantifier: str) -> bool:
         return True
     bounds = re.match(r"\{(\d*)(,?)(\d*)\}", quantifier)
     return bool(bounds) and (bounds[2] == "," and (bounds[3] == "" or int(bounds[3]) > 1) or int(bounds[1] or 0) > 1)
+
+
+def _folds_negated_class(pattern: str) -> bool:
+    """Whether a case-insensitive pattern holds a negated class: xgrammar folds case there by ASCII
+    only, so `(?i)[^k]` took "K" (U+212A) and `(?i)[^é]` "É", which Python's `re` (and pydantic's
+    Rust regex) fold into the class and refuse."""
+    if not re.match(r"\(\?[a-zA-Z]*i[a-zA-Z]*\)", pattern):
+        return False
+    return any(tok.startswith("[^") for tok in _tokens(pattern))
 
 
 ANCHOR_REFUSAL = (
