@@ -504,6 +504,7 @@ def _code(ch: str) -> str:
 
 
 def _class_char(ch: str) -> str:
+    """One character as a class member: escaped where the class syntax or xgrammar needs it."""
     if ord(ch) > 127 or ord(ch) < 32:
         return _code(ch)
     return "\\" + ch if ch in "]\\^-[" else ch
@@ -537,14 +538,13 @@ def _special_member(items: list) -> str | None:
 def json_special_in_pattern(pattern: str) -> str | None:
     r"""The first character of `pattern` that xgrammar would copy raw into the JSON text (None if none).
 
-        xgrammar 0.2.9 matches a JSON-schema `pattern` against the string's JSON text, not its value,
-        and copies a quote, a backslash or a control character the pattern names into it: the pattern
-        `\` (one backslash) wrote the text `""`, `["]` wrote three quotes and `a
-    b` a raw line
-        break, none of them JSON. Writing them as their JSON escapes (`\"`) was tried and is not
-        safe: after such an escape xgrammar lets `.` and negated classes take any escape, `\q` included.
-        Named through a range that holds no control character (`[ -~]`), in a negated class (`[^"]`)
-        or by `.`, they are left out by xgrammar, which is stricter than the pattern, never looser."""
+    xgrammar 0.2.9 matches a JSON-schema `pattern` against the string's JSON text, not its value,
+    and copies a quote, a backslash or a control character the pattern names into it: the pattern
+    `\\` (one backslash) wrote the text `"\"`, `[\"]` wrote three quotes and `a\nb` a raw line
+    break, none of them JSON. Writing them as their JSON escapes (`\\"`) was tried and is not
+    safe: after such an escape xgrammar lets `.` and negated classes take any escape, `\q` included.
+    Named through a range that holds no control character (`[ -~]`), in a negated class (`[^"]`)
+    or by `.`, they are left out by xgrammar, which is stricter than the pattern, never looser."""
     i = 0
     while i < len(pattern):
         c = pattern[i]
