@@ -403,16 +403,32 @@ def test_a_length_bounded_uri_format_is_served_and_writes_only_what_pydantic_acc
             check_schema(schema)
 
 
-def _random_pattern(rng: random.Random, depth: int = 0) -> str:
-    """A small random regex: atoms (literals, classes, escapes), quantifiers, groups, alternation."""
+ASCII_ATOMS = ["a", "b", "c", "[ab]", "[a-c]", "[^a]", ".", r"\d", "[)?]", r"\)"]
+ASCII_QUANTIFIERS = ["", "", "?", "*", "+", "{0,2}", "{1,3}", "{2}"]
+# Non-ASCII literals and classes, and classes that span '"' and '\\'.
+UNICODE_ATOMS = ["a", "é", "中", "😀", "[é-ê]", "[^é]", "[aé]", ".", "[ -~]", '[^"]', r"\u00e9", "[^\\\\]"]
+UNICODE_QUANTIFIERS = ["", "?", "*", "+", "{0,2}", "{2}"]
+
+
+def _random_pattern(
+    rng: random.Random,
+    atoms: list[str] = ASCII_ATOMS,
+    quantifiers: list[str] = ASCII_QUANTIFIERS,
+    branch_counts: tuple[int, ...] = (1, 1, 2),
+    depth: int = 0,
+) -> str:
+    """A small random regex: atoms, quantifiers, groups (up to two deep) and alternation."""
     parts = []
     for _ in range(rng.randint(1, 3)):
         if depth < 2 and rng.random() < 0.3:
-            branches = [_random_pattern(rng, depth + 1) for _ in range(rng.choice([1, 1, 2]))]
+            branches = [
+                _random_pattern(rng, atoms, quantifiers, branch_counts, depth + 1)
+                for _ in range(rng.choice(branch_counts))
+            ]
             atom = "(?:" + "|".join(branches) + ")"
         else:
-            atom = rng.choice(["a", "b", "c", "[ab]", "[a-c]", "[^a]", ".", r"\d", "[)?]", r"\)"])
-        parts.append(atom + rng.choice(["", "", "?", "*", "+", "{0,2}", "{1,3}", "{2}"]))
+            atom = rng.choice(atoms)
+        parts.append(atom + rng.choice(quantifiers))
     return "".join(parts)
 
 
@@ -451,19 +467,6 @@ def test_optional_groups_rewrites_only_group_quantifiers():
     assert optional_groups(r"[]a)?]b") == r"[]a)?]b" and optional_groups(r"[^]x)?]") == r"[^]x)?]"
 
 
-def _unicode_pattern(rng: random.Random, depth: int = 0) -> str:
-    """A small random regex over non-ASCII literals and classes, and classes that span '"' and '\\'."""
-    atoms = ["a", "é", "中", "😀", "[é-ê]", "[^é]", "[aé]", ".", "[ -~]", '[^"]', r"\u00e9", "[^\\\\]"]
-    parts = []
-    for _ in range(rng.randint(1, 3)):
-        if depth < 2 and rng.random() < 0.3:
-            atom = "(?:" + "|".join(_unicode_pattern(rng, depth + 1) for _ in range(rng.choice([1, 2]))) + ")"
-        else:
-            atom = rng.choice(atoms)
-        parts.append(atom + rng.choice(["", "?", "*", "+", "{0,2}", "{2}"]))
-    return "".join(parts)
-
-
 def test_non_ascii_patterns_hold_exactly_what_python_re_matches():
     """xgrammar 0.2.9's JSON-string regex mode broke on a non-ASCII character written as it is in
     a pattern: `é?..` accepted the text `"\\q"` (not JSON) and `"\\""` (one character), so the
@@ -474,7 +477,7 @@ def test_non_ascii_patterns_hold_exactly_what_python_re_matches():
     f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
     rng = random.Random(5)
     for _ in range(250):
-        pattern = _unicode_pattern(rng)
+        pattern = _random_pattern(rng, UNICODE_ATOMS, UNICODE_QUANTIFIERS, (1, 2))
         matcher = xgr.GrammarMatcher(f.compile(GrammarSpec("json_schema", {"type": "string", "pattern": pattern})))
         for _ in range(8):
             value = "".join(rng.choice('aéê中😀q"\\') for _ in range(rng.randint(0, 4)))
