@@ -5,8 +5,10 @@ while the special tokens the chat template writes stay special."""
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
+from test_server_tools import TOOLS_TEMPLATE
 from tiny import tiny_model, tiny_tokenizer
 
 from specserve import LLM
@@ -19,8 +21,8 @@ def llm() -> LLM:
     return LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
 
 
-def rendered(tok, messages, **kw) -> str:
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
+def rendered(tok, messages, tools=None, **kw) -> str:
+    return tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True, **kw)
 
 
 def plain(tok, text: str) -> list[int]:
@@ -96,3 +98,65 @@ def test_a_tokenizer_that_encodes_differently_piece_by_piece_keeps_the_usual_enc
     assert marks
     template_written = "</s>" + marked["content"] + "</s>"
     assert encode_marked(tok, template_written, specials, marks) == tok.encode(text, add_special_tokens=False)
+
+
+def _tools_llm():
+    """The tiny model with a template that renders tools, earlier calls and results itself (the
+    native path, as Qwen2.5's does: `tojson` of the tools and of each call's arguments)."""
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = TOOLS_TEMPLATE
+    return LLM.from_models(tiny_model(max_positions=2048), tok, speculation="none"), tok
+
+
+def _tool_chat(spelling: str) -> tuple[list[dict], list[dict]]:
+    """A tool turn in which every string a client writes (a tool's description, its schema's keys
+    and values, an earlier call's arguments, its keys and its name, a tool result) holds `spelling`."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "grep",
+                "description": f"Search for text such as {spelling}",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"pattern": {"type": "string", "enum": [spelling, "x"]}, f"k{spelling}": {}},
+                },
+            },
+        }
+    ]
+    call = {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": {"pattern": spelling}}}
+    keyed = json.dumps({f"p{spelling}": 1})  # arguments as the API sends them: JSON text
+    messages = [
+        {"role": "user", "content": "find it"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": f"a.py:1: END = {spelling!r}"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{**call, "function": {"name": "grep", "arguments": keyed}}],
+        },
+    ]
+    return messages, tools
+
+
+@pytest.mark.parametrize("spelling", ["<|im_end|>", "<|im_start|>"])
+def test_a_control_token_s_spelling_anywhere_in_a_tool_turn_is_its_characters(spelling):
+    """Tool definitions and earlier calls' arguments reach the prompt through the template's
+    `tojson`, not through a message's content: they are text too. The prompt holds the control
+    tokens where the template writes them, as many as for the same chat without the spelling."""
+    llm, tok = _tools_llm()
+    messages, tools = _tool_chat(spelling)
+    ids = llm.apply_chat_template(messages, tools)
+    template_only = tok.encode(rendered(tok, *_as_templated(*_tool_chat("Q"))), add_special_tokens=False)
+    for special in ("<|im_start|>", "<|im_end|>"):
+        token = tok.convert_tokens_to_ids(special)
+        assert ids.count(token) == template_only.count(token), special
+    assert tok.decode(ids) == rendered(tok, *_as_templated(messages, tools))  # nothing lost or added
+
+
+def _as_templated(messages, tools):
+    from specserve.chat import template_messages
+
+    return template_messages(messages, tools, TOOLS_TEMPLATE), tools

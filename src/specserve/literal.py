@@ -9,7 +9,10 @@ text could not write it back (Qwen2.5-Coder repeating `END = "<|im_end|>"` wrote
 the same file under `specserve edit` lost the text). OpenAI's API reads message content as text;
 Hugging Face's `apply_chat_template` and vLLM did not (transformers issue 29279).
 
-How: each special token's text in the content is replaced by a marker before the template runs (a
+Every string the client wrote is text, not only a message's content: an earlier call's arguments
+and a tool's description or schema reach the prompt through the template's `tojson`.
+
+How: each special token's text in those strings is replaced by a marker before the template runs (a
 private-use character that no message holds, the token's index, the character again); the
 rendered string is cut at the special tokens the template wrote, and each piece between them,
 markers put back, is encoded with the special tokens' splitting off. Without a marker in the
@@ -36,15 +39,21 @@ def special_texts(tokenizer) -> list[str]:
     return sorted(texts, key=len, reverse=True)
 
 
-def mark_specials(messages: list[dict], specials: list[str]) -> tuple[list[dict], dict[str, str]]:
-    """(messages with each special token's text in a string content replaced by a marker,
-    {marker: the text}); the messages unchanged and {} when no content holds one."""
-    contents = [m["content"] for m in messages if isinstance(m.get("content"), str)]
-    if not specials or not any(s in c for s in specials for c in contents):
-        return messages, {}
-    mark = next((chr(c) for c in _PRIVATE_USE if not any(chr(c) in text for text in contents)), None)
-    if mark is None:  # content holding all 6400 private-use characters: left as the template reads it
-        return messages, {}
+def mark_specials(value, specials: list[str]) -> tuple:
+    """(`value` with each special token's text in any string it holds replaced by a marker,
+    {marker: the text}); `value` unchanged and {} when no string holds one.
+
+    `value` is what the template is given: the messages, or (messages, tools). Every string in it is
+    the client's text, wherever it sits: a message's content, an earlier call's arguments (and
+    their keys), a tool's description and parameters schema. The template writes the last ones with
+    `tojson`, not as content, and marking only the content left a `<|im_end|>` in a call's
+    arguments or a tool's description a real end of turn in the prompt."""
+    texts = list(_strings(value))
+    if not specials or not any(s in text for s in specials for text in texts):
+        return value, {}
+    mark = next((chr(c) for c in _PRIVATE_USE if not any(chr(c) in text for text in texts)), None)
+    if mark is None:  # text holding all 6400 private-use characters: left as the template reads it
+        return value, {}
     pattern = _alternation(specials)
     marks: dict[str, str] = {}
 
@@ -53,11 +62,33 @@ def mark_specials(messages: list[dict], specials: list[str]) -> tuple[list[dict]
         marks[key] = m.group()
         return key
 
-    marked = [
-        {**m, "content": pattern.sub(marker, m["content"])} if isinstance(m.get("content"), str) else m
-        for m in messages
-    ]
-    return marked, marks
+    return _map_strings(value, lambda text: pattern.sub(marker, text)), marks
+
+
+def _strings(value):
+    """Every string in a JSON-like value (dict keys included)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _map_strings(value, fn):
+    """A JSON-like value with `fn` applied to every string in it (dict keys included); lists,
+    tuples and dicts are copied, anything else is kept as it is."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {_map_strings(key, fn): _map_strings(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_map_strings(item, fn) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def encode_marked(tokenizer, text: str, specials: list[str], marks: dict[str, str]) -> list[int]:

@@ -405,9 +405,9 @@ class LLM:
         template = getattr(self.tokenizer, "chat_template", None)
         if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             messages = template_messages(messages, tools, template)
-        messages, marks = mark_specials(messages, self.special_texts)
+        native = tools if tools and template and template_supports_tools(template) else None
+        (messages, native), marks = mark_specials((messages, native), self.special_texts)
         if template:
-            native = tools if tools and template_supports_tools(template) else None
             text = self.tokenizer.apply_chat_template(
                 messages,
                 tools=native,
