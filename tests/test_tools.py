@@ -92,6 +92,28 @@ CALLS_IN_A_ROW = [
 ]
 
 
+UNDECLARED = CALL.replace("lookup", "run_shell")
+WITH_UNDECLARED = [
+    UNDECLARED,
+    "Sure. " + UNDECLARED,
+    CALL + "\n" + UNDECLARED,
+    "<tool_call>\n[" + PAIR_1 + ", " + PAIR_2.replace("lookup", "rm") + "]\n</tool_call>",
+]
+
+
+@pytest.mark.parametrize("text", WITH_UNDECLARED)
+def test_a_tagged_call_to_a_function_not_declared_is_content(text):
+    """OpenAI never calls a function the request did not declare, and a client dispatching on the
+    name has no such function: a block naming one is no call, and, as a block that does not parse,
+    leaves the whole answer as content (a tagged call was taken whatever its name; an untagged one
+    already had to name a declared tool)."""
+    assert parse_tool_calls(text, {"lookup"}) == (text, [])
+    s = ToolStreamSplitter({"lookup"})
+    sent = "".join(s.feed(ch) for ch in text)
+    rest, calls = s.finish()
+    assert (sent + rest, calls) == (text, [])
+
+
 @pytest.mark.parametrize("text", CALLS_IN_A_ROW)
 @pytest.mark.parametrize("step", [1, 5, 1000])
 def test_calls_written_one_after_another_are_each_a_call(text, step):
@@ -523,7 +545,9 @@ def _chat_context(dialect):
     return dialect.context("m", lambda tid: (str(tid), [65]), prepared)
 
 
-@pytest.mark.parametrize("text", ["", "Hello", "  Sure. " + CALL, CALL, "A " + CALL + " B", "  \n", *CALLS_IN_A_ROW])
+@pytest.mark.parametrize(
+    "text", ["", "Hello", "  Sure. " + CALL, CALL, "A " + CALL + " B", "  \n", *CALLS_IN_A_ROW, *WITH_UNDECLARED]
+)
 @pytest.mark.parametrize("reason", ["stop", "length"])
 def test_a_streamed_chat_answer_with_tools_joins_to_the_whole_answer(text, reason):
     """Content, calls and finish of the chunks, joined as the openai SDK joins them (a null
@@ -552,3 +576,5 @@ def test_a_streamed_chat_answer_with_tools_joins_to_the_whole_answer(text, reaso
     whole = [[c["function"]["name"], c["function"]["arguments"]] for c in choice["message"].get("tool_calls", [])]
     assert (content, calls) == (choice["message"]["content"], whole)
     assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    assert choice["finish_reason"] == ("length" if reason == "length" else "tool_calls" if whole else "stop")
+    assert text not in WITH_UNDECLARED or (content, whole) == (text, [])  # a call nobody declared is content

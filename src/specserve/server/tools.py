@@ -11,7 +11,8 @@ answers a tool request with the call alone, as bare JSON, in a ```json fence, or
 braces that Qwen2.5's own chat template shows as its example (`{{"name": ..., "arguments": ...}}`).
 An answer that is nothing but such calls (one, several in a row, or a list), naming declared tools, is taken
 as the calls, as llama.cpp's server takes bare and fenced JSON for this format; anything else
-stays content. How tools and earlier calls reach the prompt (the template's own tools
+stays content, and so does a tagged block that calls a function the request did not declare
+(OpenAI never calls one). How tools and earlier calls reach the prompt (the template's own tools
 support, or our fallback system message) is `specserve/chat.py`, shared with `LLM.chat`.
 Either way the output is parsed the same way. `tool_choice` "required" or a named function
 is enforced by a grammar: exactly one `<tool_call>` block whose JSON matches the function's
@@ -193,9 +194,11 @@ def forced_grammar(tools: list[dict], choice: str) -> GrammarSpec:
 
 
 # -- parsing -------------------------------------------------------------------------------------
-def _blocks(text: str) -> list[tuple[int, int, list[ToolCall]]] | None:
+def _blocks(text: str, names: Collection[str]) -> list[tuple[int, int, list[ToolCall]]] | None:
     """Each `<tool_call>` block of the text as (start, end, its calls); None when one does not
-    parse. A block holds one call, or several in a row (`_call_run`). Its JSON is decoded before
+    parse, or (names given) calls a function not among them: OpenAI never calls a function the
+    request did not declare, and one was returned to a client that has no such function. A block
+    holds one call, or several in a row (`_call_run`). Its JSON is decoded before
     its closing tag is looked for: a string argument may itself hold "</tool_call>" (the forcing
     grammar allows it), and cutting the block at it turned a valid forced call into content."""
     blocks, at = [], text.find(OPEN)
@@ -206,7 +209,7 @@ def _blocks(text: str) -> list[tuple[int, int, list[ToolCall]]] | None:
         if run is None:
             return None
         tail, calls = _AFTER_CALL.match(text, run[1]), [_call_from_obj(o) for o in run[0]]
-        if tail is None or None in calls:
+        if tail is None or None in calls or (names and any(c.name not in names for c in calls)):
             return None
         blocks.append((at, tail.end(), calls))
         at = text.find(OPEN, tail.end())
@@ -296,13 +299,14 @@ def _bare_calls(text: str, names: Collection[str]) -> list[ToolCall]:
 
 
 def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
-    """Split model output into (content, tool calls). A block that does not parse leaves the
-    whole text as content, so nothing the model wrote is lost. names: the declared tools; an
-    answer that is only a call to one of them, written without the tags, is a call too."""
+    """Split model output into (content, tool calls). A block that does not parse, or calls a
+    function not in `names`, leaves the whole text as content, so nothing the model wrote is lost.
+    names: the declared tools (empty: tagged calls of any name, and no untagged ones); an answer
+    that is only a call to one of them, written without the tags, is a call too."""
     if OPEN not in text:
         calls = _bare_calls(text, names) if names else []
         return (None, calls) if calls else (text, [])
-    blocks = _blocks(text)
+    blocks = _blocks(text, names)
     if not blocks:
         return text, []
     content = _without_blocks(text, blocks)
