@@ -269,6 +269,36 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(client, extra, param):
     assert e.value.body["param"] == param, e.value.body
 
 
+FN = {"type": "function", "name": "get_weather"}
+CHAT_WORDS = ("messages", "max_tokens", "max_completion_tokens", "response_format", ".function", "'function':")
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"input": []}, "input"),
+        ({"tools": [{**FN, "name": "a b"}]}, "tools[0].name"),
+        ({"tools": [{**FN, "description": 5}]}, "tools[0].description"),
+        ({"tools": [{**FN, "parameters": {"type": "array"}}]}, "tools[0].parameters"),
+        (
+            {"tools": [{**FN, "parameters": {"properties": {"x": {"format": "odd"}}}}], "tool_choice": "required"},
+            "tools[0].parameters",
+        ),
+        ({"tools": [FN], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ],
+)
+def test_a_400_s_message_names_the_responses_fields(client, extra, param):
+    """The param was renamed for a Responses client, but the message still spoke of chat's fields
+    (`messages must contain at least one message`, `tools[0].function.name`, the response_format,
+    chat's tool_choice shape), which this client never sent."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**{"model": MODEL, "input": ASK, **extra})
+    body = e.value.body
+    assert body["param"] == param and param in body["message"], body
+    assert not any(word in body["message"] for word in CHAT_WORDS), body
+
+
 @pytest.mark.parametrize("bad", [5, None, ["hi"], {"role": "user", "content": "hi"}])
 def test_a_malformed_input_is_told_the_shapes_an_input_takes(client, bad):
     """pydantic's own message was "Input should be a valid string", also for an array."""

@@ -331,7 +331,7 @@ class Server:
             self.submit(job)
         except APIError as e:
             self.metrics.request(dialect.name, e.status)
-            e.param = dialect.param(e.param)
+            e.param, e.message = dialect.param(e.param), dialect.message(e.message)
             raise
         except ClientDisconnect:  # gone while its body was read: nobody to answer
             self.metrics.request(dialect.name, 499)

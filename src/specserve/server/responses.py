@@ -97,6 +97,10 @@ class Dialect:
         """What this endpoint's request calls a field that an error names (chat's names here)."""
         return name
 
+    def message(self, text: str) -> str:
+        """An error's message in this endpoint's field names (chat's here)."""
+        return text
+
     def context(self, model: str, namer: TokenNamer, prepared: Prepared) -> ResponseContext:
         return ResponseContext(
             f"{self.id_prefix}{uuid.uuid4().hex}",

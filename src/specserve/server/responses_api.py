@@ -23,6 +23,7 @@ background responses are refused.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -47,6 +48,12 @@ CHAT_PARAMS = (  # (chat field path prefix, what the Responses request calls it)
     ("response_format", "text.format"),
     ("tool_choice.function", "tool_choice"),
 )
+# A chat field path as an error's message writes it (not inside another path, nor quoted)
+_CHAT_PATH = re.compile(
+    r"(?<![\w.\['\"])(?:messages|max_completion_tokens|max_tokens|response_format|tools\[\d+\]\.function)"
+    r"(?:\[\d+\]|\.\w+)*(?![\w'\"])"
+)
+CHAT_TOOL_CHOICE = "{'type': 'function', 'function': {'name': ...}}"  # the shape chat's 400 shows
 
 
 # -- the request --------------------------------------------------------------------------------
@@ -198,14 +205,7 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
                 "previous_response_not_found",
             )
     messages = _messages(req, history)
-    try:
-        prepared = prepare_chat(to_chat(req, messages), llm)
-    except APIError as e:
-        if e.code == "context_length_exceeded":  # worded for chat: name what this request sent
-            e.message = e.message.replace("the messages", "the input").replace(
-                "max_completion_tokens", "max_output_tokens"
-            )
-        raise
+    prepared = prepare_chat(to_chat(req, messages), llm)
     prepared.include_usage = False  # the usage travels in response.completed
     if req.store is not False:
         prepared.history = messages
@@ -237,6 +237,14 @@ def responses_param(param: str | None) -> str | None:
     if param.startswith("tools[") and ".function" in param:  # tools[i].function.x -> tools[i].x
         return param.replace(".function", "", 1)
     return param
+
+
+def responses_message(text: str) -> str:
+    """A chat 400's message in the Responses fields: `messages[0]` is `input[0]`, `max_tokens`
+    `max_output_tokens`, `tools[0].function.name` `tools[0].name`, and tool_choice's shape is the
+    flat one. The param was renamed, but the message spoke of fields a Responses client never sent."""
+    text = _CHAT_PATH.sub(lambda m: responses_param(m.group()), text)
+    return text.replace(CHAT_TOOL_CHOICE, "{'type': 'function', 'name': ...}")
 
 
 # -- what is kept -------------------------------------------------------------------------------
@@ -374,6 +382,9 @@ class ResponsesDialect(Dialect):
 
     def param(self, name: str | None) -> str | None:
         return responses_param(name)
+
+    def message(self, text: str) -> str:
+        return responses_message(text)
 
     def context(self, model, namer, prepared) -> ResponsesContext:
         return ResponsesContext(

@@ -90,7 +90,7 @@ def response_format_guide(fmt) -> GrammarSpec | None:
         schema = spec.get("schema", {"type": "object"})
         return _schema_guide(schema, "response_format.json_schema.schema")
     raise ConstraintError(
-        f"response_format type {fmt.type!r} is not supported (text, json_object, json_schema)", "response_format.type"
+        f"response_format.type {fmt.type!r} is not supported (text, json_object, json_schema)", "response_format.type"
     )
 
 
