@@ -299,6 +299,20 @@ def test_a_400_s_message_names_the_responses_fields(client, extra, param):
     assert not any(word in body["message"] for word in CHAT_WORDS), body
 
 
+def test_a_function_call_output_for_no_call_is_a_400(client):
+    """OpenAI refuses a function_call_output whose call_id names no function_call before it; it
+    was templated as the result of a call the model never made, and answered."""
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "call_2", "output": "18"}
+    for items, param in (
+        ([output], "input[0].call_id"),
+        ([{"role": "user", "content": ASK}, call, output], "input[2].call_id"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input=items, tools=[WEATHER])
+        assert e.value.body["param"] == param and "call_2" in e.value.body["message"], e.value.body
+
+
 @pytest.mark.parametrize("bad", [5, None, ["hi"], {"role": "user", "content": "hi"}])
 def test_a_malformed_input_is_told_the_shapes_an_input_takes(client, bad):
     """pydantic's own message was "Input should be a valid string", also for an array."""

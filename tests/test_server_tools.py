@@ -193,6 +193,29 @@ def test_tool_results_flow_back_and_auto_streams_content(client):
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == c.message.content
 
 
+CALLED = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
+}
+
+
+@pytest.mark.parametrize(
+    "messages,param",
+    [
+        (MSGS + [{"role": "tool", "tool_call_id": "call_1", "content": "18"}], "messages[1].tool_call_id"),
+        (MSGS + [CALLED, {"role": "tool", "tool_call_id": "call_2", "content": "18"}], "messages[2].tool_call_id"),
+        (MSGS + [CALLED, {"role": "tool", "content": "18"}], "messages[2].tool_call_id"),
+    ],
+)
+def test_a_tool_result_that_answers_no_call_is_a_400(client, messages, param):
+    """OpenAI answers a tool message whose tool_call_id names no earlier call (or that has none)
+    with a 400; it was templated as a result of a call the model never made, and answered."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=4)
+    assert e.value.body["param"] == param, e.value.body
+
+
 def test_n_choices_seeded_and_usage_summed(client):
     kw = dict(model=MODEL, messages=MSGS, n=2, temperature=1.0, seed=7, max_tokens=24)
     a, b = client.chat.completions.create(**kw), client.chat.completions.create(**kw)

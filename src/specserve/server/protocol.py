@@ -35,7 +35,7 @@ from .structured import (
     tool_guide,
     tool_setup,
 )
-from .tools import check_message_tool_calls
+from .tools import check_message_tool_calls, check_tool_results
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_BATCH_CHOICES = 64  # completions: prompts x n per request (each choice is a full generation)
@@ -307,6 +307,7 @@ def chat_prompt_ids(messages: list[ChatMessage], tools: ToolSetup, go_on: bool, 
     """The model's chat template over these messages (a 400 when the template refuses them).
     go_on: the last, assistant, message is continued rather than answered."""
     converted = [_chat_message(m, i) for i, m in enumerate(messages)]
+    check_tool_results(converted)
     try:
         return llm.apply_chat_template(converted, tools.tools, go_on)
     except (InvalidRequestError, ContextLengthError):

@@ -100,13 +100,22 @@ def _messages(req: ResponsesRequest, history: list[dict]) -> list[dict]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
-                raise bad_request(f"input[{i}].call_id must be a string", f"input[{i}].call_id")
+            _check_output_call_id(item, i, messages)
             output = _text(item.get("output"), f"input[{i}].output")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         elif kind != "reasoning":  # a reasoning model's notes: nothing for this model to read
             raise unsupported(f"input[{i}].type", f"input item type {kind!r}")
     return messages
+
+
+def _check_output_call_id(item: dict, i: int, messages: list[dict]) -> None:
+    """Input item i, a function_call_output, names a function_call made before it (in the input or
+    the stored conversation), as OpenAI requires: chat's own check would name chat's field."""
+    call_id, param = item.get("call_id"), f"input[{i}].call_id"
+    if not isinstance(call_id, str):
+        raise bad_request(f"{param} must be a string", param)
+    if not any(c.get("id") == call_id for m in messages for c in m.get("tool_calls") or ()):
+        raise bad_request(f"{param}: no function_call with call_id {call_id!r} comes before this output", param)
 
 
 def _call(item: dict, i: int) -> dict:

@@ -39,6 +39,7 @@ from ..engine.constrain import (
     literal,
     xgrammar,
 )
+from .errors import bad_request
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -140,6 +141,27 @@ def check_message_tool_calls(calls: list, param: str) -> list[dict]:
             }
         )
     return out
+
+
+def check_tool_results(messages: list[dict]) -> None:
+    """Each `tool` message answers, by its tool_call_id, a call an earlier assistant message made,
+    as OpenAI requires (a 400 there, and here: it was templated as the result of a call the model
+    never made). Calls sent without ids (the id is optional in an earlier call here) match any."""
+    ids: set | None = set()  # the earlier calls' ids; None once a call came without one
+    for i, m in enumerate(messages):
+        for call in m.get("tool_calls") or ():
+            ids = None if ids is None or call.get("id") is None else ids | {call["id"]}
+        if m["role"] != "tool":
+            continue
+        param, call_id = f"messages[{i}].tool_call_id", m.get("tool_call_id")
+        if call_id is None:
+            raise bad_request(f"missing required parameter '{param}'", param, "missing_required_parameter")
+        if ids is not None and call_id not in ids:
+            raise bad_request(
+                f"{param} {call_id!r} answers no tool call: a tool message must follow an assistant message "
+                "whose tool_calls hold that id",
+                param,
+            )
 
 
 def resolve_choice(choice, tools: list[dict]) -> str | None:
