@@ -285,6 +285,7 @@ CHAT_WORDS = ("messages", "max_tokens", "max_completion_tokens", "response_forma
             "tools[0].parameters",
         ),
         ({"tools": [FN], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [FN], "tool_choice": {"type": "function"}}, "tool_choice.name"),  # was "names the function None"
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ],
 )

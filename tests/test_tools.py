@@ -327,6 +327,10 @@ def test_refusals_name_the_param():
         with pytest.raises(ConstraintError) as e:
             tool_setup([TOOL], choice, None)
         assert e.value.param == "tool_choice"
+    for choice in ({"type": "function", "function": {}}, {"type": "function", "function": {"name": 5}}):
+        with pytest.raises(ConstraintError, match="tool_choice.function.name must be a string") as e:
+            tool_setup([TOOL], choice, None)  # it said "names the function None, which is not in tools"
+        assert e.value.param == "tool_choice.function.name"
 
 
 def test_fallback_template_describes_tools_and_round_trips():

@@ -50,7 +50,7 @@ CHAT_PARAMS = (  # (chat field path prefix, what the Responses request calls it)
 )
 # A chat field path as an error's message writes it (not inside another path, nor quoted)
 _CHAT_PATH = re.compile(
-    r"(?<![\w.\['\"])(?:messages|max_completion_tokens|max_tokens|response_format|tools\[\d+\]\.function)"
+    r"(?<![\w.\['\"])(?:messages|max_completion_tokens|max_tokens|response_format|tool_choice\.function|tools\[\d+\]\.function)"
     r"(?:\[\d+\]|\.\w+)*(?![\w'\"])"
 )
 CHAT_TOOL_CHOICE = "{'type': 'function', 'function': {'name': ...}}"  # the shape chat's 400 shows

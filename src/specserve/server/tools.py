@@ -174,6 +174,8 @@ def resolve_choice(choice, tools: list[dict]) -> str | None:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
+        if not isinstance(name, str):
+            raise ConstraintError("tool_choice.function.name must be a string", "tool_choice.function.name")
         if name not in {t["function"]["name"] for t in tools}:
             raise ConstraintError(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
         return name
