@@ -24,6 +24,7 @@ from specserve.edit import (
     judge_answer,
     language_for,
     make_client,
+    read_source,
     refactor_with_predicted_outputs,
     strip_fence,
 )
@@ -403,6 +404,56 @@ def test_a_stray_cr_before_a_line_end_is_kept_on_lines_the_edit_did_not_touch(se
     assert path.read_bytes() == expected.encode()
 
 
+def test_a_file_with_bare_cr_line_ends_is_edited_line_by_line(server, tmp_path, capsys):
+    """A classic Mac file (a lone CR ends each line) was one line to the edit: the model was sent
+    its CRs, the diff replaced the whole file, and the answer's '\n' lines were written over it.
+    Now the model sees '\n' lines, the diff is the edited line, and the file keeps its CRs."""
+    path = tmp_path / "greet.py"
+    path.write_bytes(ORIGINAL.replace("\n", "\r").encode())
+    assert edit_cli(server, path, "--in-place") == 0
+    assert server.requests[0]["prediction"]["content"] == ORIGINAL
+    diff = capsys.readouterr().out
+    assert "-def greet(name):\n+def greet(name: str) -> str:\n" in diff
+    assert sum(line.startswith(("+", "-")) for line in diff.splitlines()) == 4  # the headers and one line each
+    assert path.read_bytes() == EDITED.replace("\n", "\r").encode()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"a\rb\r\rc\r",  # classic Mac
+        b"a\rb\rc",  # no end after the last line
+        b"\xef\xbb\xbfa\rb\r",  # with a byte-order mark
+        b"a\rb\rc\nd\r",  # a Mac file with one LF line appended
+        b"a\r\nb\rc\r\rd\r",  # a CRLF line in a Mac file
+        b"a\r\nb\r\r\nc\r\n",  # CRLF with a CR CR LF line
+        b"a\nb\rc\nd\n",  # a CR inside a line of an LF file: a character, not a line end
+        b"a\r\nb\n",
+        b"a\rb\n",
+        b"\r",
+        b"\n\r\n\r",
+        b"",
+    ],
+)
+def test_a_file_written_back_unedited_is_the_same_bytes(tmp_path, raw):
+    """Whatever its line ends, a file the edit leaves as it was is written back byte for byte."""
+    path = tmp_path / "f.py"
+    path.write_bytes(raw)
+    source = read_source(path)
+    assert source.encode(source.text) == raw
+    assert "\r" not in source.text or b"\n" in raw  # lone CRs are line ends only in a file that has few LFs
+
+
+def test_a_bare_cr_file_answered_unchanged_is_written_back_the_same(server, tmp_path):
+    """--force writes an answer that is the file unchanged: the file's bytes stay what they were."""
+    path = tmp_path / "greet.py"
+    raw = ("\ufeff" + ORIGINAL).replace("\n", "\r").encode()
+    path.write_bytes(raw)
+    server.answer = "```python\n" + ORIGINAL + "```"
+    assert edit_cli(server, path, "--in-place", "--force") == 0
+    assert path.read_bytes() == raw and (tmp_path / "greet.py.bak").read_bytes() == raw
+
+
 @pytest.mark.parametrize("how", ["--in-place", "--output FILE", "--output ./FILE"])
 def test_a_file_changed_while_the_model_answers_is_not_overwritten(server, src, capsys, how):
     """Minutes pass while a CPU model answers: what the user saved meanwhile must survive, also
@@ -567,17 +618,19 @@ def test_against_specserve_serve(tmp_path):
             assert rc != 0 and path.read_text() == ORIGINAL
 
 
-def test_an_answer_of_only_the_changed_function_is_put_in_place(server, tmp_path, capsys):
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_an_answer_of_only_the_changed_function_is_put_in_place(server, tmp_path, capsys, end):
     """The 1.5B pack often answers with just the function it changed (eval_edit_prompt.py): the
-    file gets that function in place of the old one, and nothing else changes."""
+    file gets that function in place of the old one, and nothing else changes (its line ends
+    neither, a classic Mac file's lone CRs included)."""
     tail = "".join(f"\n\ndef helper_{i}(x):\n    return x + {i}\n" for i in range(3))
     path = tmp_path / "greet.py"
-    path.write_text(ORIGINAL + tail)
+    path.write_bytes((ORIGINAL + tail).replace("\n", end).encode())
     changed = "def greet(name: str) -> str:\n    return 'hi ' + name\n"
     assert check_answer(ORIGINAL + tail, changed, "Add type hints")  # alone it is refused
     server.answer = f"```python\n{changed}```"
     assert edit_cli(server, path, "--in-place") == 0
-    assert path.read_text() == EDITED + tail
+    assert path.read_bytes() == (EDITED + tail).replace("\n", end).encode()
     assert "only the changed definitions (greet)" in capsys.readouterr().err
 
 

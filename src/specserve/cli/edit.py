@@ -10,7 +10,7 @@ still cannot be the updated file, or is the file unchanged, is asked for again w
 prompt (`edit.RETRY_PROMPT`), and if that answer is refused too, the first answer goes back to the
 model with what is wrong with it (`edit.feedback_messages`), unless --no-retry; the first answer
 the tool would write is kept, else the first. Writing keeps what the user had (edit/files.py): a
-symlink is followed, the file's mode, byte-order mark and CRLF line ends stay, and a file changed
+symlink is followed, the file's mode, byte-order mark and CRLF or lone-CR line ends stay, and a file changed
 on disk while the model answered is not overwritten. An answer that is still the file unchanged
 after the retries is reported as an edit not made (non-zero exit, nothing written).
 """

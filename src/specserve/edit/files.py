@@ -1,10 +1,11 @@
 """The file side of an edit: which language a path holds, reading it, and writing the result
 without losing anything the user had.
 
-A file is read as UTF-8 (a byte-order mark and CRLF line ends are set aside, so the model sees
-plain '\n' text) and written back the way it was: through a symlink to the file it points to,
-with its permission bits, BOM and line ends (each line the edit kept keeps its own, so a file
-that mixes CRLF and LF keeps its mix; a new line takes the file's most common one),
+A file is read as UTF-8 (a byte-order mark and CRLF or lone-CR line ends are set aside, so the
+model, the diff and the splice see plain '\n' lines) and written back the way it was: through a
+symlink to the file it points to, with its permission bits, BOM and line ends (each line the
+edit kept keeps its own, so a file that mixes CRLF and LF keeps its mix; a new line takes the
+file's most common one; a file the edit left as it was is the same bytes),
 atomically (a temporary file renamed over it), and only if nobody changed it while the model
 was answering (an edit of several minutes on a CPU must not overwrite what the user saved
 meanwhile).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,21 +63,21 @@ class SourceFile:
     path: Path  # as the user named it (maybe a symlink)
     text: str  # what the model sees: '\n' line ends, no byte-order mark
     raw: bytes  # the bytes read: a write in place first checks the file still holds them
-    ends: tuple[str, ...]  # each '\n' of .text as the file wrote it: '\n' or '\r\n'
+    ends: tuple[str, ...]  # each '\n' of .text as the file wrote it: '\n', '\r\n' or '\r'
     bom: bool  # it began with a UTF-8 byte-order mark
 
     @property
-    def crlf(self) -> bool:
-        """Most of its lines end in '\r\n' (a new line written into it does too)."""
-        return 2 * self.ends.count("\r\n") > len(self.ends)
+    def newline(self) -> str:
+        """The end a new line written into it takes: '\r\n' or '\r' when most of its lines end so."""
+        return next((end for end in ("\r\n", "\r") if 2 * self.ends.count(end) > len(self.ends)), "\n")
 
     def encode(self, text: str) -> bytes:
         """`text` (an edited version of .text) with this file's BOM and line ends."""
-        if "\r\n" in self.ends:
+        if any(end != "\n" for end in self.ends):
             # a '\r\n' is the model's own CRLF, unless the file has a stray CR before a line end (strip_fence)
             if "\r\n" not in self.text:
                 text = text.replace("\r\n", "\n")
-            text = _restore_ends(self.text, self.ends, text, "\r\n" if self.crlf else "\n")
+            text = _restore_ends(self.text, self.ends, text, self.newline)
         return ((_BOM if self.bom else "") + text).encode("utf-8")
 
 
@@ -93,8 +95,15 @@ def _restore_ends(old: str, ends: tuple[str, ...], new: str, default: str) -> st
     return "".join(line + end for line, end in zip(new_lines, chosen)) + new_lines[-1]
 
 
+_LONE_CR = re.compile(r"\r(?!\n)")
+_ANY_END = re.compile(r"(\r\n|\r|\n)")
+
+
 def read_source(path: Path) -> SourceFile:
-    """Read a UTF-8 text file for editing; EditError (one line) when it is not one."""
+    """Read a UTF-8 text file for editing; EditError (one line) when it is not one.
+
+    A lone CR ends a line only in a file that has more of them than LFs (classic Mac line ends);
+    in an LF or CRLF file it is a character inside its line, as git and diff read it."""
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -102,6 +111,9 @@ def read_source(path: Path) -> SourceFile:
         raise EditError(f"{path} is not UTF-8 text (byte {e.start}); specserve edit reads and writes UTF-8") from None
     bom = text.startswith(_BOM)
     text = text.removeprefix(_BOM)
+    if len(_LONE_CR.findall(text)) > text.count("\n"):  # a classic Mac file: a lone CR ends a line
+        pieces = _ANY_END.split(text)
+        return SourceFile(path, "\n".join(pieces[::2]), raw, tuple(pieces[1::2]), bom)
     ends = tuple("\r\n" if line.endswith("\r") else "\n" for line in text.split("\n")[:-1])
     return SourceFile(path, text.replace("\r\n", "\n"), raw, ends, bom)
 
