@@ -9,8 +9,20 @@ import json
 
 import pytest
 
-from specserve.bench.session import RUNS, code_of
+from specserve.bench.session import (
+    RUNS,
+    SYSTEM,
+    SessionOptions,
+    code_of,
+    first_message,
+    fit_file,
+    run_session,
+    sample_file,
+    script,
+)
 from specserve.cli.main import main
+from specserve.errors import InvalidRequestError
+from specserve.llm import LLM
 
 # Small enough for CI: a first prompt of under 100 tokens (300 by the last turn), 8 output tokens per turn.
 SMALL = ["--quick", "--threads", "1", "--max-prompt-tokens", "96", "--max-tokens", "8"]
@@ -145,3 +157,70 @@ def test_code_of_an_edit_answer():
     assert code_of("Here it is:\n```ts\nlet a = 1;\n```\nDone.") == "let a = 1;\n"
     assert code_of("```python\nx = 1\ny = 2") == "x = 1\ny = 2\n"  # capped: the fence never closes
     assert code_of("x = 1") == "x = 1\n"
+
+
+class _FirstTurnDone(Exception):
+    pass
+
+
+def _first_turn(llm, opts: SessionOptions, name: str, code: str):
+    """Turn 1 of the session (the later turns, with longer prompts, are not run)."""
+
+    def stop(run):
+        raise _FirstTurnDone(run.turns)
+
+    with pytest.raises(_FirstTurnDone) as done:
+        run_session(llm, opts, name, code, stop)
+    return done.value.args[0][0]
+
+
+def test_a_turn_that_fills_the_context_exactly_runs(smol_gguf, capsys, tmp_path):
+    """The check before each turn refused prompt + max_tokens == the context, which the engine (and
+    the server, and the peer's `Llama`) serve: the last token written is never fed back. Now a turn
+    that fits exactly runs, and one token more is refused in one line before anything runs."""
+    opts = SessionOptions(max_tokens=8)
+    s = script(opts.script)
+    with LLM(model=str(smol_gguf), threads=1, exact=True, max_context=512) as probe:
+        code = fit_file(probe, s, sample_file(s), 300)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_message(s, code)}]
+        prompt = len(probe.apply_chat_template(messages))
+    fits = prompt + opts.cap("question")
+    with LLM(model=str(smol_gguf), threads=1, exact=True, max_context=fits) as llm:
+        assert llm.max_context == fits
+        for name in (RUNS[0], RUNS[2]):  # ours and the peer, each sized to the context
+            turn = _first_turn(llm, opts, name, code)
+            assert turn.prompt_tokens == prompt
+            assert turn.completion_tokens == opts.cap("question") and turn.finish_reason == "length"  # to the last cell
+    too_small = (
+        rf"^session turn 1: the prompt \({prompt} tokens\) \+ max_tokens 8 do not fit the context \({fits - 1}\)"
+    )
+    small = LLM(model=str(smol_gguf), threads=1, exact=True, max_context=fits - 1)
+    with small, pytest.raises(InvalidRequestError, match=too_small):
+        run_session(small, opts, RUNS[0], code)
+    flags = [
+        "--quick",
+        "--threads",
+        "1",
+        "--exact",
+        "--max-prompt-tokens",
+        "300",
+        "--max-tokens",
+        "8",
+        "--peers",
+        "none",
+    ]
+    rc = main(
+        [
+            "bench",
+            "--session",
+            *flags,
+            "--model",
+            str(smol_gguf),
+            "--max-context",
+            str(fits - 1),
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and err[-1].startswith("specserve: error: session turn 1: ") and "Traceback" not in "".join(err)

@@ -228,7 +228,7 @@ def run_session(llm, opts: SessionOptions, run_name: str, code: str, on_turn=Non
         messages.append({"role": "user", "content": first_message(s, code) if user is None else user})
         ids = llm.apply_chat_template(messages)
         cap = opts.cap(kind)
-        if len(ids) + cap >= llm.max_context:
+        if len(ids) + cap > llm.max_context:  # the last token written is never fed back: an exact fit runs
             raise InvalidRequestError(
                 f"session turn {k}: the prompt ({len(ids)} tokens) + max_tokens {cap} do not fit the "
                 f"context ({llm.max_context}); raise --max-context or lower --max-tokens / --max-prompt-tokens"
