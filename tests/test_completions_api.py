@@ -84,6 +84,27 @@ def test_echo_streams_what_it_answers_without_stream(client, extra):
     assert usage == full["usage"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_echoed_prompt_is_scored_without_the_logit_bias(client, stream):
+    """The prompt's scores are the model's own (docs/server.md, "Scoring a text"); the bias shapes
+    the completion only, as OpenAI's logit_bias and vLLM's prompt logprobs do."""
+    prompt = [5, 17, 30, 41, 12]
+    body = {**BODY, "prompt": prompt, "echo": True, "logprobs": 2, "max_tokens": 2}
+    bias = {"17": -100, "41": -100, "30": 100}
+
+    def scored(extra):
+        b = {**body, **extra}
+        choice = _streamed(client, b)[0][0] if stream else client.post("/v1/completions", json=b).json()["choices"][0]
+        return choice["logprobs"]
+
+    plain, biased = scored({}), scored({"logit_bias": bias})
+    n = len(prompt)
+    assert biased["token_logprobs"][:n] == pytest.approx(plain["token_logprobs"][:n], abs=1e-5)
+    assert biased["token_logprobs"][0] is None and min(biased["token_logprobs"][1:n]) > -50  # not banned
+    assert [list(t) for t in biased["top_logprobs"][1:n]] == [list(t) for t in plain["top_logprobs"][1:n]]
+    assert biased["token_logprobs"][n:] == pytest.approx([0.0, 0.0], abs=1e-4)  # the completion is forced
+
+
 @pytest.mark.parametrize("prompt", [[True, 5], ["a", [5, 17]], [[1, 2], "x"], [1.5], {"a": 1}, [[1, "2"]]])
 def test_a_malformed_prompt_is_told_which_shapes_a_prompt_takes(client, prompt):
     """pydantic's own message was "Input should be a valid string", the first of four shapes."""

@@ -240,6 +240,26 @@ def test_prompt_logprobs_score_a_text_as_generating_it_did(llms):
     assert plain(llm, PROMPTS[0], max_tokens=4).prompt_logprobs is None  # only when asked
 
 
+def test_prompt_scores_are_the_model_s_own_whatever_shapes_the_completion(llms):
+    """logit_bias and the penalties shape what is generated, not how the prompt is scored: OpenAI's
+    logit_bias changes "the likelihood of specified tokens appearing in the completion", and vLLM
+    scores prompt tokens from the model's logits, before its logits processors (logit_bias among
+    them) run. Pinned: prompt tokens banned at -100 and a token forced at +100 score as without any,
+    while the completion is the forced token."""
+    llm, _ = llms
+    p = llm.encode(PROMPTS[2])
+    forced = next(t for t in range(3, 100) if t not in p)
+    bias = {p[3]: -100.0, p[5]: -100.0, forced: 100.0}
+    shaping = dict(logit_bias=bias, frequency_penalty=2.0, presence_penalty=1.5, ignore_eos=True)
+    base = llm.generate(p, SamplingParams(max_tokens=1, prompt_logprobs=3), speculation="none")
+    shaped = llm.generate(p, SamplingParams(max_tokens=3, prompt_logprobs=3, **shaping), speculation="none")
+    assert shaped.token_ids == [forced] * 3  # the completion is biased
+    assert shaped.prompt_logprobs[0] is None and len(shaped.prompt_logprobs) == len(p)
+    for a, b in zip(shaped.prompt_logprobs[1:], base.prompt_logprobs[1:], strict=True):
+        assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-5) and a.logprob > -50
+        assert [t for t, _ in a.top] == [t for t, _ in b.top] and forced not in [t for t, _ in a.top]
+
+
 def test_streamed_text_adds_up(llms):
     llm, _ = llms
     base = plain(llm, PROMPTS[1], max_tokens=40, stop=("zz",))
