@@ -38,24 +38,62 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help, or a bad flag (already printed): its exit code
-        return e.code if isinstance(e.code, int) else 2
-    try:
-        return int(args.func(args) or 0)
-    except SpecServeError as e:
-        print(f"specserve: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # an OSError: before that clause
-        return _reader_left()
-    except (OSError, ValueError) as e:
-        print(f"specserve: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("specserve: interrupted", file=sys.stderr)
-        _exit_on_next_interrupt()
-        return 130
+    with _Interrupts() as interrupts:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help, or a bad flag (already printed): its exit code
+            return e.code if isinstance(e.code, int) else 2
+        except KeyboardInterrupt:
+            return _interrupted()
+        try:
+            return int(args.func(args) or 0)
+        except KeyboardInterrupt:
+            return _interrupted()
+        except Exception as e:
+            if interrupts.seen:  # a library swallowed the Ctrl+C, or turned it into another error
+                return _interrupted()
+            if isinstance(e, BrokenPipeError):  # an OSError: before that check
+                return _reader_left()
+            if isinstance(e, SpecServeError | OSError | ValueError):
+                print(f"specserve: error: {e}", file=sys.stderr)
+                return 2
+            raise
+
+
+class _Interrupts:
+    """Notes each Ctrl+C as it arrives, then raises KeyboardInterrupt as Python's own handler does.
+
+    A Ctrl+C during the model load landed in an import inside a library's bare `except:`, which
+    swallowed it and left numpy half imported; the load then failed with transformers' "Could not
+    import module 'LlamaConfig'", a traceback and exit status 1. Whatever error follows a Ctrl+C
+    is now the interruption (exit 130, one line). A SIGINT that was ignored when the command
+    started (a script's `cmd &`) stays ignored; the handler before main() is put back after it."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous = None
+
+    def _on_sigint(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _Interrupts:
+        try:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread (main() called from a test or an embedding app)
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None and signal.getsignal(signal.SIGINT) == self._on_sigint:
+            signal.signal(signal.SIGINT, self.previous)  # not over _exit_on_next_interrupt's
+
+
+def _interrupted() -> int:
+    print("specserve: interrupted", file=sys.stderr)
+    _exit_on_next_interrupt()
+    return 130
 
 
 def _reader_left() -> int:
