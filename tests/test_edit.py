@@ -494,6 +494,20 @@ def test_a_file_that_is_not_utf8_is_refused_in_one_line(server, tmp_path, capsys
     assert path.read_bytes() == b"caf\xe9 = 1\n"
 
 
+def test_a_file_with_a_nul_byte_is_refused_as_binary_in_one_line(server, tmp_path, capsys):
+    """A NUL byte is valid UTF-8, so a binary file that happened to decode (or a text file with a
+    NUL in it) was sent to the model, and its answer, which cannot hold the NULs, would have been
+    written over it. git takes a NUL for a binary file; so does the edit now, before asking."""
+    path = tmp_path / "data.py"
+    raw = b"MAGIC = 1\n\x00\x01\x02 payload\n"
+    path.write_bytes(raw)
+    assert edit_cli(server, path, "--in-place", "--force") != 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("specserve: error:")]
+    assert len(lines) == 1 and "NUL byte" in lines[0] and "byte 10" in lines[0] and "Traceback" not in err
+    assert server.requests == [] and path.read_bytes() == raw and not (tmp_path / "data.py.bak").exists()
+
+
 def test_placeholder_answer_is_refused_in_place(server, src, capsys):
     server.answer = PLACEHOLDER
     assert edit_cli(server, src, "--in-place") == 2

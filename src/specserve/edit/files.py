@@ -100,7 +100,8 @@ _ANY_END = re.compile(r"(\r\n|\r|\n)")
 
 
 def read_source(path: Path) -> SourceFile:
-    """Read a UTF-8 text file for editing; EditError (one line) when it is not one.
+    """Read a UTF-8 text file for editing; EditError (one line) when it is not one (bytes that
+    are not UTF-8, or a NUL byte).
 
     A lone CR ends a line only in a file that has more of them than LFs (classic Mac line ends);
     in an LF or CRLF file it is a character inside its line, as git and diff read it."""
@@ -109,6 +110,8 @@ def read_source(path: Path) -> SourceFile:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise EditError(f"{path} is not UTF-8 text (byte {e.start}); specserve edit reads and writes UTF-8") from None
+    if (nul := raw.find(b"\0")) >= 0:  # valid UTF-8, but git's sign of a binary file: no answer could keep it
+        raise EditError(f"{path} holds a NUL byte (byte {nul}): it looks binary; specserve edit edits text files")
     bom = text.startswith(_BOM)
     text = text.removeprefix(_BOM)
     if len(_LONE_CR.findall(text)) > text.count("\n"):  # a classic Mac file: a lone CR ends a line
