@@ -66,6 +66,17 @@ def test_a_prompt_that_fills_the_context_leaves_no_room_for_an_answer(client):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
 
 
+def test_the_message_for_a_conversation_over_the_context_reads_right(client):
+    """It said "the messages has 80 tokens" (found by `specserve edit` on a file over the context)."""
+    messages = [{"role": "user", "content": "a b " * CTX}]
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 1})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded" and err["param"] == "messages"
+    assert "but the messages have " in err["message"] and "messages has" not in err["message"]
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": [5] * (CTX + 1), "max_tokens": 1})
+    assert f"but the prompt has {CTX + 1} tokens" in r.json()["error"]["message"]
+
+
 def test_the_spare_sequence_gets_the_cells_that_measure_prices_not_a_context(tmp_path):
     """The engine hands out a full context to each sequence but the spare one, which measures
     prices on SPARE_CELLS; the default cache gave it a whole context as well, never used."""

@@ -204,7 +204,7 @@ def _prompt_too_long(prompt_len: int, max_context: int, prompt_param: str) -> AP
     """The 400 for a prompt that leaves the answer no room, in OpenAI's words."""
     return bad_request(
         f"This model's maximum context length is {max_context} tokens, but the "
-        f"{prompt_param} has {prompt_len} tokens. Please shorten it.",
+        f"{prompt_param} {'have' if prompt_param == 'messages' else 'has'} {prompt_len} tokens. Please shorten it.",
         prompt_param,
         "context_length_exceeded",
     )
