@@ -337,6 +337,29 @@ def test_in_place_follows_a_symlink_and_keeps_the_mode(server, tmp_path):
     assert sorted(p.name for p in real.parent.iterdir()) == ["greet.py"]  # no temporary file left
 
 
+def test_a_link_planted_at_the_temporary_file_s_name_is_not_written_through(server, tmp_path):
+    """The write went through `.NAME.specserve-tmp`, a fixed name opened without O_EXCL: a symlink
+    left there (a stale one, or planted by another user of a shared folder) had the edit written
+    into the file it pointed to, and then replaced the edited file with that link. The temporary
+    file is now made afresh (O_EXCL, a random name, mode 0600 until it takes the file's)."""
+    path = tmp_path / "greet.py"
+    path.write_text(ORIGINAL)
+    path.chmod(0o640)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    planted = tmp_path / ".greet.py.specserve-tmp"
+    planted.symlink_to(victim)
+    assert edit_cli(server, path, "--in-place") == 0
+    assert victim.read_text() == "keep me\n"
+    assert not path.is_symlink() and path.read_text() == EDITED and path.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".greet.py.specserve-tmp",
+        "greet.py",
+        "greet.py.bak",
+        "victim.txt",
+    ]
+
+
 def test_output_to_a_new_file_keeps_the_edited_file_s_mode(server, tmp_path):
     """`--output new.sh` from an executable script made a 0644 file: the edit lost its x bit."""
     script = tmp_path / "greet.py"

@@ -6,9 +6,9 @@ model, the diff and the splice see plain '\n' lines) and written back the way it
 symlink to the file it points to, with its permission bits, BOM and line ends (each line the
 edit kept keeps its own, so a file that mixes CRLF and LF keeps its mix; a new line takes the
 file's most common one; a file the edit left as it was is the same bytes),
-atomically (a temporary file renamed over it), and only if nobody changed it while the model
-was answering (an edit of several minutes on a CPU must not overwrite what the user saved
-meanwhile).
+atomically (a temporary file, made afresh with O_EXCL and mode 0600, renamed over it), and
+only if nobody changed it while the model was answering (an edit of several minutes on a CPU
+must not overwrite what the user saved meanwhile).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import difflib
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,12 +167,23 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
             f.write(data)
             f.truncate()
         return
-    tmp = real.with_name(f".{real.name}.specserve-tmp")
+    like = real if real.exists() else mode_of
+    mode = like.stat().st_mode & 0o7777 if like is not None and like.exists() else 0o666 & ~_umask()
+    # a new name each time, made with O_EXCL and mode 0600: a fixed name was written through a
+    # symlink left there, and the file's text was readable by all until its mode was set
+    fd, name = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".specserve-tmp", dir=real.parent)
+    tmp = Path(name)
     try:
-        tmp.write_bytes(data)
-        like = real if real.exists() else mode_of
-        if like is not None and like.exists():
-            os.chmod(tmp, like.stat().st_mode & 0o7777)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), mode)
         os.replace(tmp, real)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then put back): the mode a plain open() gives."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
