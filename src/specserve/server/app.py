@@ -47,6 +47,8 @@ from .logprobs import TokenNamer
 from .metrics import OWNED, CountResponses, Metrics
 from .openapi import install_openapi
 from .protocol import Prepared
+from .request_id import HEADER as REQUEST_ID_HEADER
+from .request_id import RequestIdMiddleware, request_id_of
 from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext, usage
 from .responses_api import ResponsesDialect
 from .schemas import DetokenizeRequest, TokenizeRequest
@@ -640,9 +642,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):
-        log.exception("unhandled error")
+        # answered from outside every middleware (Starlette's outermost layer): the request id's own
+        # middleware never sees this answer, so its header is set here, and logged with the error
+        rid = request_id_of(request.scope)
+        log.exception("unhandled error (request %s)", rid)
+        headers = {REQUEST_ID_HEADER: rid} if rid else None
         return _error_response(
-            APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error")
+            APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error", headers=headers)
         )
 
 
@@ -666,7 +672,8 @@ def create_app(
     app.state.server = server
     _add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes)
-    app.add_middleware(CountResponses, metrics=server.metrics)  # outermost: sees the body cap's 413s too
+    app.add_middleware(CountResponses, metrics=server.metrics)  # sees the body cap's 413s too
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer gets its x-request-id
     install_openapi(app)
     if faults.enabled():  # tests and scripts/soak.py only: see server/faults.py
         log.warning("%s=1: faults can be injected through POST /debug/fault", faults.ENV)
