@@ -220,6 +220,33 @@ def test_a_function_call_is_continued_with_its_output_by_id(client):
     assert after.output_text == chat_after_call(client, "Weather?", call, "sunny", max_tokens=30)
 
 
+def test_an_item_reference_is_the_stored_item_it_names(client):
+    """Stateful clients send an earlier answer's items back by id (`{"type": "item_reference",
+    "id": "fc_..."}`; the Vercel AI SDK does so with store on, Codex for its calls): each was a 400
+    "input item type 'item_reference' is not supported", so an agent's second turn failed."""
+    kw = dict(model=MODEL, tools=[WEATHER], temperature=0)
+    call_resp = client.responses.create(input="Weather?", tool_choice="required", max_output_tokens=150, **kw)
+    [call] = call_resp.output
+    follow = [
+        {"role": "user", "content": "Weather?"},
+        {"type": "item_reference", "id": call.id},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]
+    after = client.responses.create(input=follow, tool_choice="none", max_output_tokens=30, **kw)
+    assert after.output_text == chat_after_call(client, "Weather?", call, "sunny", max_tokens=30)
+    # a message item, referenced with the type left out (OpenAI's schema makes it optional)
+    first = client.responses.create(model=MODEL, input="hi", temperature=0, max_output_tokens=8)
+    turn = [{"role": "user", "content": "hi"}, {"id": first.output[0].id}, {"role": "user", "content": ASK}]
+    second = client.responses.create(model=MODEL, input=turn, temperature=0, max_output_tokens=12)
+    messages = [*turn[:1], {"role": "assistant", "content": first.output_text}, turn[2]]
+    assert second.output_text == chat_text(client, messages, max_tokens=12)
+    client.responses.delete(first.id)  # its items go with it
+    for gone in ({"type": "item_reference", "id": first.output[0].id}, {"type": "item_reference", "id": "msg_nope"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input=[turn[0], gone])
+        assert (e.value.body["param"], e.value.body["code"]) == ("input[1].id", "item_not_found"), e.value.body
+
+
 def test_stored_responses_are_read_and_deleted_and_store_false_keeps_nothing(client):
     kw = dict(model=MODEL, input="hi", temperature=0, max_output_tokens=6)
     resp = client.responses.create(**kw)
@@ -248,6 +275,17 @@ def test_the_store_drops_the_least_recently_used_beyond_its_size():
     store.messages("r1")  # used: r2 is now the oldest
     store.put("r3", [{"role": "user", "content": "x" * 100}], {"id": "r3"})
     assert store.messages("r2") is None and store.messages("r1") is not None
+
+
+def test_the_store_finds_an_item_only_while_its_response_is_kept():
+    from specserve.server.responses_api import ResponseStore
+
+    store = ResponseStore(max_chars=400)
+    for i in range(3):
+        store.put(f"r{i}", [{"role": "user", "content": "x" * 100}], {"id": f"r{i}", "output": [{"id": f"fc_{i}"}]})
+    assert store.item("fc_0") is None and store.item("fc_2") == {"id": "fc_2"}  # r0 went, and its item with it
+    store.delete("r2")
+    assert store.item("fc_2") is None and store.item("fc_1") == {"id": "fc_1"}
 
 
 @pytest.mark.parametrize(

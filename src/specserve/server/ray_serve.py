@@ -401,6 +401,9 @@ class SharedResponseStore:
     def body(self, response_id: str) -> dict | None:
         return self._call("body", response_id)
 
+    def item(self, item_id: str) -> dict | None:
+        return self._call("item", item_id)
+
     def delete(self, response_id: str) -> bool:
         return self._call("delete", response_id)
 

@@ -14,7 +14,8 @@ usage as `input_tokens` / `output_tokens`. Streams are typed server-sent events
 
 Finished responses are kept in memory (`ResponseStore`, least recently used first out, bounded
 in size) unless `store` is false: `previous_response_id` continues one (its conversation, not
-its instructions, as OpenAI does), and `GET` / `DELETE /v1/responses/{id}` read or drop one.
+its instructions, as OpenAI does), an `item_reference` input item sends one of its output items
+back by id, and `GET` / `DELETE /v1/responses/{id}` read or drop one.
 They live in one server process (the Ray replicas share one, ray_serve.SharedResponseStore) and
 are gone after a restart; `conversation` objects and
 background responses are refused.
@@ -79,14 +80,41 @@ def _text(content, param: str) -> str:
     return "".join(texts)
 
 
-def _messages(req: ResponsesRequest, history: list[dict]) -> list[dict]:
+def _kind(item: dict) -> str:
+    """An input item's type: OpenAI's schema lets a message leave it out (it has a role) and an
+    item reference too (it has only an id)."""
+    if item.get("type") is not None:
+        return item["type"]
+    return "item_reference" if "role" not in item and "id" in item else "message"
+
+
+def _resolved(items: list[dict], store: ResponseStore) -> list[dict]:
+    """The input with each item reference (`{"type": "item_reference", "id": ...}`, an earlier
+    stored answer's item sent back by id, as stateful clients do) replaced by the item it names."""
+    out = []
+    for i, item in enumerate(items):
+        if _kind(item) == "item_reference":
+            found = store.item(item["id"]) if isinstance(item.get("id"), str) else None
+            if found is None:
+                raise bad_request(
+                    f"input[{i}].id: no item with id {item.get('id')!r} (items are those of responses kept in this "
+                    "server's memory, and not of those sent with store: false)",
+                    f"input[{i}].id",
+                    "item_not_found",
+                )
+            item = found
+        out.append(item)
+    return out
+
+
+def _messages(req: ResponsesRequest, history: list[dict], store: ResponseStore) -> list[dict]:
     """Chat messages for the input after `history` (a stored conversation's messages); consecutive
     function_call items join the assistant turn before them, as the chat format holds a turn's
     calls in one message."""
     messages = [dict(m) for m in history]
     items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-    for i, item in enumerate(items):
-        kind = item.get("type", "message")
+    for i, item in enumerate(_resolved(items, store)):
+        kind = _kind(item)
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
@@ -213,7 +241,7 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
                 "previous_response_id",
                 "previous_response_not_found",
             )
-    messages = _messages(req, history)
+    messages = _messages(req, history, store)
     prepared = prepare_chat(to_chat(req, messages), llm)
     prepared.include_usage = False  # the usage travels in response.completed
     if req.store is not False:
@@ -259,11 +287,13 @@ def responses_message(text: str) -> str:
 # -- what is kept -------------------------------------------------------------------------------
 class ResponseStore:
     """Finished responses in memory: each one's conversation (chat messages, its answer last)
-    and its body, dropped least recently used first beyond `max_chars` of JSON."""
+    and its body, dropped least recently used first beyond `max_chars` of JSON; its output
+    items can be found by their ids (`item`) while it is kept."""
 
     def __init__(self, max_chars: int = 64 << 20):
         self.max_chars = max_chars
         self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
+        self._owners: dict[str, str] = {}  # output item id -> the id of the response it is in
         self._chars = 0
         self._lock = threading.Lock()  # the event loop stores, the prep thread reads
 
@@ -271,10 +301,21 @@ class ResponseStore:
         size = len(json.dumps(messages, ensure_ascii=False)) + len(json.dumps(body, ensure_ascii=False))
         with self._lock:
             self._items[response_id] = (messages, body, size)
+            self._owners |= {item["id"]: response_id for item in body.get("output", ()) if item.get("id")}
             self._chars += size
             while self._chars > self.max_chars and len(self._items) > 1:
-                _, (_, _, dropped) = self._items.popitem(last=False)
-                self._chars -= dropped
+                self._forget(next(iter(self._items)))
+
+    def _forget(self, response_id: str) -> bool:
+        """Drop one response and its items' ids (the lock held)."""
+        item = self._items.pop(response_id, None)
+        if item is None:
+            return False
+        self._chars -= item[2]
+        for output in item[1].get("output", ()):
+            if self._owners.get(output.get("id")) == response_id:
+                del self._owners[output["id"]]
+        return True
 
     def _get(self, response_id: str):
         with self._lock:
@@ -291,12 +332,16 @@ class ResponseStore:
         item = self._get(response_id)
         return None if item is None else item[1]
 
+    def item(self, item_id: str) -> dict | None:
+        """The output item with this id, of a response still kept (an item reference's target)."""
+        with self._lock:
+            owner = self._owners.get(item_id)
+        body = self.body(owner) if owner is not None else None
+        return next((i for i in body["output"] if i.get("id") == item_id), None) if body else None
+
     def delete(self, response_id: str) -> bool:
         with self._lock:
-            item = self._items.pop(response_id, None)
-            if item is not None:
-                self._chars -= item[2]
-            return item is not None
+            return self._forget(response_id)
 
 
 def _answer_message(items: list[dict]) -> dict:
