@@ -418,8 +418,7 @@ class Server:
         self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
         if outputs:
             self.metrics.observe_usage(usage(outputs, job.prepared.n, job.prepared.scores_only))
-        for output in outputs or ():
-            self.metrics.observe_output(output, ttft, time.monotonic() - t0, dialect.name)
+            self.metrics.observe_latency(outputs, ttft, time.monotonic() - t0, dialect.name)
 
     async def _complete(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
         """Non-streaming: wait for the end, answer one JSON body."""

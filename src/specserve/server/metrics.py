@@ -28,7 +28,7 @@ TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 class Metrics:
     """Every series the server exports; `observe_usage` records one answer's token counts and
-    `observe_output` each of its generations."""
+    `observe_latency` its latencies, once per answer however many choices it has."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -152,21 +152,27 @@ class Metrics:
     def observe_usage(self, usage: dict) -> None:
         """One answer's token counts, as its `usage` reports them: a prompt counts once however
         many choices it has, and a scored prompt (completions `max_tokens: 0`) has no completion
-        tokens (counted per choice before, the counters drifted from the answers' usage)."""
+        tokens (counted per choice before, the counters drifted from the answers' usage). The
+        answer is a prefix-cache hit when its usage reports cached prompt tokens: the choices of
+        n > 1 that copy choice 0's prefill are not hits of their own."""
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
         self.prompt_tokens.inc(usage["prompt_tokens"])
-        self.cached_tokens.inc(usage["prompt_tokens_details"]["cached_tokens"])
+        self.cached_tokens.inc(cached)
         self.completion_tokens.inc(usage["completion_tokens"])
-
-    def observe_output(self, output: RequestOutput, ttft: float | None, e2e: float, endpoint: str) -> None:
-        """Latencies of one generation (its speculation counts come from the steps: observe_step)."""
-        stats = output.stats
-        if stats.cached_tokens:
+        if cached:
             self.prefix_hits.inc()
+
+    def observe_latency(self, outputs: list[RequestOutput], ttft: float | None, e2e: float, endpoint: str) -> None:
+        """Latencies of one answer, observed once however many choices (n) or prompts it has, as
+        specserve_requests_total counts it (each choice was a sample before, so n = 3 counted 3).
+        Its choices decode side by side: the time per token after the first is that of the
+        longest one."""
         self.e2e.labels(endpoint=endpoint).observe(e2e)
+        tokens = max((o.stats.output_tokens for o in outputs), default=0)
         if ttft is not None:
             self.ttft.observe(ttft)
-            if stats.output_tokens > 1:
-                self.tpot.observe((e2e - ttft) / (stats.output_tokens - 1))
+            if tokens > 1:
+                self.tpot.observe((e2e - ttft) / (tokens - 1))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
