@@ -35,10 +35,13 @@ class SourceStats(_Acceptance):
     proposed: int = 0
     accepted: int = 0
     steps: int = 0
+    committed: int = 0  # tokens its steps committed: accepted + 1 each, less where a stop cut the step
 
     @property
     def tokens_per_step(self) -> float:
-        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+        """Tokens committed per step. Not (accepted + steps) / steps: a step that a stop string
+        or EOS ends inside its draft commits no bonus token, and that counted one too many."""
+        return self.committed / self.steps if self.steps else 0.0
 
     def to_dict(self) -> dict:
         return {
@@ -74,6 +77,7 @@ class SpecStats(_Acceptance):
         s.proposed += proposed
         s.accepted += accepted
         s.steps += 1
+        s.committed += committed
         self.steps += 1
         self.tokens_per_step_hist[committed] += 1
 
