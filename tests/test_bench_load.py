@@ -204,3 +204,16 @@ def test_ctrl_c_keeps_the_load_runs_that_finished(tiny_target, tmp_path, monkeyp
     assert [(r["mode"], r["concurrency"]) for r in report["rows"]] == [("plain", 1)]
     assert "**Interrupted** (Ctrl+C)" in (tmp_path / "load.md").read_text()
     assert f"interrupted: {tmp_path} holds the 1 run(s) that finished" in capsys.readouterr().err
+
+
+def test_the_chart_leaves_out_a_per_request_rate_that_was_not_measured():
+    """A run whose every answer came in one emission has no per-request rate (load.md says –):
+    the chart drew it as 0 tok/s, as if its requests had not decoded at all."""
+    rows = [
+        LoadRow("inproc", "prediction", 1, 1, aggregate_tok_s=40.0, per_request_tok_s_p50=None),
+        LoadRow("inproc", "prediction", 4, 4, aggregate_tok_s=90.0, per_request_tok_s_p50=30.0),
+        LoadRow("inproc", "plain", 1, 1, aggregate_tok_s=10.0, per_request_tok_s_p50=10.0),
+    ]
+    series = bench_load.chart_series(rows)
+    assert series["prediction (inproc)"] == ([(1, 40.0), (4, 90.0)], [(4, 30.0)])
+    assert series["plain (inproc)"] == ([(1, 10.0)], [(1, 10.0)])

@@ -521,25 +521,30 @@ def markdown(rows: list[LoadRow], env: dict) -> str:
     return head + body + "\n" + "".join(lines)
 
 
+def chart_series(rows: list[LoadRow]) -> dict[str, tuple[list, list]]:
+    """Per mode and via, its (C, aggregate tok/s) and (C, per-request tok/s p50) points. A rate
+    that was not measured has no point: a run whose answers each came in one emission was drawn
+    at 0 tok/s, where load.md says –."""
+    series = {}
+    for via, mode in dict.fromkeys((r.via, r.mode) for r in rows):
+        mine = sorted((r for r in rows if r.via == via and r.mode == mode), key=lambda r: r.concurrency)
+        series[f"{mode} ({via})"] = (
+            [(r.concurrency, r.aggregate_tok_s) for r in mine],
+            [(r.concurrency, r.per_request_tok_s_p50) for r in mine if r.per_request_tok_s_p50 is not None],
+        )
+    return series
+
+
 def write_chart(rows: list[LoadRow], path: Path) -> Path:
     """Aggregate tok/s (top) and per-request tok/s p50 (bottom) vs concurrency, a line per mode/via."""
     plt = pyplot()
 
     fig, axes = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
     cs = sorted({r.concurrency for r in rows})
-    for via, mode in dict.fromkeys((r.via, r.mode) for r in rows):
-        mine = sorted((r for r in rows if r.via == via and r.mode == mode), key=lambda r: r.concurrency)
-        style = "-" if via == "inproc" else "--"
-        axes[0].plot(
-            [r.concurrency for r in mine], [r.aggregate_tok_s for r in mine], style, marker="o", label=f"{mode} ({via})"
-        )
-        axes[1].plot(
-            [r.concurrency for r in mine],
-            [r.per_request_tok_s_p50 or 0.0 for r in mine],
-            style,
-            marker="o",
-            label=f"{mode} ({via})",
-        )
+    for label, (aggregate, per_request) in chart_series(rows).items():
+        style = "--" if label.endswith("(server)") else "-"
+        for ax, points in zip(axes, (aggregate, per_request)):
+            ax.plot([c for c, _ in points], [v for _, v in points], style, marker="o", label=label)
     if len(cs) > 1 and cs[-1] / cs[0] >= 4:
         axes[1].set_xscale("log", base=2)
     axes[1].set_xticks(cs, [str(c) for c in cs])
