@@ -6,6 +6,7 @@ requests answered, the usage they reported, the tokens each step fed the target 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -69,3 +70,112 @@ def test_latencies_and_prefix_hits_count_each_request_once_whatever_its_n(client
     assert cached > 0
     got = _series(client, *counted)
     assert got == {**dict.fromkeys(counted[:4], 2.0), counted[4]: 1.0, counted[5]: float(cached)}
+
+
+class _Truth:
+    """Counts each step's draft as it is fed and what the step committed, apart from the engine's
+    own counting: a draft token is accepted when it is the token committed at its position (a
+    rejected one never is: greedy commits the argmax it missed, sampling the residual, where the
+    rejected token has no mass). Counted when the step emits its event, before any answer goes
+    out. Per source: [proposed, accepted, steps]."""
+
+    def __init__(self, monkeypatch):
+        from specserve.engine.request import Request
+
+        self.counts: dict[str, list[int]] = {}
+        commit, emit = Request.commit, Request._emit
+
+        def fed(req, logits, step_time):
+            draft = list(req.draft_ids)
+            req.truth_step = (req.draft.source if req.draft is not None and draft else "none", draft, len(req.tokens))
+            return commit(req, logits, step_time)
+
+        def emitted(req, event):
+            step, req.truth_step = getattr(req, "truth_step", None), None
+            if step is not None:
+                self.count(*step, req.tokens)
+            emit(req, event)
+
+        monkeypatch.setattr(Request, "commit", fed)
+        monkeypatch.setattr(Request, "_emit", emitted)
+
+    def count(self, source: str, draft: list[int], pos: int, tokens: list[int]) -> None:
+        after = tokens[pos:]
+        accepted = next((i for i, (a, b) in enumerate(zip(draft, after)) if a != b), min(len(draft), len(after)))
+        c = self.counts.setdefault(source, [0, 0, 0])
+        c[0], c[1], c[2] = c[0] + len(draft), c[1] + accepted, c[2] + 1
+
+
+def _by_source(spec: dict | list[dict]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for s in spec if isinstance(spec, list) else [spec]:
+        for source, v in s["by_source"].items():
+            c = out.setdefault(source, [0, 0, 0])
+            c[0], c[1], c[2] = c[0] + v["proposed"], c[1] + v["accepted"], c[2] + v["steps"]
+    return out
+
+
+def _spec_metrics(client) -> dict[str, list[float]]:
+    text = client.get("/metrics").text
+    names = ("proposed_tokens", "accepted_tokens", "steps")
+    sources = ("prediction", "prompt", "ngram", "draft", "none")
+    counts = {s: [metric_value(text, f"specserve_spec_{n}_total", source=s) for n in names] for s in sources}
+    return {s: c for s, c in counts.items() if any(c)}
+
+
+def test_speculation_counts_equal_an_independent_count_of_the_steps(client, monkeypatch):
+    """Each answer's `speculation` per source, its usage's accepted / rejected prediction tokens
+    and the /metrics counters against the truth counted from the steps, over predictions that
+    are followed, edited and cut by a stop string, n > 1, sampling, n-grams and `auto`; the
+    completion tokens are the answer's tokens, rejected prediction tokens not included."""
+    base = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 40, "speculation": "none"}).json()
+    text = base["choices"][0]["message"]["content"]
+    before = _spec_metrics(client)
+    truth = _Truth(monkeypatch)
+    bodies = [
+        {"prediction": {"type": "content", "content": text[:12] + "xx = yy\n" + text[12:]}},
+        {"prediction": {"type": "content", "content": text}, "n": 2},
+        {"prediction": {"type": "content", "content": text}, "stop": [text[15:18]]},
+        {"prediction": {"type": "content", "content": "zz " * 30 + text}, "temperature": 0.9, "seed": 4},
+        {"messages": [{"role": "user", "content": ASK * 3}], "speculation": "ngram"},
+    ]
+    totals: dict[str, list[int]] = {}
+    for extra in bodies:
+        for stream in (False, True):
+            truth.counts.clear()
+            body = {**CHAT, "max_tokens": 40, **extra}
+            usage, spec = _answer(client, body, stream)
+            assert _by_source(spec) == truth.counts, (extra, stream)
+            proposed, accepted, _ = truth.counts.get("prediction", [0, 0, 0])
+            details = usage["completion_tokens_details"]
+            assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (
+                accepted,
+                proposed - accepted,
+            )
+            specs = spec if isinstance(spec, list) else [spec]
+            assert usage["completion_tokens"] == sum(s["output_tokens"] for s in specs)
+            for source, c in truth.counts.items():
+                t = totals.setdefault(source, [0, 0, 0])
+                totals[source] = [a + b for a, b in zip(t, c)]
+    assert totals["prediction"][0] > totals["prediction"][1] > 0 and totals["ngram"][1] > 0
+    deadline = time.monotonic() + 10  # the worker counts a step just after its answers go out
+    while True:
+        after = _spec_metrics(client)
+        moved = {s: [int(a - b) for a, b in zip(c, before.get(s, [0, 0, 0]))] for s, c in after.items()}
+        moved = {s: c for s, c in moved.items() if any(c)}
+        if moved == totals or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert moved == totals
+
+
+def _answer(client, body: dict, stream: bool):
+    """(usage, speculation) of one chat answer, streamed or not; a stream's come on its usage chunk,
+    sent after the engine's last step has been counted (its finish follows the step's commit)."""
+    if not stream:
+        r = client.post("/v1/chat/completions", json=body).json()
+        return r["usage"], r["speculation"]
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    return chunks[-1]["usage"], chunks[-1]["speculation"]
