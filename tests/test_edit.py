@@ -18,6 +18,7 @@ from specserve.edit import (
     PROMPTS,
     RETRY_PROMPT,
     EditError,
+    EditResult,
     ask_for,
     build_messages,
     check_answer,
@@ -1207,3 +1208,17 @@ def test_a_rename_that_also_rewrites_other_lines_is_refused():
     assert judge_answer(INTRANGES, renamed, instruction, "python").failure is None
     # asked for more than the rename, other lines may change
     assert judge_answer(INTRANGES, rewritten, instruction + " Rewrite the docstring too.", "python").failure is None
+
+
+def test_the_decode_rate_counts_only_the_tokens_it_timed():
+    """tokens/s was every completion token over the time after the first chunk, so the first
+    chunk's tokens counted without their time: a specserve chunk is a step, and a prediction's
+    first step commits up to 9 tokens (a 20-token answer in two such chunks showed 20 tok/s for
+    11 tokens in a second). specserve's own measure (its `speculation`, each token timed with the
+    step that wrote it) is taken when the server sends it; else the first chunk counts as one
+    token, as a server that streams a token a chunk sends it."""
+    result = EditResult(code="", raw="", finish_reason="stop", model="m", completion_tokens=20, elapsed=3.0)
+    result.time_to_first_token = 1.0
+    assert result.tokens_per_second == pytest.approx(19 / 2.0)
+    result.speculation = {"tokens_per_second": 7.5, "tokens_per_step": 5.0}
+    assert result.tokens_per_second == 7.5

@@ -53,10 +53,18 @@ class EditResult:
 
     @property
     def tokens_per_second(self) -> float:
-        """Completion tokens per second after the first token (the decode rate the user sees)."""
+        """The decode rate: specserve's own (`speculation.tokens_per_second`, output tokens over the
+        time after the prefill, each token timed with the step that wrote it) when the server sends
+        it, else the tokens after the first chunk over the time after it, the first chunk taken as
+        one token (as a server that streams a token a chunk sends it). It was every completion
+        token over the time after the first chunk: the first chunk's tokens counted without their
+        time, and a specserve chunk is a step (a prediction's first commits up to 9 tokens)."""
+        measured = self.speculation.get("tokens_per_second") if isinstance(self.speculation, dict) else None
+        if isinstance(measured, (int, float)):
+            return measured
         ttft = self.time_to_first_token or 0.0
         t = self.elapsed - ttft
-        return self.completion_tokens / t if t > 0 else 0.0
+        return (self.completion_tokens - 1) / t if t > 0 and self.completion_tokens > 1 else 0.0
 
 
 def strip_fence(text: str, original: str = "") -> str:
