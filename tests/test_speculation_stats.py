@@ -32,3 +32,15 @@ def test_a_step_cut_by_a_stop_string_counts_the_tokens_it_committed_in_its_sourc
     assert out.stats.to_dict()["by_source"]["prediction"]["tokens_per_step"] == pytest.approx(
         out.stats.tokens_per_step, abs=1e-4
     )
+
+
+def test_the_step_timeline_counts_accepted_tokens_as_the_stats_do(llm):
+    """The timeline (`RequestOutput.steps`, the HTML report's step bars) said a step cut by a stop
+    string accepted every draft token the target agreed with, where the request's stats (and its
+    usage) count those past the cut as rejected: the two disagreed on the same step."""
+    plain = llm.generate(ASK, SamplingParams(max_tokens=24), speculation="none")
+    out = llm.generate(ASK, SamplingParams(max_tokens=24, stop=[plain.text[10:13]]), prediction=plain.text)
+    for source, s in out.stats.by_source.items():
+        steps = [st for st in out.steps if st["source"] == source]
+        assert (sum(st["proposed"] for st in steps), sum(st["accepted"] for st in steps)) == (s.proposed, s.accepted)
+    assert all(st["accepted"] <= st["committed"] for st in out.steps)

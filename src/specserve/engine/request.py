@@ -237,8 +237,10 @@ class Request:
         if self.logprobs is not None:
             self.logprobs.extend(_logprobs(logits, new, params.logprobs))
         # Draft tokens cut by a stop/EOS/max_tokens inside the draft never reach the output:
-        # count them as not accepted, so accepted prediction tokens <= completion tokens.
-        self.stats.record_step(src, len(draft_ids), min(n_acc, committed), committed)
+        # count them as not accepted, so accepted prediction tokens <= completion tokens (the
+        # timeline below says the same: it said n_acc, so its steps disagreed with the stats).
+        accepted = min(n_acc, committed)
+        self.stats.record_step(src, len(draft_ids), accepted, committed)
         self.stats.verify_time += step_time
         if self.governor is not None:
             self.governor.record(src, 1 + len(draft_ids), n_acc + 1)
@@ -251,7 +253,7 @@ class Request:
             {
                 "source": src,
                 "proposed": len(draft_ids),
-                "accepted": n_acc,
+                "accepted": accepted,
                 "committed": committed,
                 "time": round(step_time, 5),
             }
