@@ -197,3 +197,12 @@ def test_prefill_allowance_keeps_the_step_within_the_slowdown():
         base = CPU.batch([1] * decoding)
         assert CPU.batch([1] * decoding + [chunk]) <= 2.0 * base + 1e-9 or chunk == limits.min_prefill_chunk
         assert CPU.batch([1] * decoding + [chunk + 1]) > 2.0 * base  # and it is the largest such chunk
+
+
+@pytest.mark.parametrize("chunk", [0, -4])
+def test_a_prompt_joining_a_batch_is_always_given_a_chunk(chunk):
+    """min_prefill_chunk is the floor that keeps a joining prompt moving: with 0, and a slowdown of
+    1 (no chunk fits it), a prompt joining two decoding streams was given no tokens at all, step
+    after step, until every stream had finished. Such limits are refused when built."""
+    with pytest.raises(ValueError, match="min_prefill_chunk must be at least 1"):
+        EngineLimits(min_prefill_chunk=chunk)

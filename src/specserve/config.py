@@ -255,7 +255,7 @@ class EngineLimits:
     left; a lone decoding request's draft and sampled drafts are not cut, and come on top.
     prefill_slowdown: while other requests decode, a prompt is prefilled in chunks small enough
     that a step costs at most this many times a step without the chunk (measured prices).
-    min_prefill_chunk: the smallest such chunk, so a long prompt still makes progress.
+    min_prefill_chunk: the smallest such chunk (at least 1), so a long prompt still makes progress.
     prefix_caching: a request whose prompt starts like a running or finished request's tokens
     reuses their cache and prefills only the rest (engine/prefix_cache.py); finished requests'
     prefixes stay cached until their cells are needed.
@@ -293,6 +293,8 @@ class EngineLimits:
             )
         if self.prefill_slowdown < 1.0:
             raise ValueError(f"prefill_slowdown must be at least 1, got {self.prefill_slowdown}")
+        if self.min_prefill_chunk < 1:  # the floor that keeps a joining prompt moving (scheduler.py)
+            raise ValueError(f"min_prefill_chunk must be at least 1, got {self.min_prefill_chunk}")
 
     def cache_tokens(self, max_context: int) -> int:
         """The cache cells to allocate for a model with this per-sequence context."""
