@@ -36,6 +36,7 @@ from tiny import steady_prices, tiny_model, tiny_tokenizer
 from specserve import SamplingParams
 from specserve.backends.transformers import TransformersBackend
 from specserve.config import EngineLimits
+from specserve.engine import scheduler
 from specserve.engine.client import EngineWorker
 from specserve.engine.constrain import GrammarSpec
 from specserve.llm import LLM, ContextCutWarning
@@ -213,3 +214,30 @@ def test_requests_from_another_thread_with_deadlines_all_end_and_leave_nothing_h
         worker.stop()
     check_answers(alone, specs, reqs, cut)
     assert_idle(llm)
+
+
+def drop_every_trimmable_draft(decode, prefill, prices, budget) -> None:
+    """A planner under heavy load: the floor plan, every draft it may trim dropped (a plan
+    trim_drafts itself picks when the drafts do not pay)."""
+    for r in decode:
+        if r.trimmable:
+            r.trim_draft(0)
+
+
+def test_a_seeded_auto_request_with_a_draft_model_samples_as_alone_however_the_load_trims(monkeypatch):
+    """Under `auto` the governor and each source's K follow the drafts as verified. A sampled
+    request's n-gram drafts were trimmed by the load like a greedy request's, so its history
+    differed from its solo run's, a later step went to the draft model instead, and that sampled
+    draft changed the tokens: seed 7 on the class prompt left its solo answer (found by a worker
+    fuzz on the llama.cpp --exact tiny pair: 8 of 8 repeats of one trial). Such a request's
+    drafts are now fixed costs of the step, as a draft model's sampled drafts were already."""
+    llm = make(EngineLimits(max_num_seqs=4, prefix_caching=False))
+    params = SamplingParams(max_tokens=64, temperature=0.8, seed=7)
+    prompt = "class UserController:\n    def get_user(self, user_id):\n" * 3
+    alone = llm.generate(prompt, params, speculation="auto")
+    monkeypatch.setattr(scheduler, "trim_drafts", drop_every_trimmable_draft)
+    others = [llm.request(p, SamplingParams(max_tokens=64), None, "ngram") for p in PROMPTS[:2]]
+    me = llm.request(prompt, params, None, "auto")
+    assert me.chain[-1].name == "draft" and alone.stats.by_source["ngram"].proposed  # both sources drafted
+    batched = llm.engine.run([*others, me])[-1]
+    same(batched, alone)
