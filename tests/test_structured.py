@@ -303,3 +303,17 @@ def test_disjoint_one_of_and_pydantic_discriminated_unions_are_served():
         assert _Pet.model_validate_json(text).pet.meows == 3
     check_schema({"oneOf": [{"type": "string"}, {"type": "integer"}, {"const": None}]})
     check_schema({"oneOf": [{"const": 1}, {"const": True}, {"enum": ["1", 2]}]})
+
+
+def test_ignore_eos_with_a_grammar_is_refused(llm):
+    """A complete grammar ends the answer with EOS; ignoring it ran on past the grammar's end with
+    every token allowed (`cat-866ckEû...` for the regex below). The server refused the pair with a
+    400, the Python API served it: now both refuse, before anything runs."""
+    from specserve.errors import InvalidRequestError
+
+    spec = GrammarSpec("regex", r"(cat|dog)-[0-9]{3}")
+    with pytest.raises(InvalidRequestError, match="ignore_eos") as e:
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True), speculation="ngram", guide=spec)
+    assert e.value.param == "ignore_eos"
+    out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=40), speculation="ngram", guide=spec)
+    assert out.finish_reason == "stop" and len(out.text) == 7, out.text

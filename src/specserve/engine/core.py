@@ -188,6 +188,12 @@ class EngineCore:
             )
         if isinstance(prediction, (list, tuple)):
             check_token_ids(prediction, self.target.vocab_size, "prediction")
+        if constraint is not None and params.ignore_eos:  # the server refuses it too (check_guided)
+            raise InvalidRequestError(
+                "ignore_eos cannot be combined with a grammar: the grammar ends the answer with EOS, and "
+                "ignoring it would write on past the grammar's end with every token allowed",
+                "ignore_eos",
+            )
         req = Request(
             list(prompt_ids),
             params,
