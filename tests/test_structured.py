@@ -317,3 +317,50 @@ def test_ignore_eos_with_a_grammar_is_refused(llm):
     assert e.value.param == "ignore_eos"
     out = llm.generate(PROMPTS[0], SamplingParams(max_tokens=40), speculation="ngram", guide=spec)
     assert out.finish_reason == "stop" and len(out.text) == 7, out.text
+
+
+def _odd_predictions(ids: list[int], eos: int) -> list[list[int]]:
+    """Token-id predictions around plain decoding's own answer `ids` (which ends with EOS): a
+    token the grammar forbids midway, an EOS while the grammar is incomplete, the answer twice
+    (EOS inside the draft once the grammar is complete, text after it), and a deleted span."""
+    k = len(ids) // 2
+    return [ids[:k] + [ids[k] + 1] + ids[k:], ids[:k] + [eos] + ids[k:], ids + ids, ids[: k // 2] + ids[k:]]
+
+
+def _odd_prediction_mismatches(llm, schemas) -> list:
+    """(schema, max_tokens, stop, prediction) whose output differs from plain decoding's."""
+    (eos,) = llm.engine.eos_token_ids
+    bad = []
+    for i in schemas:
+        base = run(llm, i, "none")
+        cut_at = base.text[len(base.text) // 2 :][:2]
+        for max_tokens, stop in ((MAX_TOKENS, ()), (len(base.token_ids) // 2, ()), (MAX_TOKENS, (cut_at,))):
+            params = SamplingParams(max_tokens=max_tokens, stop=list(stop))
+            guide = GrammarSpec("json_schema", SCHEMAS[i])
+            plain = llm.generate(PROMPTS[i % 3], params, speculation="none", guide=guide)
+            for j, pred in enumerate(_odd_predictions(base.token_ids, eos)):
+                out = llm.generate(PROMPTS[i % 3], params, prediction=pred, speculation="prediction", guide=guide)
+                s = out.stats.by_source["prediction"]
+                if (out.token_ids, out.text, out.finish_reason) != (plain.token_ids, plain.text, plain.finish_reason):
+                    bad.append((i, max_tokens, stop, j))
+                assert s.accepted <= len(out.token_ids) and s.accepted + s.rejected == s.proposed
+    return bad
+
+
+def test_predictions_that_break_the_grammar_or_carry_eos_give_plain_output(llm):
+    """Drafts the grammar cuts midway (a forbidden token, an early EOS), EOS inside a draft once
+    the grammar is complete, a prediction that diverges and re-anchors, each also cut short by
+    max_tokens and by a stop string: the output is plain constrained decoding's, token for token."""
+    assert _odd_prediction_mismatches(llm, (0, 3, 8, 16)) == []
+
+
+def test_a_matcher_rolled_back_short_breaks_odd_predictions(llm, monkeypatch):
+    """The test above can fail: rolling the matcher back one token short after a walked draft
+    (its state then runs ahead of the output) is caught."""
+    real = xgr.GrammarMatcher.rollback
+    monkeypatch.setattr(xgr.GrammarMatcher, "rollback", lambda self, n=1: real(self, max(0, n - 1)))
+    try:
+        bad = _odd_prediction_mismatches(llm, (0,))
+    except RuntimeError:  # the matcher refused a committed token
+        bad = ["refused"]
+    assert bad
