@@ -241,3 +241,18 @@ def test_a_seeded_auto_request_with_a_draft_model_samples_as_alone_however_the_l
     assert me.chain[-1].name == "draft" and alone.stats.by_source["ngram"].proposed  # both sources drafted
     batched = llm.engine.run([*others, me])[-1]
     same(batched, alone)
+
+
+def test_only_a_seeded_request_keeps_its_deterministic_drafts_untrimmed():
+    """Keeping every draft untrimmed makes a busy step dearer, and only a seed promises tokens:
+    an unseeded sampled request promises the target's distribution, which a shorter draft keeps,
+    so its n-gram and prediction drafts stay trimmable (temperature 1 is OpenAI's default)."""
+    llm = make(EngineLimits(max_num_seqs=4, prefix_caching=False))
+    prompt = "class UserController:\n    def get_user(self, user_id):\n"
+    seeded = llm.request(prompt, SamplingParams(max_tokens=8, temperature=0.8, seed=7), None, "auto")
+    unseeded = llm.request(prompt, SamplingParams(max_tokens=8, temperature=0.8), None, "auto")
+    greedy = llm.request(prompt, SamplingParams(max_tokens=8), None, "auto")
+    assert seeded.chain[-1].name == "draft" and unseeded.chain[-1].name == "draft"
+    for r in (seeded, unseeded, greedy):
+        r.draft, r.draft_ids = None, []  # as when it is started: no draft model's sampled draft yet
+    assert not seeded.trimmable and unseeded.trimmable and greedy.trimmable

@@ -177,18 +177,20 @@ class Request:
     def trimmable(self) -> bool:
         """Whether the scheduler may shorten this step's draft. Greedy and deterministic drafts
         commit the same tokens at any length (sampled ones use their positions' random numbers).
-        A draft model's sampled draft changes which tokens a sampled request commits, so a sampled
-        request that may draft with one keeps every draft, deterministic ones too: under `auto` the
-        governor and each source's K follow the drafts as verified, and a trimmed n-gram draft
-        could hand a later step to the draft model. Its drafts then follow its own history only,
-        and a seeded request samples the same tokens alone and in any batch. A probe is not
-        trimmed either (see `probing`)."""
-        return not (self.samples_drafts or self.probing)
+        A draft model's sampled draft changes which tokens a sampled request commits, so its
+        length follows the request's own history only. A seeded request that may draft with one
+        keeps every draft, deterministic ones too: under `auto` the governor and each source's K
+        follow the drafts as verified, and a trimmed n-gram draft could hand a later step to the
+        draft model. A seeded request then samples the same tokens alone and in any batch; an
+        unseeded one promises no tokens, only the target's distribution, which a shorter draft
+        keeps. A probe is not trimmed either (see `probing`)."""
+        sampled_draft = self.draft is not None and self.draft.probs is not None and not self.params.greedy
+        return not (sampled_draft or self.seeded_with_draft_model or self.probing)
 
     @property
-    def samples_drafts(self) -> bool:
-        """A sampled request with a draft model among its sources (its drafts can be sampled)."""
-        return not self.params.greedy and any(p.name == "draft" for p in self.chain)
+    def seeded_with_draft_model(self) -> bool:
+        """A seeded sampled request with a draft model among its sources (its drafts can be sampled)."""
+        return not self.params.greedy and self.params.seed is not None and any(p.name == "draft" for p in self.chain)
 
     @property
     def probing(self) -> bool:
