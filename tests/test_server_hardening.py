@@ -181,6 +181,12 @@ REFUSED = (
     "echo",
     "suffix",
     "best_of",
+    "repetition_penalty",
+    "min_p",
+    "min_tokens",
+    "stop_token_ids",
+    "bad_words",
+    "allowed_token_ids",
 )  # documented 400s (unsupported parameters)
 EXTENSION_GUIDES = ("structured_outputs", "guided_json", "guided_regex", "guided_grammar", "guided_choice")
 FUZZ_TOOL = {

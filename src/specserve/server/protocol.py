@@ -130,8 +130,31 @@ def speculation_config(
     return spec
 
 
+# vLLM's sampling fields we do not implement: each one's values that change nothing (vLLM's
+# defaults, which clients send), and what to use instead
+UNSERVED_SAMPLING = {
+    "repetition_penalty": ((None, 1.0), "presence_penalty or frequency_penalty"),
+    "min_p": ((None, 0.0), "top_p or top_k"),
+    "min_tokens": ((None, 0), None),
+    "stop_token_ids": ((None, []), "stop strings"),
+    "bad_words": ((None, []), "logit_bias with -100"),
+    "allowed_token_ids": ((None,), "logit_bias or structured_outputs"),
+}
+
+
+def refuse_unserved_sampling(req: _Common) -> None:
+    """A vLLM sampling field that would change the output is a 400 naming it: ignored, as unknown
+    fields are, the answer was sampled from another distribution than the one asked for."""
+    for name, (defaults, instead) in UNSERVED_SAMPLING.items():
+        value = getattr(req, name)
+        if value not in defaults:
+            hint = f"; use {instead}" if instead else ""
+            raise unsupported(name, f"{name}={value!r} (vLLM's sampling field{hint})")
+
+
 def sampling_params(req: _Common, max_tokens: int, logprobs: int | None) -> SamplingParams:
     """OpenAI defaults: temperature 1, top_p 1, no penalties."""
+    refuse_unserved_sampling(req)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise bad_request("stop strings must be non-empty", "stop")

@@ -116,6 +116,14 @@ class _Common(_Strict):
     guided_choice: Any = None
     strict_whitespace: bool | None = None  # extension (extra_body): JSON outputs in one layout (structured.py)
     response_format: ResponseFormat | None = None  # chat's; on completions too, as in vLLM
+    # vLLM's sampling fields (extra_body) that this server does not implement: refused unless at
+    # their defaults (protocol.refuse_unserved_sampling), never dropped as unknown fields are
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    min_tokens: Int | None = None
+    stop_token_ids: list[Int] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[Int] | None = None
 
 
 class ChatCompletionRequest(_Common):
