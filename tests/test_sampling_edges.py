@@ -26,3 +26,22 @@ def test_tiny_temperature_or_top_p_is_the_argmax_distribution(kw):
     probs = probs_from_logits(logits, SamplingParams(max_tokens=1, **kw))
     assert torch.isfinite(probs).all()
     assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 4).float())
+
+
+@pytest.mark.parametrize("temperature", [1e-5, 3e-5, 1e-3, 0.5])
+def test_a_small_temperature_is_the_one_asked_for(temperature):
+    """temperature 1e-5 was floored at 1e-4: two logits 5e-5 apart came out 38% / 62% where the
+    asked law gives 0.7% / 99.3%. The floor is only there to keep logits / T finite."""
+    logits = torch.tensor([[1.0, 1.0 - 5e-5, -3.0]])  # [T=1, V=3]
+    probs = probs_from_logits(logits, SamplingParams(max_tokens=1, temperature=temperature))
+    expected = torch.softmax(logits.double() / temperature, dim=-1)
+    assert torch.allclose(probs.double(), expected, atol=1e-3), (probs, expected)  # float32: logits / T rounds
+
+
+def test_the_temperature_floor_keeps_large_logits_finite():
+    """The floor's purpose: logits as large as the penalties and a bias can make them (a frequency
+    penalty of 2 over a 128k-token answer, plus a bias of 100) over the smallest temperature
+    must not overflow float32 into NaN."""
+    logits = torch.tensor([[2.6e5, -2.6e5, 100.0, 0.0]])
+    probs = probs_from_logits(logits, SamplingParams(max_tokens=1, temperature=5e-324))
+    assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))

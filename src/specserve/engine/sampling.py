@@ -14,9 +14,12 @@ import torch
 
 from ..config import SamplingParams
 
-# Below this, logits / temperature overflows float32 (a temperature of 5e-324 is 0 in float32) and
-# softmax returns NaN; such a distribution is the argmax's already, to float32 precision.
-MIN_TEMPERATURE = 1e-4
+# Below this, logits / temperature may overflow float32 (a temperature of 5e-324 is 0 in float32)
+# and softmax returns NaN: logits reach ~3e5 at most (a frequency penalty of 2 over a 128k-token
+# answer, plus a bias of 100), 3e35 over this floor, well inside float32. Any temperature under it
+# is the argmax's distribution already, to float32 precision. (It was 1e-4, which took a request's
+# temperature of 1e-5 as ten times larger.)
+MIN_TEMPERATURE = 1e-30
 
 
 def bias_vector(params: SamplingParams, vocab_size: int) -> torch.Tensor | None:
