@@ -22,6 +22,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -38,7 +39,7 @@ from specserve.config import SPARE_CELLS, EngineLimits
 from specserve.engine.client import EngineWorker
 from specserve.engine.governor import CostModel
 from specserve.engine.host_cache import GIB, HostCache, Saved, default_budget
-from specserve.engine.host_store import MAGIC, FolderInUse, HostStore
+from specserve.engine.host_store import INDEX, MAGIC, FolderInUse, HostStore, _file_name
 from specserve.engine.prefix_cache import BLOCK, ENTRY_RENT_TOKENS, SAVED_ENTRY_RENT_TOKENS
 from specserve.llm import LLM
 
@@ -376,6 +377,21 @@ def test_the_store_reads_back_what_it_wrote_newest_first_within_the_budget(tmp_p
     damaged.write_bytes(damaged.read_bytes()[:-7])
     assert len(store.load(budget=10**9)) == 1
     assert HostStore(tmp_path, "another key").load(budget=10**9) == []
+
+
+def test_a_link_planted_where_a_file_is_written_is_not_followed(tmp_path):
+    """The store wrote each file through a temp file of a name anyone could guess (pid and
+    thread id), opened without O_EXCL: a symbolic link planted there made the write land in
+    the file it pointed at. Temp files are now created exclusively, under a random name."""
+    store, entry = HostStore(tmp_path, "key"), stored(0, 20)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for name in (INDEX, _file_name(entry.tokens)):  # every file the save writes
+        (store.folder / f"{name}.{os.getpid()}-{threading.get_ident()}.tmp").symlink_to(victim)
+    assert store.save([entry]) == 1
+    assert victim.read_text() == "keep me"
+    assert [e.tokens for e in store.load(budget=10**9)] == [entry.tokens]
+    assert all(p.is_symlink() for p in store.folder.glob("*.tmp"))  # no temp file of its own left behind
 
 
 def test_damaged_bytes_are_never_restored_and_are_written_afresh(tmp_path):

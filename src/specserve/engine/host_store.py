@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -79,9 +80,12 @@ def _file_name(tokens: list[int]) -> str:
 
 
 def _write_atomic(path: Path, chunks: list) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    """Write `path` whole or not at all: through a temp file created exclusively under a random
+    name (a link planted at a guessable name is never followed), then renamed over it."""
+    fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with open(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
         os.replace(tmp, path)
