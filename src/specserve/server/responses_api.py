@@ -189,9 +189,6 @@ def _response_format(text: dict | None) -> dict | None:
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":
-        for key in ("name", "schema"):  # both required by the Responses API (chat's schema is optional)
-            if key not in fmt:
-                raise bad_request(f"text.format.{key} is required for a json_schema format", f"text.format.{key}")
         inner = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": inner}
     return fmt
