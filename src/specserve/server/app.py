@@ -43,6 +43,7 @@ from ..engine.tokenizer import warm
 from . import faults
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .errors import APIError, engine_error, parse_body
+from .input_items import page
 from .logprobs import TokenNamer
 from .metrics import OWNED, CountResponses, Metrics
 from .openapi import install_openapi
@@ -699,6 +700,17 @@ def create_app(
         if body is None:
             raise _no_response(response_id)
         return body
+
+    @app.get("/v1/responses/{response_id}/input_items", dependencies=[auth])
+    async def list_input_items(
+        response_id: str, limit: str | None = None, order: str | None = None, after: str | None = None
+    ):
+        """OpenAI's list of a stored response's input items; `include` is accepted and needs nothing
+        (the listed items hold all they have), as any other query key is."""
+        items = responses.store.input_items(response_id)
+        if items is None:
+            raise _no_response(response_id)
+        return page(items, limit, order, after)
 
     @app.delete("/v1/responses/{response_id}", dependencies=[auth])
     async def delete_response(response_id: str):

@@ -56,6 +56,7 @@ class Prepared:
     n: int = 1  # independent choices
     request_fields: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
     history: list[dict] | None = None  # the Responses API: the conversation's messages, kept with the answer
+    input_items: list[dict] | None = None  # the Responses API: the input as GET .../input_items lists it
     echo_texts: list[str] | None = None  # completions `echo`: each prompt's text, which its answers begin with
     echo_hidden: list[int] | None = None  # ... and how many of its first tokens that text leaves out (a BOS added)
     batch: list[list[int]] | None = None  # completions with several prompts: each one's ids (prompt_ids: the first)

@@ -392,14 +392,17 @@ class SharedResponseStore:
                     raise
         return None
 
-    def put(self, response_id: str, messages: list[dict], body: dict) -> None:
-        self._call("put", response_id, messages, body)
+    def put(self, response_id: str, messages: list[dict], body: dict, input_items: list[dict] | None = None) -> None:
+        self._call("put", response_id, messages, body, input_items)
 
     def messages(self, response_id: str) -> list[dict] | None:
         return self._call("messages", response_id)
 
     def body(self, response_id: str) -> dict | None:
         return self._call("body", response_id)
+
+    def input_items(self, response_id: str) -> list[dict] | None:
+        return self._call("input_items", response_id)
 
     def item(self, item_id: str) -> dict | None:
         return self._call("item", item_id)

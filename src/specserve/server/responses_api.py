@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from ..engine.stats import RequestOutput, TokenLogprob
 from .errors import APIError, bad_request, unsupported
+from .input_items import listed
 from .protocol import Prepared, prepare_chat
 from .responses import ChatDialect, Dialect, ResponseContext
 from .schemas import ChatCompletionRequest, ResponsesRequest
@@ -107,13 +108,17 @@ def _resolved(items: list[dict], store: ResponseStore) -> list[dict]:
     return out
 
 
-def _messages(req: ResponsesRequest, history: list[dict], store: ResponseStore) -> list[dict]:
-    """Chat messages for the input after `history` (a stored conversation's messages); consecutive
-    function_call items join the assistant turn before them, as the chat format holds a turn's
-    calls in one message."""
+def _input(req: ResponsesRequest) -> list[dict]:
+    """The request's input as items (a string is one user message)."""
+    return [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+
+
+def _messages(items: list[dict], history: list[dict]) -> list[dict]:
+    """Chat messages for the input `items` (item references resolved) after `history` (a stored
+    conversation's messages); consecutive function_call items join the assistant turn before them,
+    as the chat format holds a turn's calls in one message."""
     messages = [dict(m) for m in history]
-    items = [{"type": "message", "role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-    for i, item in enumerate(_resolved(items, store)):
+    for i, item in enumerate(items):
         kind = _kind(item)
         if kind == "message":
             role = item.get("role")
@@ -134,6 +139,27 @@ def _messages(req: ResponsesRequest, history: list[dict], store: ResponseStore) 
         elif kind != "reasoning":  # a reasoning model's notes: nothing for this model to read
             raise unsupported(f"input[{i}].type", f"input item type {kind!r}")
     return messages
+
+
+def _listed_input(items: list[dict]) -> list[dict]:
+    """The input `items` (checked by `_messages`) as `GET /v1/responses/{id}/input_items` lists them."""
+    out = []
+    for i, item in enumerate(items):
+        kind = _kind(item)
+        text = None
+        if kind == "message":
+            text = _text(item.get("content"), f"input[{i}].content")
+        elif kind == "function_call_output":
+            text = _text(item.get("output"), f"input[{i}].output")
+        out.append(listed(item, kind, text))
+    return out
+
+
+def _chain(store: ResponseStore, response_id: str) -> list[dict]:
+    """What a response continued from `response_id` lists before its own input: that response's
+    listed input and its output items (an empty list if it was dropped meanwhile)."""
+    body = store.body(response_id)
+    return [*(store.input_items(response_id) or ()), *(body or {}).get("output", ())]
 
 
 def _check_output_call_id(item: dict, i: int, messages: list[dict]) -> None:
@@ -241,11 +267,14 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
                 "previous_response_id",
                 "previous_response_not_found",
             )
-    messages = _messages(req, history, store)
+    items = _resolved(_input(req), store)
+    messages = _messages(items, history)
     prepared = prepare_chat(to_chat(req, messages), llm)
     prepared.include_usage = False  # the usage travels in response.completed
     if req.store is not False:
         prepared.history = messages
+        earlier = _chain(store, req.previous_response_id) if req.previous_response_id is not None else []
+        prepared.input_items = [*earlier, *_listed_input(items)]
     prepared.request_fields = {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
@@ -292,15 +321,17 @@ class ResponseStore:
 
     def __init__(self, max_chars: int = 64 << 20):
         self.max_chars = max_chars
-        self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[list[dict], dict, list[dict], int]] = OrderedDict()
         self._owners: dict[str, str] = {}  # output item id -> the id of the response it is in
         self._chars = 0
         self._lock = threading.Lock()  # the event loop stores, the prep thread reads
 
-    def put(self, response_id: str, messages: list[dict], body: dict) -> None:
-        size = len(json.dumps(messages, ensure_ascii=False)) + len(json.dumps(body, ensure_ascii=False))
+    def put(self, response_id: str, messages: list[dict], body: dict, input_items: list[dict] | None = None) -> None:
+        """Keep a response: its conversation, its body and its listed input items."""
+        input_items = input_items or []
+        size = sum(len(json.dumps(x, ensure_ascii=False)) for x in (messages, body, input_items))
         with self._lock:
-            self._items[response_id] = (messages, body, size)
+            self._items[response_id] = (messages, body, input_items, size)
             self._owners |= {item["id"]: response_id for item in body.get("output", ()) if item.get("id")}
             self._chars += size
             while self._chars > self.max_chars and len(self._items) > 1:
@@ -311,7 +342,7 @@ class ResponseStore:
         item = self._items.pop(response_id, None)
         if item is None:
             return False
-        self._chars -= item[2]
+        self._chars -= item[3]
         for output in item[1].get("output", ()):
             if self._owners.get(output.get("id")) == response_id:
                 del self._owners[output["id"]]
@@ -331,6 +362,11 @@ class ResponseStore:
     def body(self, response_id: str) -> dict | None:
         item = self._get(response_id)
         return None if item is None else item[1]
+
+    def input_items(self, response_id: str) -> list[dict] | None:
+        """A response's input items as listed (the earlier turns' first, when it continued one)."""
+        item = self._get(response_id)
+        return None if item is None else item[2]
 
     def item(self, item_id: str) -> dict | None:
         """The output item with this id, of a response still kept (an item reference's target)."""
@@ -361,6 +397,7 @@ class ResponsesContext(ResponseContext):
 
     request_fields: dict = field(default_factory=dict)
     history: list[dict] | None = None  # the conversation so far, kept with the answer (None: store false)
+    input_items: list[dict] | None = None  # the input as GET .../input_items lists it, kept with the answer
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     sequence: int = 0
     opened: bool = False  # the message item (and its output_text part) was announced
@@ -449,6 +486,7 @@ class ResponsesDialect(Dialect):
             tools=prepared.tools,
             request_fields=prepared.request_fields,
             history=prepared.history,
+            input_items=prepared.input_items,
         )
 
     def body(self, ctx: ResponsesContext, output: RequestOutput | None, items: list[dict]) -> dict:
@@ -490,7 +528,7 @@ class ResponsesDialect(Dialect):
     def _remember(self, ctx: ResponsesContext, body: dict) -> dict:
         """Keep a finished response (unless sent with store: false); returns its body."""
         if ctx.history is not None:
-            self.store.put(ctx.id, [*ctx.history, _answer_message(body["output"])], body)
+            self.store.put(ctx.id, [*ctx.history, _answer_message(body["output"])], body, ctx.input_items)
         return body
 
     # -- streaming ----------------------------------------------------------------------------
