@@ -215,9 +215,27 @@ def _response_format(text: dict | None) -> dict | None:
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":
+        _check_json_schema_format(fmt)
         inner = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": inner}
     return fmt
+
+
+def _check_json_schema_format(fmt: dict) -> None:
+    """OpenAI requires a json_schema text format's `name` (a string) and `schema` (chat's
+    `response_format.json_schema` requires only the name: a missing schema there is any object,
+    which a Responses request without one was served as)."""
+    if not isinstance(fmt.get("name"), str):
+        missing = fmt.get("name") is None
+        raise bad_request(
+            "missing required parameter 'text.format.name'" if missing else "text.format.name must be a string",
+            "text.format.name",
+            "missing_required_parameter" if missing else "invalid_type",
+        )
+    if fmt.get("schema") is None:
+        raise bad_request(
+            "missing required parameter 'text.format.schema'", "text.format.schema", "missing_required_parameter"
+        )
 
 
 def to_chat(req: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
