@@ -43,6 +43,7 @@ from ..engine.tokenizer import warm
 from . import faults
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .errors import APIError, engine_error, parse_body
+from .fingerprint import system_fingerprint
 from .input_items import page
 from .logprobs import TokenNamer
 from .metrics import OWNED, CountResponses, Metrics
@@ -227,6 +228,7 @@ class Server:
         self.jobs: set[Job] = set()  # submitted and not yet answered (told "shutdown" on stop)
         self.prep = ThreadPoolExecutor(1, thread_name_prefix="specserve-prep")
         self.namer = TokenNamer(llm.tokenizer)
+        self.fingerprint = system_fingerprint(llm)  # every answer's system_fingerprint
         self.started = time.time()
         self.max_body_bytes = options.max_body_bytes or default_max_body_bytes(llm.max_context)
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once started
@@ -347,6 +349,7 @@ class Server:
             raise
         watcher = asyncio.create_task(self._watch_disconnect(request, job))
         ctx = dialect.context(self.model_name, self.namer, prepared)
+        ctx.fingerprint = self.fingerprint
         if prepared.stream:
             return await self._start_stream(dialect, ctx, job, watcher, t0)
         return await self._complete(dialect, ctx, job, watcher, t0)

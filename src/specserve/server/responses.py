@@ -78,6 +78,7 @@ class ResponseContext:
     tools: ToolSetup | None = None  # parse <tool_call> blocks out of the output
     n: int = 1
     splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
+    fingerprint: str | None = None  # system_fingerprint: the server's configuration (server/fingerprint.py)
 
     def splitter(self, index: int) -> ToolStreamSplitter:
         return self.splitters.setdefault(index, ToolStreamSplitter(self.tools.names if self.tools else ()))
@@ -142,7 +143,7 @@ class Dialect:
             "object": self.chunk_object,
             "created": ctx.created,
             "model": ctx.model,
-            "system_fingerprint": None,
+            "system_fingerprint": ctx.fingerprint,
             "choices": choices,
         }
         if ctx.include_usage:
@@ -243,7 +244,7 @@ class ChatDialect(Dialect):
             "object": "chat.completion",
             "created": ctx.created,
             "model": ctx.model,
-            "system_fingerprint": None,
+            "system_fingerprint": ctx.fingerprint,
             "choices": [self._choice(ctx, i, o) for i, o in enumerate(outputs)],
             "usage": usage(outputs, ctx.n),
             "speculation": speculation(outputs),
@@ -343,7 +344,7 @@ class CompletionDialect(Dialect):
             "object": "text_completion",
             "created": ctx.created,
             "model": ctx.model,
-            "system_fingerprint": None,
+            "system_fingerprint": ctx.fingerprint,
             "choices": choices,
             "usage": usage(outputs, ctx.n, ctx.scores_only),
             "speculation": speculation(outputs),
