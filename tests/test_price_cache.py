@@ -183,3 +183,33 @@ def test_the_folder_keeps_the_most_recently_used_setups(home, monkeypatch):
         if key == "b":
             assert prices.load("a") == model  # "a" read after "b" was saved: used more lately than "b"
     assert sorted(p.stem for p in prices.cache_dir().glob("*.json")) == ["a", "c", "d"]
+
+
+def test_a_link_planted_at_the_temp_name_is_not_followed(home):
+    """Prices were written through `<key>.json.tmp<pid>`, a name anyone could guess, opened
+    without O_EXCL: a symbolic link planted there made the write land in the file it pointed
+    at. The temp file is now created exclusively under a random name, then renamed."""
+    backend = FakeGGUFBackend(home)
+    key = prices.cache_key(backend, None, True)
+    folder = prices.cache_dir()
+    folder.mkdir(parents=True)
+    victim = home.parent / "victim.txt"
+    victim.write_text("keep me")
+    (folder / f"{key}.json.tmp{os.getpid()}").symlink_to(victim)
+    first, n = calibrations(backend)
+    assert n == 1 and victim.read_text() == "keep me"
+    assert calibrations(backend) == (first, 0)  # written where it belongs
+    assert [p.name for p in folder.iterdir() if not p.is_symlink()] == [f"{key}.json"]  # no temp file left
+
+
+def test_a_failed_price_write_leaves_no_temp_file(home, monkeypatch):
+    """A write that fails after its temp file is made (the rename refused) removes the temp
+    file: none piles up in the folder."""
+    backend = FakeGGUFBackend(home)
+
+    def refused(*args, **kwargs):
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refused)
+    assert calibrations(backend)[1] == 1
+    assert list(prices.cache_dir().iterdir()) == []

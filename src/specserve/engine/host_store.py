@@ -36,11 +36,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 
 from ..backends.base import SavedSequence
+from .atomic import write_atomic
 from .host_cache import Saved
 from .prices import backend_key
 
@@ -77,20 +77,6 @@ def store_key(target, draft=None) -> str | None:
 
 def _file_name(tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24] + ".kv"
-
-
-def _write_atomic(path: Path, chunks: list) -> None:
-    """Write `path` whole or not at all: through a temp file created exclusively under a random
-    name (a link planted at a guessable name is never followed), then renamed over it."""
-    fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(name)
-    try:
-        with open(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _digest(chunks) -> str:
@@ -179,9 +165,9 @@ class HostStore:
                 header |= {"draft_tokens": e.draft[1], "draft_length": e.draft[0].length, "draft_size": e.draft[0].size}
                 chunks.append(memoryview(e.draft[0].data).cast("B"))
             header["sha256"] = _digest(chunks)
-            _write_atomic(self.folder / name, [MAGIC, json.dumps(header).encode() + b"\n", *chunks])
+            write_atomic(self.folder / name, [MAGIC, json.dumps(header).encode() + b"\n", *chunks])
             self._good.add(name)
-        _write_atomic(self.folder / INDEX, [json.dumps({"entries": names}).encode()])
+        write_atomic(self.folder / INDEX, [json.dumps({"entries": names}).encode()])
         for stale in self.folder.glob("*.kv"):
             if stale.name not in names:
                 stale.unlink(missing_ok=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import hardware
 from ..config import AGREEMENT_TEXT
+from .atomic import write_atomic
 from .governor import CALIBRATION_SIZES, CostModel, curve_problem
 
 CACHE_VERSION = 6  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;
@@ -143,9 +144,8 @@ def save(key: str, prices: CostModel) -> None:
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"{key}.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(asdict(prices)), encoding="utf-8")  # every field: none can be left out
-        tmp.replace(folder / f"{key}.json")  # atomic: a concurrent reader sees the old file or the new
+        # every field (none can be left out), atomically: a concurrent reader sees the old file or the new
+        write_atomic(folder / f"{key}.json", [json.dumps(asdict(prices)).encode()])
         _prune(folder)
     except OSError:
         pass  # a read-only home only costs the next process a calibration

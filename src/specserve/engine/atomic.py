@@ -1,0 +1,27 @@
+"""Writing a cache file whole or not at all, safely in a folder others can write to.
+
+The host cache and the price cache both write through a temporary file and rename it over the
+real one, so a crash or a concurrent reader sees the old file or the new one. The temporary
+file is made by mkstemp: a random name, created with O_EXCL, so a symbolic link planted at a
+guessable name is never followed and two writers of one file never share a temporary file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, chunks: list[bytes]) -> None:
+    """Write `chunks` to `path` through a temp file in the same folder, then rename it over
+    `path`; on any failure the temp file is removed and the error raised."""
+    fd, name = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with open(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
