@@ -81,7 +81,7 @@ def check(llm, prompt, params, prediction, method):
             assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-4)
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
     p = out.stats.by_source["prediction"]
-    assert 0 <= p.accepted <= len(out.token_ids) and p.accepted + p.rejected == p.proposed
+    assert 0 <= p.accepted <= out.stats.output_tokens and p.accepted + p.rejected == p.proposed
     return out
 
 

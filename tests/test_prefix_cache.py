@@ -252,10 +252,11 @@ def test_an_answer_ending_on_a_recovered_token_caches_no_rejected_draft(pair):
     wrong = next(t for t in range(10, 100) if t != plain[m])
     stop = SamplingParams(max_tokens=24, stop=(warm.tokenizer.decode([plain[m]]),))
     out1 = warm.generate(turn1, stop, prediction=plain[:m] + [wrong] + plain[m + 1 :], speculation="prediction")
-    assert out1.token_ids == plain[: m + 1] and out1.finish_reason == "stop"
-    last = out1.steps[-1]  # the answer's last token replaced the draft's wrong token
+    # the answer's last token (the stop string's, left out of token_ids) replaced the draft's wrong token
+    assert out1.token_ids == plain[:m] and out1.stats.output_tokens == m + 1 and out1.finish_reason == "stop"
+    last = out1.steps[-1]
     assert last["source"] == "prediction" and last["accepted"] < last["proposed"]
-    turn2 = turn1 + out1.token_ids + warm.encode("\nAnd a follow-up question:")
+    turn2 = turn1 + plain[: m + 1] + warm.encode("\nAnd a follow-up question:")
     scored = SamplingParams(max_tokens=8, logprobs=3)
     out2, expected = warm.generate(turn2, scored), cold.generate(turn2, scored)
     same(out2, expected)

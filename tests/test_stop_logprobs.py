@@ -106,3 +106,22 @@ def test_chat_lists_only_the_tokens_of_the_returned_text():
             assert [e["token"] for e in answer["logprobs"]["content"]] == texts[:kept], (stop, texts)
             chunks = _chunks(client.post("/v1/chat/completions", json={**body, "stop": stop, "stream": True}))
             assert _chat_tokens(chunks) == texts[:kept]
+
+
+def test_token_ids_and_logprobs_list_the_same_tokens_plain_and_speculative():
+    """token_ids kept the tokens of the cut-off stop string while logprobs dropped them (found
+    reading RequestOutput: logprobs were cut to kept_tokens, token_ids and token_sources not).
+    All three now list the tokens of the returned text, with or without speculation."""
+    tok = tiny_tokenizer()
+    base = llm().generate(PROMPT, params())
+    texts = [tok.decode([t]) for t in base.token_ids]
+    predicted = {"prediction": base.text, "speculation": "prediction"}
+    ways = {"plain": {}, "ngram": {"speculation": "ngram"}, "prediction": predicted}
+    for stop, kept in stop_cases(texts):
+        for way, kw in ways.items():
+            out = llm().generate(PROMPT, params(stop=(stop,)), **kw)
+            assert out.finish_reason == "stop" and len(out.token_ids) == len(out.logprobs), (way, stop)
+            assert out.token_ids == [lp.token_id for lp in out.logprobs] == base.token_ids[:kept], (way, stop)
+            assert len(out.token_sources) == kept and tok.decode(out.token_ids).startswith(out.text)
+            if way == "prediction":
+                assert out.stats.accepted > 0  # the stop was reached inside accepted draft tokens

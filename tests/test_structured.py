@@ -343,7 +343,7 @@ def _odd_prediction_mismatches(llm, schemas) -> list:
                 s = out.stats.by_source["prediction"]
                 if (out.token_ids, out.text, out.finish_reason) != (plain.token_ids, plain.text, plain.finish_reason):
                     bad.append((i, max_tokens, stop, j))
-                assert s.accepted <= len(out.token_ids) and s.accepted + s.rejected == s.proposed
+                assert s.accepted <= out.stats.output_tokens and s.accepted + s.rejected == s.proposed
     return bad
 
 

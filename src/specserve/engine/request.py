@@ -311,14 +311,15 @@ class Request:
         if event.finish_reason is not None:
             self.stats.output_tokens = len(self.builder.token_ids)
             self.stats.total_time = time.perf_counter() - self.t0
+            kept = self.builder.kept_tokens  # the tokens of the returned text: a cut stop string's are not listed
             self.output = RequestOutput(
                 self.prompt_ids,
-                self.builder.token_ids,
+                self.builder.token_ids[:kept],
                 self.builder.text,
                 self.builder.finish_reason,
                 self.stats,
-                self.sources,
-                None if self.logprobs is None else self.logprobs[: self.builder.kept_tokens],
+                self.sources[:kept],
+                None if self.logprobs is None else self.logprobs[:kept],
                 self.timeline,
                 self.prompt_logprobs,
             )
