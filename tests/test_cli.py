@@ -103,6 +103,8 @@ def test_text_that_is_not_utf8_is_refused_in_one_line(tmp_path, how):
         (["--prediction", "/nonexistent/file.py"], "cannot read prediction file"),
         (["--max-tokens", "0"], "max_tokens must be at least 1"),
         (["--temperature", "-1"], "temperature must be in"),
+        (["--seed", str(2**64)], f"seed must be in [{-(2**63)}, {2**63 - 1}]"),  # ran as seed 0, silently
+        (["--seed", str(-(2**63) - 1)], "seed must be in"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--speculation", "draft"], "needs a draft model"),
         (["--max-context", "10"], "max_context must be at least 256 tokens, got 10"),

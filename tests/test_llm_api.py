@@ -71,6 +71,8 @@ def test_a_prompt_of_another_shape_is_refused_by_name(prompt, words):
         ({"logit_bias": {5: "x"}}, "logit_bias must map token ids to numbers"),
         ({"logit_bias": {1.5: 1}}, "logit_bias must map token ids to numbers"),
         ({"ignore_eos": "false"}, "ignore_eos must be True or False"),
+        ({"seed": 2**64}, r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),  # sampled as seed 0
+        ({"seed": -(2**63) - 1}, "seed must be in"),
     ],
 )
 def test_sampling_params_of_a_wrong_shape_say_which(kw, words):
@@ -82,6 +84,10 @@ def test_sampling_params_still_take_openais_string_ids_and_pairs():
     assert SamplingParams(logit_bias={"5": 2}).logit_bias == ((5, 2.0),)
     assert SamplingParams(logit_bias=[(7, -1), (3, 1)]).logit_bias == ((3, 1.0), (7, -1.0))
     assert SamplingParams(stop=None).stop == () and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+
+
+def test_the_ends_of_the_64_bit_seed_range_are_taken():
+    assert (SamplingParams(seed=2**63 - 1).seed, SamplingParams(seed=-(2**63)).seed) == (2**63 - 1, -(2**63))
 
 
 def test_top_k_minus_one_is_vllms_off():

@@ -147,6 +147,24 @@ def test_limits_allow_what_openai_allows(server):
     assert _post(server, "chat/completions", json=ok).status_code == 200
 
 
+SEED_BODIES = {  # endpoint -> a body without its seed
+    "chat/completions": {**OK_CHAT, "temperature": 1.0},
+    "completions": {"model": MODEL, "prompt": "x", "max_tokens": 4, "temperature": 1.0},
+    "responses": {"model": MODEL, "input": "x", "max_output_tokens": 16, "temperature": 1.0},
+}
+
+
+@pytest.mark.parametrize("path", SEED_BODIES)
+def test_a_seed_outside_64_bits_is_a_400_and_its_ends_are_served(server, path):
+    """The engine honours a seed as 64 bits (it keys its random numbers with seed mod 2**64), so
+    a larger one would silently sample as another seed: the signed 64-bit range OpenAI documents
+    is served and anything outside it is a 400 naming `seed`."""
+    for seed in (2**63, -(2**63) - 1, 2**64, 10**30):
+        _assert_openai_error(_post(server, path, json={**SEED_BODIES[path], "seed": seed}), 400, "seed")
+    for seed in (2**63 - 1, -(2**63)):
+        assert _post(server, path, json={**SEED_BODIES[path], "seed": seed}).status_code == 200
+
+
 # -- OpenAPI --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "path,model",

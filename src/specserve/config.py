@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 METHODS = ("auto", "none", "prediction", "ngram", "draft")
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # seeds: a signed 64-bit integer, as OpenAI documents
 
 
 def is_integer(value) -> bool:
@@ -60,6 +61,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
         if not 0.0 <= self.top_p <= 1.0:  # 0 (OpenAI accepts it): only the most probable token is kept
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+        # The engine keys its random numbers with the seed's 64 bits (engine/sampling.py's Noise):
+        # a larger seed sampled as another one (2**64 as 0). The server's range, OpenAI's int64.
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be in [{SEED_MIN}, {SEED_MAX}] (a 64-bit integer), got {self.seed}")
         if self.top_k == -1:  # vLLM's "off" (its default), as the server takes it
             object.__setattr__(self, "top_k", 0)
         if self.top_k < 0:

@@ -59,7 +59,7 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="fixes sampling at temperature > 0 (a signed 64-bit integer)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + stats) instead of streaming")
     p.add_argument("--html", metavar="FILE", help="write a visual acceptance report")

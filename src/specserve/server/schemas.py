@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ..config import is_integer
+from ..config import SEED_MAX, SEED_MIN, is_integer
 
 # OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
 # "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
@@ -96,7 +96,7 @@ class _Common(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)  # 0: the most probable token only
     top_k: Int | None = Field(None, ge=-1)  # extension (extra_body); -1 or 0 = off
-    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # OpenAI: a 64-bit integer
+    seed: Int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # OpenAI: a 64-bit integer
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -222,7 +222,7 @@ class ResponsesRequest(_Strict):
     # extensions (extra_body), as on chat completions
     prediction: Prediction | None = None
     speculation: SpeculationRequest | str | None = None
-    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    seed: Int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     top_k: Int | None = Field(None, ge=-1)
 
 
