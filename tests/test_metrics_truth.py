@@ -179,3 +179,36 @@ def _answer(client, body: dict, stream: bool):
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     return chunks[-1]["usage"], chunks[-1]["speculation"]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_prefix_cache_savings_agree_in_metrics_health_and_a_count_by_hand(client, monkeypatch, n):
+    """Prompt tokens reused from the prefix cache, counted by hand: an answer's prompt counts once
+    (as usage and specserve_prompt_tokens_total count it), so it reused the prompt tokens that
+    enter the cache (all but the last) less those the target computed for it, over all its
+    choices. With n = 3 /health's tokens_saved also counted the prefill that choices 1 and 2 copy
+    from choice 0: a cold prompt saved 2 prefills there (a hit rate near 200% against the prompt
+    tokens) while the cached-tokens counter and usage said 0."""
+    from specserve.engine.request import Request
+
+    fed: dict[int, int] = {}
+    prefilled = Request.prefilled
+
+    def counting(req, k, logits=None):
+        fed[req.id] = fed.get(req.id, 0) + k
+        return prefilled(req, k, logits)
+
+    monkeypatch.setattr(Request, "prefilled", counting)
+    names = ("specserve_prompt_tokens_cached_total", "specserve_prefix_cache_hit_requests_total")
+    follow_up = {**CHAT, "messages": [*CHAT["messages"], {"role": "user", "content": "And the tests?"}]}
+    by_hand = hits = 0
+    for asked, ask in enumerate((CHAT, CHAT, follow_up), 1):
+        fed.clear()
+        usage = _post(client, {**ask, "n": n}, stream=False)
+        reused = usage["prompt_tokens"] - 1 - sum(fed.values())
+        assert usage["prompt_tokens_details"]["cached_tokens"] == reused
+        by_hand, hits = by_hand + reused, hits + (reused > 0)
+        health = client.get("/health").json()["prefix_cache"]
+        assert _series(client, *names) == dict(zip(names, (by_hand, hits), strict=True))
+        assert (health["tokens_saved"], health["hits"], health["lookups"]) == (by_hand, hits, asked)
+    assert hits == 2  # the same prompt again and the follow-up start from cached prefixes

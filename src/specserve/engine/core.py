@@ -541,9 +541,11 @@ class EngineCore:
     def _reused(self, req: Request, hit: Hit | None) -> None:
         """Book an admitted request's reuse; an entry it copied entirely (a conversation's next
         turn) or as its sibling (prefix_cache.py), or one whose cells are needed, goes: the
-        request holds the shared cells now, and the entry's other cells would only tax it."""
+        request holds the shared cells now, and the entry's other cells would only tax it. A later
+        choice of an n > 1 answer is not booked: usage counts an answer's prompt once."""
         p, s = self.prefix, self.scheduler
-        p.record(req.cached)
+        if req.counts_reuse:
+            p.record(req.cached)
         p.track(req.seq, req.tokens, req.cached, parent=hit.seq if hit else None)
         if hit is not None and hit.entry and (hit.whole or hit.sibling or s.reserved + p.cells > s.cache_tokens):
             p.release(hit.seq, spill=not (hit.whole or hit.sibling))  # cells needed: save the rest

@@ -82,6 +82,9 @@ class Request:
         self.seq: int | None = None  # the target cache sequence, once admitted
         self.cached = 0  # prompt tokens in the target cache (prefill progress)
         self.above_others = False  # admitted while other sequences held cells: its own may sit above theirs
+        # False for choices 1..n-1 of one answer (the server's n): they copy choice 0's prefill, and
+        # their reuse is not prefix-cache savings of their own (/health counts as usage does)
+        self.counts_reuse = True
         self.chain: list[Proposer] = []
         self.governor: Governor | None = None
         self.error: Exception | None = None  # set when the request failed

@@ -176,6 +176,8 @@ class Job:
             for prompt_ids in p.prompts  # choice index: prompt * n + choice
             for params in choice_params(p.params, p.n)
         ]
+        for later in (r for i, r in enumerate(self.requests) if i % p.n):  # they copy choice 0's prefill
+            later.counts_reuse = False
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an item to the event loop; safe from any thread."""
