@@ -186,3 +186,52 @@ def test_an_empty_prediction_is_served_as_none_with_no_prediction_tokens(client,
     details = usage.get("completion_tokens_details") or usage["output_tokens_details"]
     assert (details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]) == (0, 0)
     assert "prediction" not in r["speculation"]["by_source"]
+
+
+@pytest.fixture(scope="module")
+def drafted():
+    """A server with a draft model, so that every method can be asked for."""
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), tiny_model(seed=1), speculation="auto")
+    with TestClient(create_app(steady_prices(llm)[0], "tiny")) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize("method", ["ngram", "draft", "none"])
+def test_a_prediction_under_another_method_is_unused_and_counted_as_such(drafted, path, method):
+    """A prediction drafts only under `auto` and `prediction` (docs/server.md): under ngram, draft
+    or none it is not used, and usage says so honestly, 0 accepted and 0 rejected, on every
+    endpoint, streamed too, with n > 1; the text is that method's without a prediction. The
+    prediction here is the answer itself, which `prediction` takes whole (checked first)."""
+    plain = drafted.post(path, json={**BODIES[path], "speculation": "none"}).json()
+    prediction = pred(_answer(plain)[0])
+    used = drafted.post(path, json={**BODIES[path], "prediction": prediction, "speculation": "prediction"}).json()
+    assert _details(used)[0] > 0  # the same prediction is taken when asked for
+    for extra in ({}, {"n": 2}, {"stream": True, "stream_options": {"include_usage": True}}):
+        if path == "/v1/responses" and extra:
+            continue  # no n; a stream's usage is checked on chat and completions
+        body = {**BODIES[path], "speculation": method, **extra}
+        without = _final(drafted.post(path, json=body))
+        r = _final(drafted.post(path, json={**body, "prediction": prediction}))
+        assert _details(r) == (0, 0), (method, extra)
+        specs = r["speculation"] if isinstance(r["speculation"], list) else [r["speculation"]]
+        assert all("prediction" not in s["by_source"] for s in specs)
+        assert _answer(r) == _answer(without)
+
+
+def _details(body: dict) -> tuple[int, int]:
+    """Accepted / rejected prediction tokens of an answer's usage (chat, completions, Responses)."""
+    usage = body["usage"]
+    details = usage.get("completion_tokens_details") or usage["output_tokens_details"]
+    return details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]
+
+
+def _final(r) -> dict:
+    """The answer's body, or a stream's usage chunk with its text put together."""
+    assert r.status_code == 200, r.text
+    if not r.headers["content-type"].startswith("text/event-stream"):
+        return r.json()
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    firsts = [c["choices"][0] for c in chunks if c["choices"]]
+    text = "".join(c.get("text") or c.get("delta", {}).get("content") or "" for c in firsts)
+    return {**chunks[-1], "choices": [{"text": text}]}
