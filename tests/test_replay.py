@@ -412,3 +412,13 @@ def test_input_files_are_read_byte_for_byte(tmp_path):
     path = tmp_path / "before.py"
     path.write_bytes(b"a = 1\r\nb = 2\r\n")
     assert read_input(path, "--prediction") == "a = 1\r\nb = 2\r\n"
+
+
+def test_cli_replay_offers_no_draft_method(tokenizer, tmp_path, capsys):
+    """replay loads only a tokenizer and has no --draft-model, yet its --method listed `draft`; chosen, it
+    failed with "load one with draft_model=...", an argument of the Python API the command does not take."""
+    (tmp_path / "before.py").write_text(BEFORE)
+    files = ["--prediction", str(tmp_path / "before.py"), "--output", str(tmp_path / "before.py")]
+    assert main(["replay", *files, "--model", tokenizer.folder, "--method", "draft"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'draft'" in err and "draft_model" not in err and len(err.splitlines()) == 1, err

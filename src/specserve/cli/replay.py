@@ -15,6 +15,8 @@ from pathlib import Path
 from ..bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
 from ..config import BACKENDS, METHODS, ONE_REQUEST, LoadOptions, SpeculationConfig
 
+REPLAY_METHODS = [m for m in METHODS if m != "draft"]  # only a tokenizer is loaded: nothing could draft
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -38,7 +40,12 @@ def add_parser(subparsers) -> None:
         help="a prompt the target reads first (e.g. the request with the file in "
         "it): what --method auto drafts from without a prediction",
     )
-    p.add_argument("--method", default="prediction", choices=METHODS, help="speculation method (default prediction)")
+    p.add_argument(
+        "--method",
+        default="prediction",
+        choices=REPLAY_METHODS,
+        help="speculation method (default prediction; no draft: replay loads no draft model)",
+    )
     curve = ",".join(f"{n}:{c:g}" for n, c in LLAMACPP_2CORE_CURVE)
     p.add_argument(
         "--curve",
