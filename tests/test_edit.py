@@ -518,6 +518,18 @@ def test_a_file_that_is_not_utf8_is_refused_in_one_line(server, tmp_path, capsys
     assert path.read_bytes() == b"caf\xe9 = 1\n"
 
 
+@pytest.mark.parametrize("name, reason", [("missing.py", "no such file"), (".", "it is a folder")])
+def test_a_file_that_cannot_be_read_is_named_in_plain_words(server, tmp_path, capsys, name, reason):
+    """A missing FILE (a typo) was "specserve: error: [Errno 2] No such file or directory: '...'",
+    Python's OSError text, and a folder "[Errno 21] Is a directory"; now the same words as the
+    other commands' input files use, before the server is asked."""
+    path = tmp_path / name
+    assert edit_cli(server, path, "--dry-run") == 2
+    err = capsys.readouterr().err
+    assert err == f"specserve: error: cannot read {path}: {reason}\n", err
+    assert server.requests == []
+
+
 def test_a_file_with_a_nul_byte_is_refused_as_binary_in_one_line(server, tmp_path, capsys):
     """A NUL byte is valid UTF-8, so a binary file that happened to decode (or a text file with a
     NUL in it) was sent to the model, and its answer, which cannot hold the NULs, would have been
