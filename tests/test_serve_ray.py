@@ -115,6 +115,18 @@ def test_builder_args_convert_numbers_only_where_the_field_is_a_number():
     assert scale == ScaleConfig(replicas=3, target_ongoing_requests=1.5)
 
 
+def test_a_config_files_replica_cpus_are_its_threads_as_with_the_flag():
+    """`specserve serve --ray --replica-cpus 4` runs 4 threads per replica, but build_app (`serve run`,
+    docs/deploy.md's serve.yaml with `replica_cpus: 4`) reserved 4 CPUs and ran 1 thread on them."""
+    from specserve.server.ray_serve import builder_configs
+
+    replica, scale = builder_configs({"model": "m", "replica_cpus": "4"})
+    assert (replica.threads, scale.replica_cpus) == (4, 4.0)
+    assert builder_configs({"replica_cpus": "4", "threads": "2"})[0].threads == 2  # given: kept
+    assert builder_configs({"replica_cpus": "0.5"})[0].threads == 1
+    assert builder_configs({})[0].threads == 1
+
+
 def test_every_engine_flag_reaches_the_replicas():
     """--max-context, --max-num-seqs, --kv-cache-tokens, ... were dropped silently with --ray."""
     from specserve.cli.generate import engine_limits

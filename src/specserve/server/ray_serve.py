@@ -36,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -499,9 +499,17 @@ def build_app(args: dict) -> Any:
 
     Every ReplicaConfig and ScaleConfig field can be given as `key=value` (strings are converted).
     """
-    return deployment(
-        config_from_args(ReplicaConfig, args), config_from_args(ScaleConfig, args), args.get("app_name", APP_NAME)
-    )
+    return deployment(*builder_configs(args), args.get("app_name", APP_NAME))
+
+
+def builder_configs(args: dict) -> tuple[ReplicaConfig, ScaleConfig]:
+    """The builder's two configs. Without `threads`, a replica runs one thread per CPU it reserves,
+    as `specserve serve --ray` does (a config file's `replica_cpus: 4` ran 1 thread on 4 CPUs)."""
+    scale = config_from_args(ScaleConfig, args)
+    replica = config_from_args(ReplicaConfig, args)
+    if args.get("threads") in (None, ""):
+        replica = replace(replica, threads=max(1, int(scale.replica_cpus)))
+    return replica, scale
 
 
 def config_from_args(cls, args: dict):
