@@ -182,3 +182,12 @@ def test_backend_and_dtype_mismatches_are_clear(tmp_path, smol_gguf):
         LLM(model=str(smol_gguf), backend="llama.cpp", dtype="float32")
     with pytest.raises(ValueError, match="unknown backend"):
         LLM(model=str(smol_gguf), backend="vllm")
+
+
+def test_exact_on_the_transformers_backend_is_refused(tmp_path):
+    """`--exact` (exact=True) names llama.cpp's batch-invariant kernels; on transformers it was
+    dropped without a word, so `--backend transformers --exact` ran bf16 with none of the
+    exactness asked for, where --dtype on llama.cpp and --gpu-layers on transformers are refused."""
+    folder = save_tiny(tmp_path / "hf")
+    with pytest.raises(ModelLoadError, match="--exact applies to the llama.cpp backend only; .*--dtype float32"):
+        LLM(model=folder, draft_model="none", exact=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import AutoTokenizer  # modeling (4 s to import) only when a model runs on torch
@@ -65,7 +65,8 @@ def torch_dtype(name: str) -> torch.dtype:
 def choose_backend(source, options: LoadOptions) -> str:
     """The backend that will run `source` (a packs.ModelSource), or a clear error."""
     if options.backend == "auto":
-        return "llama.cpp" if source.gguf_file and options.dtype is None else "transformers"
+        chosen = "llama.cpp" if source.gguf_file and options.dtype is None else "transformers"
+        return choose_backend(source, replace(options, backend=chosen))
     if options.backend == "llama.cpp":
         if not source.gguf_file:
             raise ModelLoadError(
@@ -78,6 +79,8 @@ def choose_backend(source, options: LoadOptions) -> str:
             )
     if options.backend == "transformers" and options.gpu_layers is not None:
         raise ModelLoadError("--gpu-layers applies to the llama.cpp backend only; transformers takes --device")
+    if options.backend == "transformers" and options.exact:  # ignored, it ran without the exactness asked for
+        raise ModelLoadError("--exact applies to the llama.cpp backend only; on transformers, --dtype float32 is exact")
     return options.backend
 
 
