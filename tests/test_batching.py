@@ -26,7 +26,7 @@ from test_lossless import (
     p_values,
     target_table,
 )
-from tiny import tiny_model, tiny_tokenizer
+from tiny import steady_prices, tiny_model, tiny_tokenizer
 from tiny_gguf import write_tiny_gguf
 
 import specserve.engine.verify as verify
@@ -43,20 +43,23 @@ LONG_PROMPT = "class UserController:\n    def get_user(self, user_id):\n        
 
 @pytest.fixture(scope="module", params=["transformers", "llama.cpp"])
 def llm(request, tmp_path_factory):
-    """A tiny target with a different-seed draft model, batching up to 4 requests."""
+    """A tiny target with a different-seed draft model, batching up to 4 requests. Its prices
+    are pinned (`steady_prices`): the prefill allowance comes from them, and a tiny model timed
+    on a busy machine can look so cheap per token that a long prompt joins a batch in one go."""
     tok = tiny_tokenizer()
     if request.param == "llama.cpp":
         folder = tmp_path_factory.mktemp("gguf")
         target, draft = write_tiny_gguf(folder / "t.gguf", 0), write_tiny_gguf(folder / "d.gguf", 1)
         make = lambda p: LlamaCppBackend(p, max_sequences=LIMITS.max_num_seqs + 1, batch_invariant=True)  # noqa: E731
-        return LLM.from_backends(make(target), tok, make(draft), name="tiny", limits=LIMITS)
-    return LLM.from_backends(
+        return steady_prices(LLM.from_backends(make(target), tok, make(draft), name="tiny", limits=LIMITS))[0]
+    transformers = LLM.from_backends(
         TransformersBackend(tiny_model("qwen2", 0)),
         tok,
         TransformersBackend(tiny_model("qwen2", 1)),
         name="tiny",
         limits=LIMITS,
     )
+    return steady_prices(transformers)[0]
 
 
 def mix(llm) -> list[dict]:
