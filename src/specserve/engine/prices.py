@@ -45,12 +45,21 @@ CACHE_VERSION = 6  # 2: the sequence count left the llama.cpp key; 3: the draft 
 KEEP_FILES = 64  # setups whose prices stay on disk, the most recently used
 
 
-def _file_key(path: Path) -> dict | None:
+def file_key(path: Path) -> dict | None:
+    """Which file this is, as far as outputs and prices go: its path, size and modification time."""
     try:
         st = path.stat()
     except OSError:
         return None
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def weight_files(model) -> list[Path]:
+    """The safetensors files a Hugging Face model was loaded from; [] for one built in memory or
+    named by a hub id (an empty `name_or_path` is not the working folder)."""
+    name = getattr(model, "name_or_path", "") or ""
+    folder = Path(name)
+    return sorted(folder.glob("*.safetensors")) if name and folder.is_dir() else []
 
 
 def backend_key(backend) -> dict | None:
@@ -60,7 +69,7 @@ def backend_key(backend) -> dict | None:
     name = getattr(backend, "name", type(backend).__name__)
     path = getattr(backend, "path", None)
     if path is not None:  # llama.cpp: one GGUF file
-        model = _file_key(Path(path))
+        model = file_key(Path(path))
         if model is None:
             return None
         return {
@@ -72,16 +81,14 @@ def backend_key(backend) -> dict | None:
             "context": getattr(backend, "max_context", None),
             "cache_tokens": getattr(backend, "cache_tokens", None),
         }
-    model = getattr(backend, "model", None)
-    folder = Path(getattr(model, "name_or_path", "") or "")
-    weights = sorted(folder.glob("*.safetensors")) if str(folder) and folder.is_dir() else []
+    weights = weight_files(getattr(backend, "model", None))
     if not weights:  # built in memory (tests) or a hub id: nothing on disk says what it is
         return None
     import torch
 
     return {
         "backend": name,
-        "model": [_file_key(w) for w in weights],
+        "model": [file_key(w) for w in weights],
         "dtype": str(getattr(backend, "dtype", "")),
         "device": str(getattr(backend, "device", "")),
         "threads": torch.get_num_threads(),

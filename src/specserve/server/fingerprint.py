@@ -16,27 +16,19 @@ import json
 from pathlib import Path
 
 from .. import __version__
+from ..engine.prices import file_key, weight_files
 
 NUMERICS = ("batch_invariant", "on_gpu", "flash_attention", "dtype")  # backend attributes, where it has them
-
-
-def _file(path: Path) -> dict | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def _model(backend) -> object:
     """What says which weights a backend holds."""
     if getattr(backend, "path", None) is not None:  # llama.cpp: one GGUF
-        return _file(Path(backend.path))
+        return file_key(Path(backend.path))
     model = getattr(backend, "model", None)
-    folder = Path(getattr(model, "name_or_path", "") or "")
-    weights = sorted(folder.glob("*.safetensors")) if str(folder) not in ("", ".") and folder.is_dir() else []
+    weights = weight_files(model)
     if weights:
-        return [_file(w) for w in weights]
+        return [file_key(w) for w in weights]
     config = getattr(model, "config", None)  # built in memory: nothing on disk names it
     return config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else type(model).__name__
 
