@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -35,6 +33,7 @@ from pydantic import ValidationError
 from ..engine.stats import RequestOutput, TokenLogprob
 from .errors import APIError, bad_request, unsupported
 from .input_items import listed
+from .lru_store import LruStore, json_size
 from .protocol import Prepared, prepare_chat
 from .responses import ChatDialect, Dialect, ResponseContext
 from .schemas import ChatCompletionRequest, ResponsesRequest
@@ -334,68 +333,52 @@ def responses_message(text: str) -> str:
 # -- what is kept -------------------------------------------------------------------------------
 class ResponseStore:
     """Finished responses in memory: each one's conversation (chat messages, its answer last)
-    and its body, dropped least recently used first beyond `max_chars` of JSON; its output
-    items can be found by their ids (`item`) while it is kept."""
+    and its body, dropped least recently used first beyond `max_chars` of JSON (lru_store.py);
+    its output items can be found by their ids (`item`) while it is kept."""
 
     def __init__(self, max_chars: int = 64 << 20):
-        self.max_chars = max_chars
-        self._items: OrderedDict[str, tuple[list[dict], dict, list[dict], int]] = OrderedDict()
         self._owners: dict[str, str] = {}  # output item id -> the id of the response it is in
-        self._chars = 0
-        self._lock = threading.Lock()  # the event loop stores, the prep thread reads
+        self._kept = LruStore(max_chars, self._forget_items)
+
+    @property
+    def max_chars(self) -> int:
+        return self._kept.max_size
 
     def put(self, response_id: str, messages: list[dict], body: dict, input_items: list[dict] | None = None) -> None:
         """Keep a response: its conversation, its body and its listed input items."""
         input_items = input_items or []
-        size = sum(len(json.dumps(x, ensure_ascii=False)) for x in (messages, body, input_items))
-        with self._lock:
-            self._items[response_id] = (messages, body, input_items, size)
+        with self._kept.lock:
+            self._kept.put(response_id, (messages, body, input_items), json_size(messages, body, input_items))
             self._owners |= {item["id"]: response_id for item in body.get("output", ()) if item.get("id")}
-            self._chars += size
-            while self._chars > self.max_chars and len(self._items) > 1:
-                self._forget(next(iter(self._items)))
 
-    def _forget(self, response_id: str) -> bool:
-        """Drop one response and its items' ids (the lock held)."""
-        item = self._items.pop(response_id, None)
-        if item is None:
-            return False
-        self._chars -= item[3]
-        for output in item[1].get("output", ()):
+    def _forget_items(self, response_id: str, kept: tuple) -> None:
+        """A response left: its output items' ids no longer find it (the lock held)."""
+        for output in kept[1].get("output", ()):
             if self._owners.get(output.get("id")) == response_id:
                 del self._owners[output["id"]]
-        return True
-
-    def _get(self, response_id: str):
-        with self._lock:
-            item = self._items.get(response_id)
-            if item is not None:
-                self._items.move_to_end(response_id)
-            return item
 
     def messages(self, response_id: str) -> list[dict] | None:
-        item = self._get(response_id)
+        item = self._kept.get(response_id)
         return None if item is None else item[0]
 
     def body(self, response_id: str) -> dict | None:
-        item = self._get(response_id)
+        item = self._kept.get(response_id)
         return None if item is None else item[1]
 
     def input_items(self, response_id: str) -> list[dict] | None:
         """A response's input items as listed (the earlier turns' first, when it continued one)."""
-        item = self._get(response_id)
+        item = self._kept.get(response_id)
         return None if item is None else item[2]
 
     def item(self, item_id: str) -> dict | None:
         """The output item with this id, of a response still kept (an item reference's target)."""
-        with self._lock:
+        with self._kept.lock:
             owner = self._owners.get(item_id)
         body = self.body(owner) if owner is not None else None
         return next((i for i in body["output"] if i.get("id") == item_id), None) if body else None
 
     def delete(self, response_id: str) -> bool:
-        with self._lock:
-            return self._forget(response_id)
+        return self._kept.pop(response_id)
 
 
 def _answer_message(items: list[dict]) -> dict:
