@@ -537,8 +537,8 @@ def test_bad_input_matrix(server, client):
 
 
 def test_wrong_method_is_openai_shaped(server):
-    r = httpx.get(f"{server.base_url}/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"})
-    assert r.status_code == 405 and r.json()["error"]["message"] == "Method not allowed (GET /v1/chat/completions)"
+    r = httpx.put(f"{server.base_url}/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 405 and r.json()["error"]["message"] == "Method not allowed (PUT /v1/chat/completions)"
     r = httpx.post(f"{server.base_url}/chat/complete", headers={"Authorization": f"Bearer {API_KEY}"})
     assert r.status_code == 404 and r.json()["error"] == {
         "message": "Invalid URL (POST /v1/chat/complete)",

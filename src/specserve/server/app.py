@@ -42,6 +42,7 @@ from ..engine.core import EngineFault
 from ..engine.tokenizer import warm
 from . import faults
 from .body_limit import BodyLimitMiddleware, default_max_body_bytes
+from .chat_store_api import StoringChatDialect, install_chat_store
 from .errors import APIError, engine_error, parse_body
 from .fingerprint import system_fingerprint
 from .input_items import page
@@ -51,7 +52,7 @@ from .openapi import install_openapi
 from .protocol import Prepared
 from .request_id import HEADER as REQUEST_ID_HEADER
 from .request_id import RequestIdMiddleware, request_id_of
-from .responses import CHAT, COMPLETIONS, Dialect, ResponseContext, usage
+from .responses import COMPLETIONS, Dialect, ResponseContext, usage
 from .responses_api import ResponsesDialect
 from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import choice_params
@@ -658,11 +659,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(
-    llm, model_name: str | None = None, options: ServerOptions | None = None, response_store=None
+    llm, model_name: str | None = None, options: ServerOptions | None = None, response_store=None, chat_store=None
 ) -> FastAPI:
     """An OpenAI-compatible app over one loaded LLM; the worker runs for the app's lifespan.
     response_store: where finished Responses are kept (None: this process's memory; the Ray
-    replicas share one, ray_serve.SharedResponseStore)."""
+    replicas share one, ray_serve.SharedResponseStore). chat_store: where chat completions sent
+    with store: true are kept (None: this process's memory; a Ray replica's refuses them)."""
     server = Server(llm, model_name or llm.model_name, options or ServerOptions())
 
     @asynccontextmanager
@@ -685,9 +687,13 @@ def create_app(
         faults.install(app, llm.engine.core)
     auth = Depends(server.authorize)
 
+    chat = StoringChatDialect(chat_store)  # its store keeps the answers sent with store: true
+
     @app.post("/v1/chat/completions", dependencies=[auth])
     async def chat_completions(request: Request):
-        return await server.handle(request, CHAT)
+        return await server.handle(request, chat)
+
+    install_chat_store(app, chat.store, [auth])
 
     @app.post("/v1/completions", dependencies=[auth])
     async def completions(request: Request):

@@ -13,13 +13,20 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from .schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
+from .schemas import (
+    ChatCompletionRequest,
+    ChatCompletionUpdateRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+)
 
 REF = "#/components/schemas/{model}"
 ERROR_STATUSES = {
     "400": "invalid request: JSON, types, ranges, OpenAI's limits, context length, unsupported parameters",
     "401": "missing or wrong API key",
-    "404": "unknown model (or, for a stored response, unknown id)",
+    "404": "unknown model (or, for a stored response or chat completion, unknown id)",
     "413": "request body over --max-body-bytes",
     "429": "queue full; see Retry-After",
     "503": "shutting down",
@@ -111,12 +118,42 @@ MODEL_SCHEMA = {
     "required": ["id", "object"],
     "properties": {"id": {"type": "string"}, "object": {"const": "model"}},
 }
+LIST_SCHEMA = {  # one page of stored objects (server/pagination.py)
+    "type": "object",
+    "required": ["object", "data", "first_id", "last_id", "has_more"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {"type": "object", "required": ["id"]}},
+        "first_id": {"type": ["string", "null"]},
+        "last_id": {"type": ["string", "null"]},
+        "has_more": {"type": "boolean"},
+    },
+}
+CHAT_DELETED_SCHEMA = {
+    "type": "object",
+    "required": ["id", "object", "deleted"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "chat.completion.deleted"},
+        "deleted": {"const": True},
+    },
+}
+METADATA_FILTER = {  # GET /v1/chat/completions?metadata[key]=value
+    "name": "metadata",
+    "in": "query",
+    "required": False,
+    "style": "deepObject",
+    "explode": True,
+    "schema": {"type": "object", "additionalProperties": {"type": "string"}},
+}
 EXTRA_SCHEMAS = {
     "ErrorResponse": ERROR_SCHEMA,
     "Usage": USAGE_SCHEMA,
     "ChatCompletion": _completion_schema("chat.completion", ["message"]),
     "Completion": _completion_schema("text_completion", ["text"]),
     "Response": RESPONSE_SCHEMA,
+    "List": LIST_SCHEMA,
+    "ChatCompletionDeleted": CHAT_DELETED_SCHEMA,
     "Model": MODEL_SCHEMA,
     "ModelList": {
         "type": "object",
@@ -160,13 +197,51 @@ def _model_schemas(*models: type[BaseModel]) -> dict:
     return out
 
 
+def _json(description: str, model: str) -> dict:
+    """A 200 whose JSON body is the named component."""
+    return {
+        "200": {
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": REF.format(model=model)}}},
+        }
+    }
+
+
+def _chat_store_paths(paths: dict) -> None:
+    """The stored chat completions' routes (server/chat_store_api.py): answers, errors, the update's body."""
+    listed = paths["/v1/chat/completions"]["get"]
+    listed["parameters"] = [*listed.get("parameters", []), METADATA_FILTER]
+    listed["responses"] = {**_json("stored chat completions, oldest first", "List"), **_errors("400", "401")}
+    one = paths["/v1/chat/completions/{completion_id}"]
+    one["get"]["responses"] = {**_json("the stored chat completion", "ChatCompletion"), **_errors("401", "404")}
+    one["post"]["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="ChatCompletionUpdateRequest")}}},
+    }
+    one["post"]["responses"] = {
+        **_json("the stored chat completion, its metadata replaced", "ChatCompletion"),
+        **_errors("400", "401", "404", "413"),
+    }
+    one["delete"]["responses"] = {**_json("deleted", "ChatCompletionDeleted"), **_errors("401", "404")}
+    messages = paths["/v1/chat/completions/{completion_id}/messages"]["get"]
+    messages["responses"] = {
+        **_json("the stored completion's request messages", "List"),
+        **_errors("400", "401", "404"),
+    }
+
+
 def build_openapi(app: FastAPI) -> dict:
     """FastAPI's document with the request models and response schemas filled in."""
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     doc.setdefault("components", {}).setdefault("schemas", {}).update(
         {
             **_model_schemas(
-                ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest
+                ChatCompletionRequest,
+                ChatCompletionUpdateRequest,
+                CompletionRequest,
+                ResponsesRequest,
+                TokenizeRequest,
+                DetokenizeRequest,
             ),
             **EXTRA_SCHEMAS,
         }
@@ -206,6 +281,7 @@ def build_openapi(app: FastAPI) -> dict:
         "200": {"description": "the response's input items", "content": {"application/json": {"schema": items}}},
         **_errors("400", "401", "404"),
     }
+    _chat_store_paths(paths)
     ok = {"description": "the served model", "content": {"application/json": {"schema": {}}}}
     paths["/v1/models"]["get"]["responses"] = {
         "200": {**ok, "content": {"application/json": {"schema": {"$ref": REF.format(model="ModelList")}}}},

@@ -54,8 +54,8 @@ class Prepared:
     guide: CompiledGuide | PendingGuide | None = None  # structured output / forced tool call grammar
     tools: ToolSetup | None = None  # chat requests with tools: parse <tool_call> blocks
     n: int = 1  # independent choices
-    request_fields: dict = field(default_factory=dict)  # request fields the response repeats (the Responses API)
-    history: list[dict] | None = None  # the Responses API: the conversation's messages, kept with the answer
+    request_fields: dict = field(default_factory=dict)  # fields the answer repeats (Responses) or keeps (chat metadata)
+    history: list[dict] | None = None  # the conversation's messages, kept with the answer (Responses; chat store: true)
     input_items: list[dict] | None = None  # the Responses API: the input as GET .../input_items lists it
     echo_texts: list[str] | None = None  # completions `echo`: each prompt's text, which its answers begin with
     echo_hidden: list[int] | None = None  # ... and how many of its first tokens that text leaves out (a BOS added)

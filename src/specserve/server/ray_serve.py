@@ -14,7 +14,8 @@ autoscaling and replacement of dead replicas. Nothing here parses a request.
 - Autoscaling: `--min-replicas` / `--max-replicas` / `--target-ongoing-requests`; a fixed
   `--replicas N` otherwise. Ray Serve's controller restarts a replica that dies.
 - Responses: the finished Responses (`GET /v1/responses/{id}`, `previous_response_id`) are kept
-  in one `ResponseStore` actor all replicas share.
+  in one `ResponseStore` actor all replicas share. Stored chat completions (`store: true` on
+  chat) are refused with a 400 (`ReplicaChatStore`): they are not shared.
 - Metrics: every replica pushes its Prometheus text to a small `MetricsHub` actor every few
   seconds; `/metrics` on the ingress answers all replicas' series with a `replica` label,
   `/metrics/replica` the answering replica's own.
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecServeError
+from .chat_store import ChatCompletionStore
 
 log = logging.getLogger("specserve.ray")
 APP_NAME = "specserve"
@@ -411,6 +413,18 @@ class SharedResponseStore:
         return self._call("delete", response_id)
 
 
+class ReplicaChatStore(ChatCompletionStore):
+    """A replica's chat store, which refuses `store: true` (a 400 naming `store`): a store of its
+    own would answer a GET, list or update sent through the proxy to another replica with a 404 or
+    a list without it, as the Responses store did before it was shared (SharedResponseStore).
+    Its routes stay: they find nothing, so every id is a 404 and every list empty."""
+
+    refusal = (
+        "stored chat completions under Ray Serve (the replicas do not share them; serve without --ray "
+        "to store chat completions, or use the Responses API, whose store the replicas share)"
+    )
+
+
 class ReplicaHeader:
     """Pure ASGI middleware: name the answering replica in an `X-Specserve-Replica` header, so a
     client (or a test) can see where its request ran and check session affinity."""
@@ -468,7 +482,7 @@ class SpecServeReplica:
         options = ServerOptions(
             api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout, max_body_bytes=c.max_body_bytes
         )
-        app = create_app(self.llm, c.served_model_name, options, SharedResponseStore(self.app_name))
+        app = create_app(self.llm, c.served_model_name, options, SharedResponseStore(self.app_name), ReplicaChatStore())
         server = self.server = app.state.server
         _serve_cluster_metrics(app, server, self.replica, self.app_name)
         app.add_middleware(ReplicaHeader, replica=self.replica)

@@ -105,7 +105,7 @@ class _Common(_Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
-    metadata: Metadata | None = None  # accepted and ignored
+    metadata: Metadata | None = None  # kept with a stored chat completion; else accepted and ignored
     safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)  # accepted and ignored
     speculation: SpeculationRequest | str | None = None  # extension (extra_body); "ngram" = {"method": "ngram"}
     ignore_eos: bool | None = False  # extension (extra_body), as in vLLM
@@ -139,10 +139,17 @@ class ChatCompletionRequest(_Common):
     audio: Any = None
     modalities: list[str] | None = None
     parallel_tool_calls: bool | None = None
+    store: bool | None = False  # true: kept for GET /v1/chat/completions/{id} and friends (chat_store.py)
     # extensions (extra_body), as in vLLM: go on writing the last, assistant, message (an answer
     # begun for the model) instead of answering it; the response holds only what follows it
     continue_final_message: bool | None = False
     add_generation_prompt: bool | None = None
+
+
+class ChatCompletionUpdateRequest(_Strict):
+    """`POST /v1/chat/completions/{id}`: a stored completion's new metadata (null: none)."""
+
+    metadata: Metadata | None
 
 
 _PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"

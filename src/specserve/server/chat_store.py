@@ -1,0 +1,86 @@
+"""Stored chat completions: what `store: true` on `POST /v1/chat/completions` keeps.
+
+A stored completion is its answer's body (a stream's as the body it adds up to) with the request's
+`metadata`, and the request's messages as `GET /v1/chat/completions/{id}/messages` lists them
+(each with an id, `<completion id>-<index>`). They live in this server's memory (lru_store.py:
+least recently used first out beyond `max_bytes` of JSON, 64 MB by default) and are gone after a
+restart; completions sent without `store: true` are never kept, so never listed.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .lru_store import LruStore, json_size
+
+
+def stored_message(completion_id: str, index: int, message: dict) -> dict:
+    """One request message (as sent, nulls left out) as OpenAI lists it: its text as `content`,
+    its parts (when sent as parts) as `content_parts`, and whatever else it carried."""
+    content = message.get("content")
+    parts = content if isinstance(content, list) else None
+    text = "".join(p.get("text") or "" for p in parts) if parts is not None else content
+    rest = {k: v for k, v in message.items() if k not in ("role", "content", "name")}
+    return {
+        "id": f"{completion_id}-{index}",
+        "role": message["role"],
+        "content": text,
+        "name": message.get("name"),
+        "content_parts": parts,
+        **rest,
+    }
+
+
+class ChatCompletionStore:
+    """Stored chat completions by id, in the order they were made (`list`), bounded in size."""
+
+    refusal: str | None = None  # why `store: true` is refused where this store cannot serve it
+
+    def __init__(self, max_bytes: int = 64 << 20):
+        self._kept = LruStore(max_bytes)
+        self._made = itertools.count()  # creation order, for listing
+
+    @property
+    def max_bytes(self) -> int:
+        return self._kept.max_size
+
+    def put(self, body: dict, messages: list[dict], metadata: dict | None) -> None:
+        """Keep a finished completion (its body, the request's messages as sent, its metadata)."""
+        listed = [stored_message(body["id"], i, m) for i, m in enumerate(messages)]
+        self._keep(next(self._made), {**body, "metadata": metadata or {}}, listed)
+
+    def _keep(self, made: int, body: dict, listed: list[dict]) -> None:
+        self._kept.put(body["id"], (made, body, listed), json_size(body, listed))
+
+    def get(self, completion_id: str) -> dict | None:
+        kept = self._kept.get(completion_id)
+        return None if kept is None else kept[1]
+
+    def messages(self, completion_id: str) -> list[dict] | None:
+        kept = self._kept.get(completion_id)
+        return None if kept is None else kept[2]
+
+    def update(self, completion_id: str, metadata: dict | None) -> dict | None:
+        """Replace a kept completion's metadata (the one thing OpenAI lets change); its new body."""
+        with self._kept.lock:
+            kept = self._kept.get(completion_id)
+            if kept is None:
+                return None
+            made, body, listed = kept
+            body = {**body, "metadata": metadata or {}}
+            self._keep(made, body, listed)
+            return body
+
+    def delete(self, completion_id: str) -> bool:
+        return self._kept.pop(completion_id)
+
+    def bodies(self, model: str | None = None, metadata: dict | None = None) -> list[dict]:
+        """The kept completions, oldest first, of `model` (any when None) whose metadata holds
+        every pair of `metadata`."""
+        want = (metadata or {}).items()
+        kept = sorted(self._kept.values(), key=lambda k: k[0])
+        return [
+            body
+            for _, body, _ in kept
+            if (model is None or body.get("model") == model) and want <= body["metadata"].items()
+        ]

@@ -1,0 +1,269 @@
+"""OpenAI's stored chat completions (`store: true`), driven by the official `openai` SDK.
+
+The SDK talks to the app in this process (FastAPI's TestClient is an httpx client), over the tiny
+test model: what it stores (plain and streamed answers, their metadata and messages), how it
+lists, updates and deletes them, and every 4xx of the five routes, read as raw HTTP.
+"""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from tiny import tiny_model, tiny_tokenizer
+
+from specserve.llm import LLM
+from specserve.server.app import create_app
+from specserve.server.chat_store import ChatCompletionStore
+
+MODEL = "tiny"
+ASK = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+
+
+@pytest.fixture(scope="module")
+def http():
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, MODEL)) as c:
+        yield c
+
+
+@pytest.fixture()
+def client(http):
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+
+
+def make(client, **kw):
+    return client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0, **kw)
+
+
+def test_a_stored_completion_is_retrieved_as_answered_with_its_metadata(client):
+    answer = make(client, store=True, metadata={"topic": "add"})
+    kept = client.chat.completions.retrieve(answer.id)
+    assert kept.model_dump(exclude={"metadata"}) == answer.model_dump(exclude={"metadata"})
+    assert kept.metadata == {"topic": "add"}
+
+
+def test_without_store_nothing_is_kept(client):
+    answer = make(client, metadata={"topic": "unkept"})
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.retrieve(answer.id)
+    assert e.value.body["param"] == "completion_id"
+    assert answer.id not in {c.id for c in client.chat.completions.list(limit=100)}
+
+
+def test_a_streamed_answer_is_stored_as_the_body_it_adds_up_to(client):
+    stream = make(client, store=True, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    kept = client.chat.completions.retrieve(chunks[0].id)
+    assert kept.object == "chat.completion" and kept.id == chunks[0].id and kept.created == chunks[0].created
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert kept.choices[0].message.content == text
+    finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [kept.choices[0].finish_reason] == finished
+    assert kept.usage == chunks[-1].usage
+    assert kept.choices[0].message.content == make(client).choices[0].message.content  # greedy: the same answer
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 6}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_streamed_tool_call_is_stored_with_the_id_it_was_streamed_with():
+    """The stored body is built from the stream's outputs; its call ids are those the client saw
+    (parsing the text again would have given each call a new id)."""
+    llm = LLM.from_models(tiny_model(max_positions=2048), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, MODEL)) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "weather?"}],
+                tools=[WEATHER],
+                tool_choice=named,
+                max_tokens=200,
+                temperature=0,
+                stream=True,
+                store=True,
+            )
+        )
+        streamed = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
+        kept = client.chat.completions.retrieve(chunks[0].id).choices[0].message.tool_calls
+        assert [c.id for c in kept] == [streamed[0].id] and streamed[0].id.startswith("call_")
+        assert kept[0].function.arguments == "".join(t.function.arguments or "" for t in streamed)
+
+
+def test_its_messages_are_listed_with_ids_and_paged(client):
+    parts = [{"type": "text", "text": "def "}, {"type": "text", "text": "sub(a, b):"}]
+    messages = [*ASK, {"role": "assistant", "content": "ok"}, {"role": "user", "content": parts, "name": "ann"}]
+    answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, store=True)
+    listed = list(client.chat.completions.messages.list(answer.id, limit=3))  # the SDK pages on by `after`
+    assert [m.id for m in listed] == [f"{answer.id}-{i}" for i in range(4)]
+    assert [m.role for m in listed] == ["system", "user", "assistant", "user"]
+    assert listed[0].content == "You write Python." and listed[0].content_parts is None
+    assert listed[3].content == "def sub(a, b):" and listed[3].name == "ann"
+    assert [p.model_dump(exclude_none=True) for p in listed[3].content_parts] == parts
+    newest = client.chat.completions.messages.list(answer.id, limit=1, order="desc")
+    assert [m.id for m in newest.data] == [f"{answer.id}-3"] and newest.has_more
+
+
+def test_the_list_filters_by_metadata_and_model_and_pages_in_order(client):
+    made = [make(client, store=True, metadata={"run": "list", "i": str(i)}).id for i in range(3)]
+    assert [c.id for c in client.chat.completions.list(metadata={"run": "list"}, limit=2)] == made  # oldest first
+    assert [c.id for c in client.chat.completions.list(metadata={"run": "list", "i": "1"})] == [made[1]]
+    desc = client.chat.completions.list(metadata={"run": "list"}, order="desc", limit=2)
+    assert [c.id for c in desc.data] == made[:0:-1] and desc.has_more
+    assert desc.model_dump()["first_id"] == made[2] and desc.model_dump()["last_id"] == made[1]
+    after = client.chat.completions.list(metadata={"run": "list"}, after=made[0])
+    assert [c.id for c in after.data] == made[1:] and not after.has_more
+    assert list(client.chat.completions.list(metadata={"run": "list"}, model="other")) == []
+    assert len(list(client.chat.completions.list(metadata={"run": "list"}, model=MODEL))) == 3
+
+
+def test_update_replaces_the_metadata_and_delete_drops_it(client):
+    answer = make(client, store=True, metadata={"a": "1"})
+    updated = client.chat.completions.update(answer.id, metadata={"b": "2"})
+    assert updated.metadata == {"b": "2"} and updated.choices == answer.choices
+    assert client.chat.completions.retrieve(answer.id).metadata == {"b": "2"}
+    assert [c.id for c in client.chat.completions.list(metadata={"b": "2"})] == [answer.id]
+    deleted = client.chat.completions.delete(answer.id)
+    assert (deleted.id, deleted.object, deleted.deleted) == (answer.id, "chat.completion.deleted", True)
+    for call in (
+        lambda: client.chat.completions.retrieve(answer.id),
+        lambda: client.chat.completions.delete(answer.id),
+        lambda: client.chat.completions.update(answer.id, metadata={}),
+        lambda: client.chat.completions.messages.list(answer.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+
+
+def _error(r, status: int, param: str | None) -> dict:
+    err = r.json()["error"]
+    assert r.status_code == status and set(err) == {"message", "type", "param", "code"}, r.text
+    assert err["param"] == param and err["message"], r.text
+    return err
+
+
+@pytest.mark.parametrize(
+    "metadata,param",
+    [
+        ({f"k{i}": "v" for i in range(17)}, "metadata"),  # 17 pairs
+        ({"k" * 65: "v"}, "metadata"),  # a key over 64
+        ({"k": "v" * 513}, "metadata.k"),  # a value over 512
+        ({"k": 5}, "metadata.k"),  # not a string
+        ("tags", "metadata"),
+    ],
+)
+def test_bad_metadata_is_a_400_naming_the_field(http, metadata, param):
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 2, "store": True, "metadata": metadata}
+    _error(http.post("/v1/chat/completions", json=body), 400, param)
+    stored = http.post("/v1/chat/completions", json={**body, "metadata": {"k": "v"}}).json()
+    _error(http.post(f"/v1/chat/completions/{stored['id']}", json={"metadata": metadata}), 400, param)
+
+
+def test_store_must_be_a_boolean(http):
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 2, "store": "yes"}
+    _error(http.post("/v1/chat/completions", json=body), 400, "store")
+
+
+@pytest.mark.parametrize(
+    "query,param",
+    [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("limit=ten", "limit"),
+        ("order=newest", "order"),
+        ("after=chatcmpl-none", "after"),
+    ],
+)
+def test_bad_list_queries_are_400s_naming_them(http, query, param):
+    stored = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 2, "store": True})
+    _error(http.get(f"/v1/chat/completions?{query}"), 400, param)
+    _error(http.get(f"/v1/chat/completions/{stored.json()['id']}/messages?{query}"), 400, param)
+
+
+def test_unknown_ids_and_bad_update_bodies(http):
+    for method, path in (
+        ("GET", "/v1/chat/completions/chatcmpl-none"),
+        ("DELETE", "/v1/chat/completions/chatcmpl-none"),
+        ("GET", "/v1/chat/completions/chatcmpl-none/messages"),
+    ):
+        assert _error(http.request(method, path), 404, "completion_id")["code"] == "not_found"
+    _error(http.post("/v1/chat/completions/chatcmpl-none", json={"metadata": {}}), 404, "completion_id")
+    stored = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 2, "store": True})
+    path = f"/v1/chat/completions/{stored.json()['id']}"
+    _error(http.post(path, json={}), 400, "metadata")  # metadata is required
+    _error(http.post(path, content=b"{not json"), 400, None)
+    assert http.post(path, json={"metadata": None}).json()["metadata"] == {}
+
+
+def test_the_store_drops_the_least_recently_used_beyond_its_size():
+    store = ChatCompletionStore(max_bytes=500)  # two of these (234 bytes each), not three
+    for i in range(3):
+        store.put({"id": f"c{i}", "model": "m"}, [{"role": "user", "content": "x" * 100}], {"i": str(i)})
+    assert store.get("c0") is None and store.get("c2") is not None  # c0 went first
+    store.get("c1")  # used: c2 is now the oldest
+    store.put({"id": "c3", "model": "m"}, [{"role": "user", "content": "x" * 100}], None)
+    assert store.get("c2") is None and [b["id"] for b in store.bodies()] == ["c1", "c3"]  # listed as made
+
+
+def test_a_ray_replica_refuses_store_with_a_400_and_serves_the_rest():
+    """A Ray replica's app gets ReplicaChatStore (ray_serve.SpecServeReplica), which the replicas
+    would not share: store: true is a 400 there, not an answer that a GET elsewhere cannot find."""
+    from specserve.server.ray_serve import ReplicaChatStore
+
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, MODEL, chat_store=ReplicaChatStore())) as c:
+        body = {"model": MODEL, "messages": ASK, "max_tokens": 2}
+        err = _error(c.post("/v1/chat/completions", json={**body, "store": True}), 400, "store")
+        assert "Ray Serve" in err["message"] and err["code"] == "unsupported_parameter"
+        assert c.post("/v1/chat/completions", json={**body, "store": False}).status_code == 200
+        assert c.get("/v1/chat/completions").json()["data"] == []
+
+
+def test_the_openapi_document_has_the_five_operations(http):
+    paths = http.get("/openapi.json").json()["paths"]
+    one = "/v1/chat/completions/{completion_id}"
+    for path, method, statuses in (
+        ("/v1/chat/completions", "get", {"200", "400", "401"}),
+        (one, "get", {"200", "401", "404"}),
+        (one, "post", {"200", "400", "401", "404"}),
+        (one, "delete", {"200", "401", "404"}),
+        (one + "/messages", "get", {"200", "400", "401", "404"}),
+    ):
+        assert statuses <= set(paths[path][method]["responses"]), (path, method)
+    assert "metadata" in {p["name"] for p in paths["/v1/chat/completions"]["get"]["parameters"]}
+    assert paths[one]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "ChatCompletionUpdateRequest"
+    )
+
+
+def test_the_routes_need_the_api_key_and_keep_the_body_cap():
+    from specserve.server.app import ServerOptions
+
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    options = ServerOptions(api_key="k", max_body_bytes=4000)
+    with TestClient(create_app(llm, MODEL, options)) as c:
+        key = {"Authorization": "Bearer k"}
+        for method, path in (
+            ("GET", "/v1/chat/completions"),
+            ("GET", "/v1/chat/completions/chatcmpl-x"),
+            ("POST", "/v1/chat/completions/chatcmpl-x"),
+            ("DELETE", "/v1/chat/completions/chatcmpl-x"),
+            ("GET", "/v1/chat/completions/chatcmpl-x/messages"),
+        ):
+            assert _error(c.request(method, path), 401, None)["code"] == "invalid_api_key"
+        assert c.get("/v1/chat/completions", headers=key).status_code == 200
+        big = {"metadata": {"k": "v" * 5000}}
+        _error(c.post("/v1/chat/completions/chatcmpl-x", json=big, headers=key), 413, None)
