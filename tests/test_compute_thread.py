@@ -202,7 +202,7 @@ def test_the_probe_sees_a_torch_team():
 
 
 def test_a_grammar_ban_list_starts_no_team():
-    """Constraint bans are built on a grammar-compiling thread (constrain.py)."""
+    """Constraint bans are built on a grammar-compiling thread (engine/constrain/factory.py)."""
     from types import SimpleNamespace
 
     from specserve.engine.constrain import ConstraintFactory

@@ -22,12 +22,12 @@ from tiny import tiny_model, tiny_tokenizer
 from specserve import LLM
 from specserve.backends.transformers import TransformersBackend
 from specserve.engine.constrain import (
+    CompilePool,
     ConstraintError,
     ConstraintFactory,
     GrammarBusy,
     GrammarCache,
     GrammarSpec,
-    _CompilePool,
     check_schema,
     exact_pattern,
     optional_groups,
@@ -95,7 +95,7 @@ class GatedCompiles:
     def __init__(self, workers: int = 2, limit_s: float = 0.2):
         self.factory = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
         self.factory.time_limit_s = limit_s
-        self.factory.pool = _CompilePool(workers)
+        self.factory.pool = CompilePool(workers)
         self.release = threading.Event()
         self.started: list[str] = []
         self.at_once = self.max_at_once = 0

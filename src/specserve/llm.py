@@ -458,7 +458,7 @@ class LLM:
     def compile_guide(self, spec: GrammarSpec, wait: bool = True) -> CompiledGuide | PendingGuide:
         """Compile a grammar for this model's vocabulary (raises ConstraintError when it cannot, or
         when it takes longer than the time limit). wait=False: a PendingGuide, compiling on the
-        grammar threads (the server awaits it on its event loop; see engine/constrain.py)."""
+        grammar threads (the server awaits it on its event loop; see engine/constrain/pool.py)."""
         pending = self._factory().submit(spec)
         return pending.result() if wait else pending
 

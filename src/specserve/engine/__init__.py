@@ -8,7 +8,7 @@ client.py        the worker thread and the small interface the HTTP server talks
 sampling.py      logits -> the distribution sampled from; per-position random numbers (Noise)
 verify.py        how many draft tokens the target accepts, and the next token
 detokenize.py    committed tokens -> text, with EOS, stop strings and max_tokens
-constrain.py     grammar constraints (structured outputs) over xgrammar
+constrain/       grammar constraints (structured outputs) over xgrammar
 governor.py      prices a step (CostModel) and keeps `auto` from drafters that do not pay
 prices.py        the measured prices kept on disk, keyed by machine and model set-up
 prefix_cache.py  requests start from the longest cached prefix of their prompt
