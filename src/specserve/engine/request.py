@@ -129,7 +129,7 @@ class Request:
         self.tokens = list(self.prompt_ids)
         self.sources: list[str] = []
         self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
-        self.logprobs_sent = 0  # of them, how many the events have carried (see _release_logprobs)
+        self.sent = 0  # output tokens (ids, sources, logprobs) the events have carried (see _released)
         # the prompt's scores: none for its first token, which follows nothing
         self.prompt_logprobs: list[TokenLogprob | None] | None = [None] if self.scores_prompt else None
         self.timeline: list[dict] = []
@@ -276,17 +276,19 @@ class Request:
         if reason is None and len(self.tokens) >= self.max_context:
             self.builder.finish("length")
         text = self.builder.release()
-        self._emit(StepEvent(new, new_sources, text, self._release_logprobs(), self.builder.finish_reason, step_time))
+        self._emit(StepEvent(*self._released(text), self.builder.finish_reason, step_time))
         return keep
 
-    def _release_logprobs(self) -> list[TokenLogprob] | None:
-        """The logprobs a stream may show now: of the tokens whose text is released, so that the
-        tokens of a stop string (held back with its text, then cut) are never listed."""
-        if self.logprobs is None:
-            return None
-        end = self.builder.released_tokens
-        out, self.logprobs_sent = self.logprobs[self.logprobs_sent : end], max(self.logprobs_sent, end)
-        return out
+    def _released(self, text: str) -> tuple[list[int], list[str], str, list[TokenLogprob] | None]:
+        """(token ids, sources, text, logprobs) a stream may show now: the tokens whose text is
+        released, so that the tokens of a stop string (held back with its text, then cut) are
+        never listed, and the events joined list what RequestOutput does. Before, an event carried
+        every token its step committed while its logprobs and text were held back and cut."""
+        end = max(self.sent, self.builder.released_tokens)
+        ids, sources = self.builder.token_ids[self.sent : end], self.sources[self.sent : end]
+        logprobs = None if self.logprobs is None else self.logprobs[self.sent : end]
+        self.sent = end
+        return ids, sources, text, logprobs
 
     # -- finish -------------------------------------------------------------------------------
     def abort(self) -> None:
@@ -300,7 +302,7 @@ class Request:
             return
         self.builder.finish("abort")
         text = self.builder.release()
-        self._emit(StepEvent([], [], text, self._release_logprobs(), "abort"))
+        self._emit(StepEvent(*self._released(text), "abort"))
 
     def fail(self, error: Exception) -> None:
         """End with an error (a backend or proposer failure): the caller gets `error` raised."""

@@ -132,9 +132,12 @@ class TokenLogprob:
 class StepEvent:
     """What one engine step committed, as streamed to callers.
 
-    token_ids are the tokens committed this step (after stop handling); sources[i] says where
-    token i came from: a draft source name when it was an accepted draft token, "target" for
-    the recovered/bonus token. text is the newly releasable text (may be "" while held back).
+    token_ids are the tokens whose text this event releases (with logprobs, one per token):
+    those committed this step, less any whose text is held back as a possible stop string's
+    start (they come with the event that releases their text) or lies wholly inside a cut stop
+    string (never listed), so the events joined list RequestOutput.token_ids. sources[i] says
+    where token i came from: a draft source name when it was an accepted draft token, "target"
+    for the recovered/bonus token. text is the newly releasable text (may be "" while held back).
     """
 
     token_ids: list[int]
