@@ -212,3 +212,24 @@ def test_prefix_cache_savings_agree_in_metrics_health_and_a_count_by_hand(client
         assert _series(client, *names) == dict(zip(names, (by_hand, hits), strict=True))
         assert (health["tokens_saved"], health["hits"], health["lookups"]) == (by_hand, hits, asked)
     assert hits == 2  # the same prompt again and the follow-up start from cached prefixes
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_prefix_hits_count_each_prompt_in_health_and_metrics(client, n):
+    """A completions request with several prompts is one answer of several lookups: /health counted
+    a hit per prompt that started from a cached prefix, specserve_prefix_cache_hit_requests_total
+    one per answer (a repeat of two prompts: 2 hits in /health, 1 in /metrics; found comparing the
+    two after a batched request). Both now count per prompt, as docs/server.md says of /health;
+    the later choices of n > 1 copy choice 0's prefill and are not hits of their own in either."""
+    names = ("specserve_prompt_tokens_cached_total", "specserve_prefix_cache_hit_requests_total")
+    prompts = [ASK, "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n", "x"]
+    body = {"model": "tiny", "prompt": prompts, "max_tokens": 4, "temperature": 0, "n": n}
+    reported = 0
+    for _ in range(2):  # cold, then the same prompts again: the two long ones hit, "x" cannot
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        reported += r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        health = client.get("/health").json()["prefix_cache"]
+        cached, hits = _series(client, *names).values()
+        assert (health["tokens_saved"], health["hits"]) == (cached, hits) and cached == reported
+    assert (health["hits"], health["lookups"]) == (2, 6)

@@ -52,7 +52,7 @@ from .openapi import install_openapi
 from .protocol import Prepared
 from .request_id import HEADER as REQUEST_ID_HEADER
 from .request_id import RequestIdMiddleware, request_id_of
-from .responses import COMPLETIONS, Dialect, ResponseContext, usage
+from .responses import COMPLETIONS, Dialect, ResponseContext, prefix_hits, usage
 from .responses_api import ResponsesDialect
 from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import choice_params
@@ -424,7 +424,8 @@ class Server:
         self.jobs.discard(job)
         self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
         if outputs:
-            self.metrics.observe_usage(usage(outputs, job.prepared.n, job.prepared.scores_only))
+            n = job.prepared.n
+            self.metrics.observe_usage(usage(outputs, n, job.prepared.scores_only), prefix_hits(outputs, n))
             self.metrics.observe_latency(outputs, ttft, time.monotonic() - t0, dialect.name)
 
     async def _complete(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:

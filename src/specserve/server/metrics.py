@@ -64,7 +64,9 @@ class Metrics:
             registry=r,
         )
         self.prefix_hits = Counter(
-            "specserve_prefix_cache_hit_requests", "Requests that started from a cached prefix", registry=r
+            "specserve_prefix_cache_hit_requests",
+            "Prompts that started from a cached prefix (each prompt of an answer once, whatever its n)",
+            registry=r,
         )
         self.prefix_cells = Gauge(
             "specserve_prefix_cache_cells",
@@ -149,18 +151,17 @@ class Metrics:
     def request(self, endpoint: str, status: int | str) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
-    def observe_usage(self, usage: dict) -> None:
+    def observe_usage(self, usage: dict, hits: int) -> None:
         """One answer's token counts, as its `usage` reports them: a prompt counts once however
         many choices it has, and a scored prompt (completions `max_tokens: 0`) has no completion
-        tokens (counted per choice before, the counters drifted from the answers' usage). The
-        answer is a prefix-cache hit when its usage reports cached prompt tokens: the choices of
-        n > 1 that copy choice 0's prefill are not hits of their own."""
-        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        tokens (counted per choice before, the counters drifted from the answers' usage). hits:
+        its prompts that started from a cached prefix (responses.prefix_hits), counted per prompt
+        as /health counts them; the choices of n > 1 that copy choice 0's prefill are not hits of
+        their own. (Counted per answer before, a batch of prompts made the two disagree.)"""
         self.prompt_tokens.inc(usage["prompt_tokens"])
-        self.cached_tokens.inc(cached)
+        self.cached_tokens.inc(usage["prompt_tokens_details"]["cached_tokens"])
         self.completion_tokens.inc(usage["completion_tokens"])
-        if cached:
-            self.prefix_hits.inc()
+        self.prefix_hits.inc(hits)
 
     def observe_latency(self, outputs: list[RequestOutput], ttft: float | None, e2e: float, endpoint: str) -> None:
         """Latencies of one answer, observed once however many choices (n) or prompts it has, as
