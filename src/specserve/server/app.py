@@ -715,14 +715,15 @@ def create_app(
 
     @app.get("/v1/responses/{response_id}/input_items", dependencies=[auth])
     async def list_input_items(
-        response_id: str, limit: str | None = None, order: str | None = None, after: str | None = None
+        request: Request, response_id: str, limit: str | None = None, order: str | None = None, after: str | None = None
     ):
         """OpenAI's list of a stored response's input items; `include` is accepted and needs nothing
-        (the listed items hold all they have), as any other query key is."""
+        (the listed items hold all they have), as any other query key is, but `before`, which
+        OpenAI's list no longer has, is a 400 (input_items.py)."""
         items = responses.store.input_items(response_id)
         if items is None:
             raise _no_response(response_id)
-        return page(items, limit, order, after)
+        return page(items, limit, order, after, request.query_params.get("before"))
 
     @app.delete("/v1/responses/{response_id}", dependencies=[auth])
     async def delete_response(response_id: str):
