@@ -186,6 +186,7 @@ def test_more_threads_than_cores_is_warned_about(capsys):
         (["bench", "--html-run", "chat-lru/prediction", "--scenarios", "py-rename"], "not a run of this bench"),
         (["bench", "--concurrency", "1", "--html", "r.html"], "it does not take --html"),
         (["bench", "--concurrency", "1", "--demo"], "load benchmark: it does not take --demo"),  # said --html
+        (["bench", "--demo", "--quick"], "--demo and --quick are two sizes of bench"),  # ran SmolLM2 at the demo's
         (["bench", "--concurrency", "1", "--peers", "hf", "--max-tokens", "9"], "not take --peers, --max-tokens"),
         (["bench", "--load-via", "server"], "--load-via: load benchmark flags, which need --concurrency"),
         (["bench", "--session", "--load-max-tokens", "9"], "--session runs its own script: it does not take --load"),

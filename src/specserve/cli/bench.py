@@ -118,7 +118,7 @@ def add_parser(subparsers) -> None:
         "--demo",
         action="store_true",
         help="the README demo: the py-rename refactor of the whole file "
-        "on the default packs, plain vs prediction vs auto",
+        "on the default packs, plain vs prediction vs auto (not with --quick)",
     )
     add_model_args(p, dtype_help="torch dtype, transformers backend only (default bfloat16; float32 with --quick)")
     p.add_argument(
@@ -291,9 +291,22 @@ def check_bench_kind_flags(args) -> None:
         raise ValueError(f"--concurrency runs the load benchmark: it does not take {', '.join(clash)}")
 
 
+def check_one_size(args) -> None:
+    """--demo and --quick together are refused: --demo filled its sizes (4096 output tokens, plain
+    capped at 256, three modes, the llama.cpp peer, bench-out/demo) and --quick its model and prompt
+    cut (SmolLM2-135M, no draft model, 1024 prompt tokens), so the run was neither the README's demo
+    nor CI's size, and wrote over the demo's report, without a word."""
+    if args.demo and args.quick:
+        raise ValueError(
+            "--demo and --quick are two sizes of bench (the default Qwen pair on the whole file; "
+            f"{QUICK_MODEL} on a short run): give one"
+        )
+
+
 def run(args) -> int:
     check_model_paths(args)
     check_bench_kind_flags(args)  # before --demo fills in its own flags
+    check_one_size(args)
     apply_demo(args)  # before the checks: --demo's --html is checked like any other
     check_outputs(args)
     if args.session is not None:
