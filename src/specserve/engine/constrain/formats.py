@@ -7,6 +7,8 @@ format: `rewrite.for_xgrammar` writes those formats as the stricter patterns her
 
 from __future__ import annotations
 
+import string
+
 from .errors import ConstraintError
 
 # xgrammar 0.2.9's own regexes for these formats let invalid values through (measured): any day
@@ -36,12 +38,53 @@ def _label(most: int) -> str:
 # 64-character label through). A regex cannot count across labels, so it is written as up to four
 # labels (the last at most 61 long: 3 x 63 + 61 + 3 dots = 253) or five to eight of at most 30.
 _HOSTNAME = rf"(?:{_label(63)}(?:\.{_label(63)}){{0,2}}(?:\.{_label(61)})?|{_label(30)}(?:\.{_label(30)}){{4,7}})"
+
+
+def _not_words(words: tuple[str, ...], most: int) -> str:
+    """A pattern of 1..most letters, either case, that spell none of `words` (lowercase): a regex
+    without lookahead, walked down the words' trie (a letter off it frees the rest)."""
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # the end of a word
+
+    def walk(node: dict, depth: int) -> str:
+        off = "".join(c + c.upper() for c in string.ascii_lowercase if c not in node)
+        tail = f"[a-zA-Z]{{0,{most - depth - 1}}}" if most - depth > 1 else ""
+        ways = [f"[{off}]{tail}"] if off and depth < most else []
+        ways += [f"[{c}{c.upper()}]{walk(child, depth + 1)}" for c, child in node.items() if c and depth < most]
+        body = "(?:" + "|".join(ways) + ")"
+        return body + "?" if depth and "" not in node else body
+
+    return walk(trie, 0)
+
+
+# An email address as pydantic's EmailStr takes it: email-validator 2.x with its defaults
+# (check_deliverability off). xgrammar's own rule let through what it refuses: a quoted local
+# part, a domain without a period, a top-level domain ending in a digit or one of its special-use
+# names, two dashes after a label's first two characters, a label over 63 characters, an address
+# over 254. Written stricter, as the other formats: ASCII; a local part of one atom of at most 64
+# characters or two or three of at most 20; one to four labels of at most 29 characters, none with
+# dashes as its 3rd and 4th (Punycode's xn-- labels are left out: they must also decode); a
+# top-level domain of letters (at most 63) that is not arpa, invalid, local, localhost, onion or
+# test. At most 246 characters in all.
+_ATEXT = r"[a-zA-Z0-9_!#$%&'*+\-/=?^`{|}~]"
+_LDH_REST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,25}[a-zA-Z0-9])?|-[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,24}[a-zA-Z0-9])?)"
+_EMAIL_LABEL = rf"[a-zA-Z0-9](?:[a-zA-Z0-9]|[a-zA-Z0-9\-]{_LDH_REST})?"  # 1..29, no "--" at its 3rd-4th
+EMAIL_SPECIAL_TLDS = ("arpa", "invalid", "local", "localhost", "onion", "test")  # email-validator's
+_EMAIL = (
+    rf"(?:{_ATEXT}{{1,64}}|{_ATEXT}{{1,20}}(?:\.{_ATEXT}{{1,20}}){{1,2}})"
+    rf"@(?:{_EMAIL_LABEL}\.){{1,4}}{_not_words(EMAIL_SPECIAL_TLDS, 63)}"
+)
 FORMAT_PATTERNS = {
     "date": _DATE,
     "time": _TIME,
     "date-time": rf"{_DATE}T{_TIME}",
     "ipv4": rf"{_OCTET}(?:\.{_OCTET}){{3}}",
     "hostname": _HOSTNAME,
+    "email": _EMAIL,
 }
 
 
