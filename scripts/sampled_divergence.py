@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from specserve import LLM, SamplingParams
+from specserve.backends.recording import record_rows
 from specserve.config import EngineLimits
 from specserve.engine.sampling import probs_from_logits
 
@@ -33,20 +34,6 @@ TEXTS = [
     "SELECT name, age FROM users WHERE age > 30 ORDER BY name; -- list the older users first and then",
 ]
 TEMPERATURES = [0.3, 0.7, 0.8, 1.0, 1.3, 2.0]
-
-
-def recorder(llm: LLM) -> list[torch.Tensor]:
-    """Every decoding row the target returns from now on (one per step: speculation is off)."""
-    rows, backend = [], llm.engine.core.target
-    forward = backend.forward
-
-    def recording(inputs):
-        out = forward(inputs)
-        rows.extend(o[-1].clone() for x, o in zip(inputs, out) if o is not None and x.logits != "none")
-        return out
-
-    backend.forward = recording
-    return rows
 
 
 def parting_measure(warm: torch.Tensor, cold: torch.Tensor, temperature: float) -> float:
@@ -94,7 +81,7 @@ def main() -> None:
         return LLM(model=args.model, dtype="float32", speculation="none", limits=limits)
 
     warm, cold = engine(True), engine(False)
-    rows, rng = (recorder(warm), recorder(cold)), random.Random(args.seed)
+    rows, rng = (record_rows(warm.engine.core.target), record_rows(cold.engine.core.target)), random.Random(args.seed)
     pairs, reused = [], []
     for _ in range(args.n):
         cached, common = conversation(warm, cold, rng, rows, args.max_tokens)

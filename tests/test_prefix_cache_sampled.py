@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from specserve import LLM, SamplingParams
+from specserve.backends.recording import record_rows
 from specserve.config import EngineLimits
 from specserve.engine.sampling import Noise, probs_from_logits, sample_at
 
@@ -26,20 +27,6 @@ FIRST = PROMPT[:22] + [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767]  # 
 # fmt: on
 PARAMS = SamplingParams(max_tokens=8, temperature=0.8, seed=64)
 ROUNDING = 1e-4  # float32 logits of one position across pass lengths: up to 6e-5 measured
-
-
-def rows_of(llm: LLM) -> list[torch.Tensor]:
-    """Every decoding row the target returns from now on (one per step: speculation is off)."""
-    rows, backend = [], llm.engine.core.target
-    forward = backend.forward
-
-    def recording(inputs):
-        out = forward(inputs)
-        rows.extend(o[-1].clone() for x, o in zip(inputs, out) if o is not None and x.logits != "none")
-        return out
-
-    backend.forward = recording
-    return rows
 
 
 def cdf(row: torch.Tensor) -> torch.Tensor:
@@ -55,7 +42,7 @@ def test_a_reused_prefix_moves_a_seeded_token_only_within_rounding(smol_hf_dir):
 
     warm, cold = engine(True), engine(False)
     warm.generate(FIRST, SamplingParams(max_tokens=2))
-    warm_rows, cold_rows = rows_of(warm), rows_of(cold)
+    warm_rows, cold_rows = record_rows(warm.engine.core.target), record_rows(cold.engine.core.target)
     w, c = warm.generate(PROMPT, PARAMS), cold.generate(PROMPT, PARAMS)
     assert w.cached_tokens == 22 and c.cached_tokens == 0
     noise = Noise(PARAMS.seed)
