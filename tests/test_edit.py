@@ -518,11 +518,11 @@ def test_a_file_that_is_not_utf8_is_refused_in_one_line(server, tmp_path, capsys
     assert path.read_bytes() == b"caf\xe9 = 1\n"
 
 
-@pytest.mark.parametrize("name, reason", [("missing.py", "no such file"), (".", "it is a folder")])
+@pytest.mark.parametrize("name, reason", [("missing.py", "No such file or directory"), (".", "Is a directory")])
 def test_a_file_that_cannot_be_read_is_named_in_plain_words(server, tmp_path, capsys, name, reason):
     """A missing FILE (a typo) was "specserve: error: [Errno 2] No such file or directory: '...'",
-    Python's OSError text, and a folder "[Errno 21] Is a directory"; now the same words as the
-    other commands' input files use, before the server is asked."""
+    Python's OSError text, and a folder "[Errno 21] Is a directory"; now one line in the words every
+    command uses for an input file (inputs.py: the system's reason), before the server is asked."""
     path = tmp_path / name
     assert edit_cli(server, path, "--dry-run") == 2
     err = capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Layering: a lower part of the package never imports a higher one (read from the source, nothing runs).
 
-From the bottom: `hardware`, `fim` (leaves: they import nothing of the package) -> `errors` -> `config`
--> `chat`, `literal` -> `backends` -> `models` -> `proposers`, `engine` -> `llm` -> `server`, `edit` -> `bench`
+From the bottom: `hardware`, `fim` (leaves: they import nothing of the package) -> `errors` -> `config`,
+`inputs` -> `chat`, `literal` -> `backends` -> `models` -> `proposers`, `engine` -> `llm` -> `server`, `edit` -> `bench`
 -> `cli`. A module may import its own layer and those below (`server` and `edit` not each other).
 """
 
@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "specserve"
 LAYERS = (  # bottom first
     {"hardware", "fim"},
     {"errors"},
-    {"config"},
+    {"config", "inputs"},
     {"chat", "literal"},
     {"backends"},
     {"models"},

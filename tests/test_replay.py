@@ -227,7 +227,7 @@ def test_cli_replay_names_the_file_it_cannot_read(tokenizer, tmp_path, capsys):
     (tmp_path / "after.py").write_text(BEFORE)
     for flag, path, message in [
         ("--prediction", tmp_path / "binary", f"--prediction {tmp_path / 'binary'}: not UTF-8 text"),
-        ("--prediction", tmp_path / "missing.py", f"--prediction {tmp_path / 'missing.py'}: cannot read it"),
+        ("--prediction", tmp_path / "missing.py", f"cannot read --prediction {tmp_path / 'missing.py'}: No such file"),
     ]:
         assert (
             main(["replay", flag, str(path), "--output", str(tmp_path / "after.py"), "--model", tokenizer.folder]) == 2

@@ -21,6 +21,7 @@ from ..config import (
 from ..edit.files import check_writable
 from ..errors import ContextLengthError, InvalidRequestError
 from ..hardware import cpu_info, describe
+from ..inputs import read_bytes
 from ..models import packs
 
 DEFAULT_MAX_TOKENS = SamplingParams.max_tokens
@@ -199,22 +200,16 @@ def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
     )
 
 
-def read_text(path: str, what: str) -> str:
+def read_text(path: str, flag: str) -> str:
     """A file's text, or stdin's for "-" (it was looked for as a file named "-"), byte for byte:
-    line ends as they are (a text-mode open() made CRLF '\n'), and a one-line error for bytes that
-    are not UTF-8 (stdin handed them over as lone surrogates, which failed in the tokenizer)."""
-    try:
-        if path == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
-    except OSError as e:
-        raise InvalidRequestError(f"cannot read {what} file {path!r}: {e.strerror}") from None
+    line ends as they are (a text-mode open() made CRLF '\n'), and a one-line error for a file that
+    cannot be read (inputs.py: every command's words) or bytes that are not UTF-8 (stdin handed them
+    over as lone surrogates, which failed in the tokenizer). flag: the option that named the file."""
+    data = sys.stdin.buffer.read() if path == "-" else read_bytes(path, flag)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        where = f"the {what} on stdin" if path == "-" else f"{what} file {path!r}"
+        where = f"{flag} on stdin" if path == "-" else f"{flag} {path}"
         raise InvalidRequestError(f"{where} is not UTF-8 text (byte {e.start})") from None
 
 
@@ -234,10 +229,10 @@ def read_prompt(args) -> str:
     if args.prompt is not None:
         return utf8_argument(args.prompt, "prompt")
     if args.prompt_file and args.prompt_file != "-":
-        return read_text(args.prompt_file, "prompt")
+        return read_text(args.prompt_file, "--prompt-file")
     if sys.stdin.isatty():
         raise InvalidRequestError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
-    prompt = read_text("-", "prompt")
+    prompt = read_text("-", "the prompt")
     if not prompt:
         raise InvalidRequestError("the prompt on stdin is empty")
     return prompt
@@ -266,8 +261,8 @@ def run(args) -> int:
     check_stdin_once(args)
     prompt = read_prompt(args)
     system = utf8_argument(args.system, "--system message") if args.system else None
-    prediction = read_text(args.prediction, "prediction") if args.prediction else None
-    suffix = read_text(args.suffix, "suffix") if args.suffix else None
+    prediction = read_text(args.prediction, "--prediction") if args.prediction else None
+    suffix = read_text(args.suffix, "--suffix") if args.suffix else None
     if suffix is not None and (args.chat or args.system):
         raise InvalidRequestError("--suffix fills a gap in code; it does not go with --chat or --system")
     params = SamplingParams(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
 from ..config import BACKENDS, METHODS, ONE_REQUEST, LoadOptions, SpeculationConfig
+from ..inputs import read_bytes
 
 REPLAY_METHODS = [m for m in METHODS if m != "draft"]  # only a tokenizer is loaded: nothing could draft
 
@@ -107,10 +108,9 @@ def read_input(path: Path | None, flag: str) -> str | None:
     "'utf-8' codec can't decode byte 0xcc in position 2", with no word of which file)."""
     if path is None:
         return None
+    data = read_bytes(path, flag)  # byte for byte: read_text made CRLF line ends '\n'
     try:
-        return path.read_bytes().decode("utf-8")  # byte for byte: read_text made CRLF line ends '\n'
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{flag} {path}: not UTF-8 text") from None
 
@@ -166,10 +166,11 @@ def check_bench(args) -> int:
     """--bench: the replay of each prediction run beside its measured speedup."""
     from ..bench.replay_check import check_report, markdown
 
+    raw = read_bytes(args.bench, "--bench")  # a missing file is unreadable, not "not a bench report"
     try:
-        report = json.loads(args.bench.read_text(encoding="utf-8"))
+        report = json.loads(raw.decode("utf-8"))
         env = report["environment"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--bench {args.bench}: not a bench report ({e})") from None
     tokenizer = load_tokenizer(args.model or env["model"])
     try:

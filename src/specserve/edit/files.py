@@ -14,7 +14,6 @@ must not overwrite what the user saved meanwhile).
 from __future__ import annotations
 
 import difflib
-import errno
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..inputs import read_bytes
 from .client import EditError
 
 LANGUAGES = {
@@ -101,26 +101,13 @@ _LONE_CR = re.compile(r"\r(?!\n)")
 _ANY_END = re.compile(r"(\r\n|\r|\n)")
 
 
-_UNREADABLE = {errno.ENOENT: "no such file", errno.EISDIR: "it is a folder", errno.EACCES: "permission denied"}
-
-
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, or an EditError in plain words (a missing file was Python's
-    "[Errno 2] No such file or directory: '...'")."""
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        reason = _UNREADABLE.get(e.errno) or (e.strerror or type(e).__name__).lower()
-        raise EditError(f"cannot read {path}: {reason}") from None
-
-
 def read_source(path: Path) -> SourceFile:
     """Read a UTF-8 text file for editing; EditError (one line) when it is not one (bytes that
     are not UTF-8, or a NUL byte).
 
     A lone CR ends a line only in a file that has more of them than LFs (classic Mac line ends);
     in an LF or CRLF file it is a character inside its line, as git and diff read it."""
-    raw = _read_bytes(path)
+    raw = read_bytes(path)  # unreadable: inputs.py's one line, as every command words it
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
