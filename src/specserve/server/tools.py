@@ -78,6 +78,16 @@ class ToolCall:
 
 
 # -- validation ------------------------------------------------------------------------------
+OPTIONAL_FUNCTION_FIELDS = ("description", "parameters", "strict")
+
+
+def _without_nulls(fn: dict) -> dict:
+    """A function whose optional fields are null, read as if they were left out: OpenAI's types
+    make them nullable, and the openai SDK's own `pydantic_function_tool` sends `"description":
+    null` for a model without a docstring (`responses.parse(tools=[...])` was a 400 here)."""
+    return {k: v for k, v in fn.items() if not (k in OPTIONAL_FUNCTION_FIELDS and v is None)}
+
+
 def check_tools(tools: list) -> list[dict]:
     """Validate OpenAI tool definitions; returns them normalised (parameters defaulted)."""
     out = []
@@ -85,7 +95,7 @@ def check_tools(tools: list) -> list[dict]:
         p = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
             raise ConstraintError(f"{p} must be {{'type': 'function', 'function': {{...}}}}", p)
-        fn = tool["function"]
+        fn = _without_nulls(tool["function"])
         if not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
             raise ConstraintError(f"{p}.function.name must be 1-64 letters, digits, '_' or '-'", f"{p}.function.name")
         if "description" in fn and not isinstance(fn["description"], str):

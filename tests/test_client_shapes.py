@@ -1,0 +1,60 @@
+"""Requests shaped exactly as real clients send them (captured from the openai SDK, openai-agents,
+langchain-openai and litellm against `specserve serve`; docs/server.md, "Tried with"), each one
+that a client sent and the server mishandled pinned here. In-process on a tiny model; the openai
+SDK talks to the app through the test client (an httpx client)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import BaseModel, Field
+from tiny import tiny_model, tiny_tokenizer
+
+from specserve.llm import LLM
+from specserve.server.app import create_app
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+RESPONSE = {"model": "tiny", "input": "hi", "max_output_tokens": 3, "temperature": 0}
+
+
+class City(BaseModel):  # no docstring: the SDK's pydantic_function_tool sends "description": null
+    city: str = Field(max_length=4)  # a short string: the tiny model's forced call ends
+
+
+@pytest.fixture(scope="module")
+def client():
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, "tiny")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sdk(client):
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client, max_retries=0)
+
+
+def test_a_pydantic_function_tool_in_responses_parse_is_served(sdk):
+    resp = sdk.responses.parse(
+        model="tiny",
+        input="Weather in Paris?",
+        tools=[openai.pydantic_function_tool(City)],
+        tool_choice="required",
+        max_output_tokens=120,
+    )
+    [call] = [item for item in resp.output if item.type == "function_call"]
+    assert call.name == "City" and isinstance(call.parsed_arguments, City)
+
+
+@pytest.mark.parametrize("field", ["description", "parameters", "strict"])
+def test_a_null_tool_field_is_read_as_absent(client, field):
+    fn = {"name": "f", "description": "a tool", "parameters": {"type": "object", "properties": {}}, field: None}
+    r = client.post("/v1/chat/completions", json={**CHAT, "tools": [{"type": "function", "function": fn}]})
+    assert r.status_code == 200, r.text
+    r = client.post("/v1/responses", json={**RESPONSE, "tools": [{"type": "function", **fn}]})
+    assert r.status_code == 200, r.text
+    forced = {"tools": [{"type": "function", "function": fn}], "tool_choice": "required", "max_tokens": 200}
+    r = client.post("/v1/chat/completions", json={**CHAT, **forced})
+    assert r.status_code == 200, r.text
+    [call] = r.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "f" and call["function"]["arguments"].startswith("{")
