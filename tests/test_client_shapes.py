@@ -58,3 +58,14 @@ def test_a_null_tool_field_is_read_as_absent(client, field):
     assert r.status_code == 200, r.text
     [call] = r.json()["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "f" and call["function"]["arguments"].startswith("{")
+
+
+def test_a_stored_prompt_template_is_a_400_not_ignored(client):
+    """openai-agents' `Agent(prompt={"id": "pmpt_..."})` sends `prompt` (a template stored at OpenAI,
+    holding the instructions) and may leave `model` to it: answered without it, the agent ran with
+    no instructions at all."""
+    for prompt in ({"id": "pmpt_1"}, {"id": "pmpt_1", "version": "2", "variables": {"city": "Paris"}}):
+        r = client.post("/v1/responses", json={**RESPONSE, "prompt": prompt})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "prompt"
+    assert client.post("/v1/responses", json={**RESPONSE, "prompt": None}).status_code == 200

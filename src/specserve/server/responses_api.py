@@ -17,8 +17,8 @@ in size) unless `store` is false: `previous_response_id` continues one (its conv
 its instructions, as OpenAI does), an `item_reference` input item sends one of its output items
 back by id, and `GET` / `DELETE /v1/responses/{id}` read or drop one.
 They live in one server process (the Ray replicas share one, ray_serve.SharedResponseStore) and
-are gone after a restart; `conversation` objects and
-background responses are refused.
+are gone after a restart; `conversation` objects,
+background responses and stored prompt templates (`prompt`) are refused.
 """
 
 from __future__ import annotations
@@ -274,6 +274,8 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
         raise unsupported("conversation", "conversation objects (continue with previous_response_id)")
     if req.background:
         raise unsupported("background", "background responses")
+    if req.prompt is not None:  # its instructions live at OpenAI: answered without them, an agent had none
+        raise unsupported("prompt", "stored prompt templates (send instructions and input instead)")
     history = []
     if req.previous_response_id is not None:
         history = store.messages(req.previous_response_id)

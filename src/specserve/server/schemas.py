@@ -219,6 +219,7 @@ class ResponsesRequest(_Strict):
     previous_response_id: str | None = None
     conversation: Any = None
     background: bool | None = None
+    prompt: Any = None  # a prompt template stored at OpenAI: refused, as this server has none
     reasoning: Any = None  # accepted and ignored: the packs are not reasoning models
     include: list[str] | None = None  # "message.output_text.logprobs" is served; the rest accepted and ignored
     top_logprobs: Int | None = Field(None, ge=0, le=20)  # with that include: alternatives per token
