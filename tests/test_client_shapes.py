@@ -69,3 +69,14 @@ def test_a_stored_prompt_template_is_a_400_not_ignored(client):
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "prompt"
     assert client.post("/v1/responses", json={**RESPONSE, "prompt": None}).status_code == 200
+
+
+def test_chat_web_search_options_are_a_400_not_ignored(client):
+    """`web_search_options` (the SDK's `chat.completions.create(web_search_options={})`, litellm's
+    `web_search_options`) asks for answers from a web search this server cannot run: served without
+    one, the model made the results up. A Responses `web_search` tool is refused the same way."""
+    for options in ({}, {"search_context_size": "low"}):
+        r = client.post("/v1/chat/completions", json={**CHAT, "web_search_options": options})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "web_search_options"
+    assert client.post("/v1/chat/completions", json={**CHAT, "web_search_options": None}).status_code == 200

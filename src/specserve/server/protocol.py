@@ -90,6 +90,8 @@ def _refuse_chat(req: ChatCompletionRequest) -> None:
         raise unsupported("functions" if req.functions else "function_call", "function calling")
     if req.audio is not None or "audio" in (req.modalities or ()):
         raise unsupported("audio" if req.audio is not None else "modalities", "audio output")
+    if req.web_search_options is not None:  # served without a search, the model made its results up
+        raise unsupported("web_search_options", "web search")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 

@@ -138,6 +138,7 @@ class ChatCompletionRequest(_Common):
     function_call: Any = None
     audio: Any = None
     modalities: list[str] | None = None
+    web_search_options: Any = None  # refused: the answer would not come from a search
     parallel_tool_calls: bool | None = None
     store: bool | None = False  # true: kept for GET /v1/chat/completions/{id} and friends (chat_store.py)
     # extensions (extra_body), as in vLLM: go on writing the last, assistant, message (an answer
