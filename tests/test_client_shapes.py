@@ -80,3 +80,49 @@ def test_chat_web_search_options_are_a_400_not_ignored(client):
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "web_search_options"
     assert client.post("/v1/chat/completions", json={**CHAT, "web_search_options": None}).status_code == 200
+
+
+def _two_tools(flat: bool) -> list[dict]:
+    fns = [{"name": n, "parameters": {"type": "object", "properties": {}}} for n in ("f", "g")]
+    return [{"type": "function", **fn} if flat else {"type": "function", "function": fn} for fn in fns]
+
+
+def test_an_allowed_tools_choice_limits_the_calls_to_those_it_names(client):
+    """OpenAI's `tool_choice: {"type": "allowed_tools", ...}` (the SDK types it on both endpoints,
+    litellm passes it on): the model may call only the named tools, `mode` "required" forcing one
+    of them. It was a 400 ("tool_choice must be 'none', 'auto', 'required' or ...")."""
+    chat_choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [_ref("g", flat=False)]}}
+    r = client.post(
+        "/v1/chat/completions", json={**CHAT, "tools": _two_tools(False), "tool_choice": chat_choice, "max_tokens": 200}
+    )
+    assert r.status_code == 200, r.text
+    assert [c["function"]["name"] for c in r.json()["choices"][0]["message"]["tool_calls"]] == ["g"]
+    flat_choice = {"type": "allowed_tools", "mode": "required", "tools": [_ref("g", flat=True)]}
+    body = {**RESPONSE, "tools": _two_tools(True), "tool_choice": flat_choice, "max_output_tokens": 200}
+    r = client.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    assert [item["name"] for item in r.json()["output"] if item["type"] == "function_call"] == ["g"]
+    auto = {"type": "allowed_tools", "mode": "auto", "tools": [_ref("f", flat=True)]}
+    assert client.post("/v1/responses", json={**body, "tool_choice": auto}).status_code == 200
+
+
+def _ref(name: str, flat: bool) -> dict:
+    return {"type": "function", "name": name} if flat else {"type": "function", "function": {"name": name}}
+
+
+@pytest.mark.parametrize(
+    "allowed, param",
+    [
+        ({"mode": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}, "allowed_tools.mode"),
+        ({"mode": "auto", "tools": []}, "allowed_tools.tools"),
+        ({"mode": "auto", "tools": [{"type": "function", "function": {"name": "h"}}]}, "allowed_tools.tools[0]"),
+    ],
+)
+def test_a_bad_allowed_tools_choice_is_a_400_naming_it(client, allowed, param):
+    choice = {"type": "allowed_tools", "allowed_tools": allowed}
+    r = client.post("/v1/chat/completions", json={**CHAT, "tools": _two_tools(False), "tool_choice": choice})
+    assert r.status_code == 400 and r.json()["error"]["param"] == f"tool_choice.{param}", r.text
+    refs = [_ref(t["function"]["name"], flat=True) for t in allowed["tools"]]
+    flat = {"type": "allowed_tools", "mode": allowed["mode"], "tools": refs}
+    r = client.post("/v1/responses", json={**RESPONSE, "tools": _two_tools(True), "tool_choice": flat})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice." + param.split(".", 1)[1], r.text

@@ -48,10 +48,12 @@ CHAT_PARAMS = (  # (chat field path prefix, what the Responses request calls it)
     ("response_format.json_schema", "text.format"),
     ("response_format", "text.format"),
     ("tool_choice.function", "tool_choice"),
+    ("tool_choice.allowed_tools", "tool_choice"),
 )
 # A chat field path as an error's message writes it (not inside another path, nor quoted)
 _CHAT_PATH = re.compile(
-    r"(?<![\w.\['\"])(?:messages|max_completion_tokens|max_tokens|response_format|tool_choice\.function|tools\[\d+\]\.function)"
+    r"(?<![\w.\['\"])(?:messages|max_completion_tokens|max_tokens|response_format|tool_choice\.function"
+    r"|tool_choice\.allowed_tools|tools\[\d+\]\.function)"
     r"(?:\[\d+\]|\.\w+)*(?![\w'\"])"
 )
 CHAT_TOOL_CHOICE = "{'type': 'function', 'function': {'name': ...}}"  # the shape chat's 400 shows
@@ -202,8 +204,15 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
 
 
 def _tool_choice(choice):
+    """A Responses tool_choice in chat's shape: the flat `{"type": "function", "name"}`, and the flat
+    `{"type": "allowed_tools", "mode", "tools": [{"type": "function", "name"}]}`, nest as chat's do."""
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        refs = choice.get("tools")
+        if isinstance(refs, list):
+            refs = [_tool_choice(ref) if isinstance(ref, dict) and "name" in ref else ref for ref in refs]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": refs}}
     return choice
 
 

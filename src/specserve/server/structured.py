@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from ..config import SamplingParams
 from ..engine.constrain import ConstraintError, GrammarSpec, check_schema
-from .tools import check_forced_schemas, check_tools, forced_grammar, resolve_choice
+from .tools import allowed_tools, check_forced_schemas, check_tools, forced_grammar, resolve_choice
 
 MAX_N = 8  # choices per request: each one is a full generation on the single worker
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")
@@ -151,6 +151,8 @@ def tool_setup(tools, tool_choice, parallel_tool_calls) -> ToolSetup:
     if tools is not None and not isinstance(tools, list):
         raise ConstraintError("tools must be a list", "tools")
     checked = check_tools(tools) if tools else None
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
+        checked, tool_choice = allowed_tools(tool_choice, checked or [])
     choice = resolve_choice(tool_choice, checked or [])
     if checked and choice not in ("auto", "none"):
         check_forced_schemas(checked, choice)

@@ -174,6 +174,33 @@ def check_tool_results(messages: list[dict]) -> None:
             )
 
 
+def allowed_tools(choice, tools: list[dict]) -> tuple[list[dict], str]:
+    """OpenAI's `{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}` as the tools the
+    model may call (those it names, in their declared order) and the plain choice ("auto" or
+    "required") over them. Served by offering only those tools: the model can call no other."""
+    allowed = choice.get("allowed_tools")
+    p = "tool_choice.allowed_tools"
+    if not isinstance(allowed, dict):
+        raise ConstraintError(f"{p} must be an object with 'mode' and 'tools'", p)
+    if allowed.get("mode") not in ("auto", "required"):
+        raise ConstraintError(f"{p}.mode must be 'auto' or 'required'", f"{p}.mode")
+    refs = allowed.get("tools")
+    if not isinstance(refs, list) or not refs:
+        raise ConstraintError(f"{p}.tools must be a non-empty list of tools", f"{p}.tools")
+    names = {t["function"]["name"] for t in tools}
+    wanted = set()
+    for i, ref in enumerate(refs):
+        fn = ref.get("function") if isinstance(ref, dict) and ref.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name not in names:
+            raise ConstraintError(
+                f"{p}.tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}} naming a tool",
+                f"{p}.tools[{i}]",
+            )
+        wanted.add(name)
+    return [t for t in tools if t["function"]["name"] in wanted], allowed["mode"]
+
+
 def resolve_choice(choice, tools: list[dict]) -> str | None:
     """tool_choice -> "none" | "auto" | "required" | a function name (forced)."""
     if choice is None:
