@@ -126,3 +126,30 @@ def test_a_bad_allowed_tools_choice_is_a_400_naming_it(client, allowed, param):
     flat = {"type": "allowed_tools", "mode": allowed["mode"], "tools": refs}
     r = client.post("/v1/responses", json={**RESPONSE, "tools": _two_tools(True), "tool_choice": flat})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice." + param.split(".", 1)[1], r.text
+
+
+def test_an_assistant_refusal_part_in_the_history_is_its_text(client):
+    """A conversation carried over from OpenAI (an openai-agents run whose history an earlier model
+    wrote; a chat log replayed) may hold an assistant turn whose content is a `refusal` part, which
+    OpenAI's types allow there: it was a 400 ("content part type 'refusal' ... not supported")."""
+    said = [{"type": "refusal", "refusal": "I can't help with that."}]
+    plain = [{"type": "text", "text": "I can't help with that."}]
+    turns = [{"role": "user", "content": "hi"}, None, {"role": "user", "content": "ok"}]
+
+    def chat(content):
+        messages = [turns[0], {"role": "assistant", "content": content}, turns[2]]
+        r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    assert chat(said) == chat(plain)
+    messages = [turns[0], {"role": "assistant", "content": None, "refusal": said[0]["refusal"]}, turns[2]]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})  # the SDK's message, replayed
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == chat(plain), r.text
+    output = {"type": "message", "role": "assistant", "content": [{**said[0], "type": "refusal"}]}
+    r = client.post("/v1/responses", json={**RESPONSE, "input": [turns[0], output, turns[2]]})
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][0]["content"][0]["text"] == chat(plain)
+    user_refusal = [{"role": "user", "content": said}]  # only an assistant turn may hold one
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": user_refusal})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]", r.text

@@ -68,12 +68,16 @@ class Prepared:
         return self.batch or [self.prompt_ids]
 
 
-def content_text(content: Content | None, param: str) -> str:
-    """A string, or the concatenated text of an array of text parts; other parts are refused."""
+def content_text(content: Content | None, param: str, assistant: bool = False) -> str:
+    """A string, or the concatenated text of an array of text parts; other parts are refused. An
+    assistant turn's `refusal` parts (OpenAI allows them there) are their refusal's text."""
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
     for j, part in enumerate(content):
+        if assistant and part.type == "refusal":
+            texts.append(refusal_text(part.model_extra or {}, f"{param}[{j}]"))
+            continue
         if part.type != "text":
             raise unsupported(f"{param}[{j}]", f"content part type {part.type!r} (only 'text' parts)")
         if part.text is None:  # was "content part type 'text' (only 'text' parts) is not supported"
@@ -82,6 +86,18 @@ def content_text(content: Content | None, param: str) -> str:
             )
         texts.append(part.text)
     return "".join(texts)
+
+
+def refusal_text(part: dict, param: str) -> str:
+    """The text of a `{"type": "refusal", "refusal": ...}` content part."""
+    if not isinstance(part.get("refusal"), str):
+        missing = part.get("refusal") is None
+        raise bad_request(
+            f"missing required parameter '{param}.refusal'" if missing else f"{param}.refusal must be a string",
+            f"{param}.refusal",
+            "missing_required_parameter" if missing else "invalid_type",
+        )
+    return part["refusal"]
 
 
 def _refuse_chat(req: ChatCompletionRequest) -> None:
@@ -256,8 +272,11 @@ def _chat_message(m: ChatMessage, i: int) -> dict:
         raise unsupported(f"messages[{i}].role", "legacy 'function' messages (use role 'tool')")
     out = {
         "role": "system" if m.role == "developer" else m.role,
-        "content": content_text(m.content, f"messages[{i}].content"),
+        "content": content_text(m.content, f"messages[{i}].content", assistant=m.role == "assistant"),
     }
+    refusal = (m.model_extra or {}).get("refusal")
+    if m.role == "assistant" and m.content is None and refusal is not None:  # a refusal, replayed as it came
+        out["content"] = refusal_text(m.model_extra, f"messages[{i}]")
     if m.tool_calls:
         out["tool_calls"] = check_message_tool_calls(m.tool_calls, f"messages[{i}].tool_calls")
     if m.role == "tool":

@@ -34,7 +34,7 @@ from ..engine.stats import RequestOutput, TokenLogprob
 from .errors import APIError, bad_request, unsupported
 from .input_items import listed
 from .lru_store import LruStore, json_size
-from .protocol import Prepared, prepare_chat
+from .protocol import Prepared, prepare_chat, refusal_text
 from .responses import ChatDialect, Dialect, ResponseContext
 from .schemas import ChatCompletionRequest, ResponsesRequest
 from .tools import ToolCall, parse_tool_calls
@@ -60,8 +60,9 @@ CHAT_TOOL_CHOICE = "{'type': 'function', 'function': {'name': ...}}"  # the shap
 
 
 # -- the request --------------------------------------------------------------------------------
-def _text(content, param: str) -> str:
-    """A string, or the text of an array of text parts (other parts are refused by name)."""
+def _text(content, param: str, assistant: bool = False) -> str:
+    """A string, or the text of an array of text parts (other parts are refused by name); an
+    assistant message's `refusal` parts (an output item OpenAI wrote) are their refusal's text."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -69,6 +70,9 @@ def _text(content, param: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if assistant and kind == "refusal":
+            texts.append(refusal_text(part, f"{param}[{j}]"))
+            continue
         if kind not in TEXT_PARTS:
             raise unsupported(f"{param}[{j}]", f"content part type {kind!r} (only text parts)")
         if not isinstance(part.get("text"), str):  # was "content part type 'input_text' ... is not supported"
@@ -125,7 +129,8 @@ def _messages(items: list[dict], history: list[dict]) -> list[dict]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise bad_request(f"input[{i}].role must be user, assistant, system or developer", f"input[{i}].role")
-            messages.append({"role": role, "content": _text(item.get("content"), f"input[{i}].content")})
+            text = _text(item.get("content"), f"input[{i}].content", assistant=role == "assistant")
+            messages.append({"role": role, "content": text})
         elif kind == "function_call":
             call = _call(item, i)
             last = messages[-1] if messages else None
@@ -149,7 +154,7 @@ def _listed_input(items: list[dict]) -> list[dict]:
         kind = _kind(item)
         text = None
         if kind == "message":
-            text = _text(item.get("content"), f"input[{i}].content")
+            text = _text(item.get("content"), f"input[{i}].content", assistant=item.get("role") == "assistant")
         elif kind == "function_call_output":
             text = _text(item.get("output"), f"input[{i}].output")
         out.append(listed(item, kind, text))
