@@ -153,3 +153,11 @@ def test_an_assistant_refusal_part_in_the_history_is_its_text(client):
     user_refusal = [{"role": "user", "content": said}]  # only an assistant turn may hold one
     r = client.post("/v1/chat/completions", json={**CHAT, "messages": user_refusal})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]", r.text
+
+
+def test_embeddings_are_refused_as_an_unknown_url(sdk):
+    """langchain-openai's OpenAIEmbeddings (and litellm.embedding) reach `POST /v1/embeddings`, which
+    this server does not serve: the SDK gets OpenAI's own 404 for an unknown URL, not a 500."""
+    with pytest.raises(openai.NotFoundError) as e:
+        sdk.embeddings.create(model="tiny", input=["hi"], encoding_format="base64")
+    assert e.value.body["message"] == "Invalid URL (POST /v1/embeddings)"
