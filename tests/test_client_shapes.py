@@ -161,3 +161,21 @@ def test_embeddings_are_refused_as_an_unknown_url(sdk):
     with pytest.raises(openai.NotFoundError) as e:
         sdk.embeddings.create(model="tiny", input=["hi"], encoding_format="base64")
     assert e.value.body["message"] == "Invalid URL (POST /v1/embeddings)"
+
+
+def test_responses_input_tokens_count_what_a_create_would_bill(sdk):
+    """`client.responses.input_tokens.count(...)` (`POST /v1/responses/input_tokens`) counts the input
+    a Responses request with the same fields would bill as `usage.input_tokens`. It was a 405 (the
+    path matched `GET /v1/responses/{id}`), which the SDK raises as a bare APIStatusError."""
+    ask = {"instructions": "Be brief.", "input": [{"role": "user", "content": "Weather in Paris?"}]}
+    tools = [{"type": "function", "name": "weather", "parameters": City.model_json_schema()}]
+    for extra in ({}, {"tools": tools}):
+        made = sdk.responses.create(model="tiny", max_output_tokens=3, **ask, **extra)
+        counted = sdk.responses.input_tokens.count(model="tiny", **ask, **extra)
+        assert counted.object == "response.input_tokens" and counted.input_tokens == made.usage.input_tokens
+    later = {"input": "And in Rome?", "previous_response_id": made.id}
+    then = sdk.responses.create(model="tiny", max_output_tokens=3, **later)
+    assert sdk.responses.input_tokens.count(**later).input_tokens == then.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk.responses.input_tokens.count(input="hi", previous_response_id="resp_none")
+    assert e.value.body["param"] == "previous_response_id"

@@ -27,7 +27,7 @@ from tiny import save_tiny
 from specserve.config import METHODS
 from specserve.server.body_limit import default_max_body_bytes
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
-from specserve.server.schemas import ResponsesRequest
+from specserve.server.schemas import InputTokensRequest, ResponsesRequest
 
 MODEL = "tiny"
 CONTEXT = 512  # tiny.tiny_model's max_position_embeddings
@@ -172,6 +172,7 @@ def test_a_seed_outside_64_bits_is_a_400_and_its_ends_are_served(server, path):
         ("/v1/chat/completions", ChatCompletionRequest),
         ("/v1/completions", CompletionRequest),
         ("/v1/responses", ResponsesRequest),
+        ("/v1/responses/input_tokens", InputTokensRequest),
     ],
 )
 def test_openapi_publishes_the_request_models(server, path, model):
@@ -180,7 +181,7 @@ def test_openapi_publishes_the_request_models(server, path, model):
     ref = body["content"]["application/json"]["schema"]["$ref"]
     schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert body["required"] and set(schema["properties"]) == set(model.model_fields)
-    assert set(schema["required"]) == {n for n, f in model.model_fields.items() if f.is_required()}
+    assert set(schema.get("required", ())) == {n for n, f in model.model_fields.items() if f.is_required()}
     if "stop" in model.model_fields:  # (the Responses API has no stop strings)
         stop_list = next(s for s in schema["properties"]["stop"]["anyOf"] if s.get("type") == "array")
         assert stop_list["maxItems"] == 4

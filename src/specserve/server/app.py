@@ -53,8 +53,8 @@ from .protocol import Prepared
 from .request_id import HEADER as REQUEST_ID_HEADER
 from .request_id import RequestIdMiddleware, request_id_of
 from .responses import COMPLETIONS, Dialect, ResponseContext, prefix_hits, usage
-from .responses_api import ResponsesDialect
-from .schemas import DetokenizeRequest, TokenizeRequest
+from .responses_api import ResponsesDialect, count_input_tokens
+from .schemas import DetokenizeRequest, InputTokensRequest, TokenizeRequest
 from .structured import choice_params
 from .tokenize import detokenize, tokenize, tokenizer_info
 
@@ -705,6 +705,10 @@ def create_app(
     @app.post("/v1/responses", dependencies=[auth])
     async def create_response(request: Request):
         return await server.handle(request, responses)
+
+    @app.post("/v1/responses/input_tokens", dependencies=[auth])
+    async def count_input_tokens_route(request: Request):
+        return await server.tokens(request, InputTokensRequest, count_input_tokens(responses.store))
 
     @app.get("/v1/responses/{response_id}", dependencies=[auth])
     async def get_response(response_id: str):

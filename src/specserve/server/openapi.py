@@ -18,6 +18,7 @@ from .schemas import (
     ChatCompletionUpdateRequest,
     CompletionRequest,
     DetokenizeRequest,
+    InputTokensRequest,
     ResponsesRequest,
     TokenizeRequest,
 )
@@ -240,6 +241,7 @@ def build_openapi(app: FastAPI) -> dict:
                 ChatCompletionUpdateRequest,
                 CompletionRequest,
                 ResponsesRequest,
+                InputTokensRequest,
                 TokenizeRequest,
                 DetokenizeRequest,
             ),
@@ -267,6 +269,19 @@ def build_openapi(app: FastAPI) -> dict:
                 },
             }
         )
+    counted = {"type": "object", "required": ["object", "input_tokens"]}
+    paths["/v1/responses/input_tokens"]["post"].update(
+        {
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": REF.format(model="InputTokensRequest")}}},
+            },
+            "responses": {
+                "200": {"description": "input tokens", "content": {"application/json": {"schema": counted}}},
+                **_errors("400", "401", "404", "413"),
+            },
+        }
+    )
     stored = {
         "200": {
             "description": "the stored response",

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from ..engine.stats import RequestOutput, TokenLogprob
-from .errors import APIError, bad_request, unsupported
+from .errors import APIError, bad_request, engine_error, unsupported
 from .input_items import listed
 from .lru_store import LruStore, json_size
 from .protocol import Prepared, prepare_chat, refusal_text
 from .responses import ChatDialect, Dialect, ResponseContext
-from .schemas import ChatCompletionRequest, ResponsesRequest
+from .schemas import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
 from .tools import ToolCall, parse_tool_calls
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -324,6 +324,23 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
         "store": req.store is not False,
     }
     return prepared
+
+
+def count_input_tokens(store: ResponseStore):
+    """`POST /v1/responses/input_tokens`'s work (run on the prep thread): the prompt tokens that a
+    Responses request with these fields would bill as `usage.input_tokens`, prepared as one is
+    (so its 400s are a create's, in the Responses fields)."""
+
+    def work(req: InputTokensRequest, llm) -> dict:
+        try:
+            prepared = prepare_responses(req.model_copy(update={"model": req.model or ""}), llm, store)
+        except Exception as e:  # noqa: BLE001
+            err = engine_error(e)
+            err.param, err.message = responses_param(err.param), responses_message(err.message)
+            raise err from None
+        return {"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)}
+
+    return work
 
 
 def responses_param(param: str | None) -> str | None:

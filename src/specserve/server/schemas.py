@@ -235,6 +235,14 @@ class ResponsesRequest(_Strict):
     top_k: Int | None = Field(None, ge=-1)
 
 
+class InputTokensRequest(ResponsesRequest):
+    """`POST /v1/responses/input_tokens`: the fields of a Responses request, whose input is counted.
+    OpenAI's makes every field optional (a `previous_response_id` alone counts that conversation)."""
+
+    model: str | None = None
+    input: Annotated[str | list[dict[str, Any]], BeforeValidator(_input_shape)] = []
+
+
 class TokenizeRequest(_Strict):
     """vLLM's `POST /tokenize`: a prompt, or chat messages through the model's template."""
 
