@@ -261,3 +261,52 @@ def test_a_stream_outlives_a_redeploy_that_stops_its_replica(tmp_path):
     got = events[0]
     assert got[-1] == "[DONE]" and '"finish_reason":"length"' in "".join(got[-3:]), got[-3:]
     assert json.loads(got[-2])["usage"]["completion_tokens"] == MAX_TOKENS  # every token, none cut
+
+
+def _started(pid: int) -> str | None:
+    """pid's start time (/proc/PID/stat field 22), None when it is gone or a zombie: with the pid,
+    it names one process, not a later one that reuses the pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _tree(pid: int) -> dict[int, str]:
+    """The running processes under pid (its local Ray cluster), with their start times."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(") ", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found and (started := _started(child)) is not None:
+                found[child] = started
+                todo.append(child)
+    return found
+
+
+@pytest.mark.ray
+def test_a_sigkill_of_the_command_leaves_no_process_of_its_cluster(tmp_path):
+    """Ray ends its GCS and raylet with the command that started them, but a SIGKILLed
+    `serve --ray` left the raylet's dashboard and runtime-env agents hanging in their exit for about
+    a minute, holding ~230 MB and their ports (the next cluster's dashboard agent found 52365 taken
+    and ran without its HTTP service). Every process of the cluster now ends with the command."""
+    with ServerProcess(save_tiny(tmp_path / "tiny"), "--ray", "--replicas", "1") as srv:
+        cluster = _tree(srv.proc.pid)
+        names = " ".join(Path(f"/proc/{pid}/cmdline").read_text() for pid in cluster)
+        assert "raylet" in names and "DashboardAgent" in names, names
+        srv.proc.kill()
+        srv.proc.wait(10)
+    deadline = time.monotonic() + 20  # the agents hung for about 60 s
+    while (left := {p for p, t in cluster.items() if _started(p) == t}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    listing = subprocess.run(["ps", "-o", "pid,cmd", "-p", ",".join(map(str, left))], capture_output=True, text=True)
+    for pid in left:  # not to leave them to the next test
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    assert not left, listing.stdout

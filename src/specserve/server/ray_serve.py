@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecServeError
+from . import ray_reaper
 from .chat_store import ChatCompletionStore
 
 log = logging.getLogger("specserve.ray")
@@ -632,6 +633,8 @@ def run(args: argparse.Namespace, limits) -> int:
     except ImportError:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
     started = False  # whether replicas may be serving (then the stop drains them)
+    if args.ray_address is None:  # the cluster this command starts ends with it, SIGKILL included
+        ray_reaper.start()
     try:  # from here on: the app may serve before serve.run returns, and a Ctrl-C then must clean up too
         _init_ray(args)
         _check_cluster_fits(scale, local=args.ray_address is None)
@@ -745,13 +748,14 @@ def _remove_app(app_name: str, drain: bool) -> None:
 
 def _cluster_processes(settle_s: float) -> set[int]:
     """This process's descendants (the local cluster's processes), and those that appear in the
-    next settle_s seconds (a cluster interrupted while it started is still starting some)."""
+    next settle_s seconds (a cluster interrupted while it started is still starting some); not
+    the reaper, which sweeps once this process is gone (it ignores SIGTERM: the stop waited 5 s)."""
     seen = _descendants(os.getpid())
     deadline = time.monotonic() + settle_s
     while time.monotonic() < deadline:
         time.sleep(0.1)
         seen |= _descendants(os.getpid())
-    return seen
+    return seen - {ray_reaper.reaper_pid}
 
 
 def _descendants(pid: int) -> set[int]:
