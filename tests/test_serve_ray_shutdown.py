@@ -310,3 +310,65 @@ def test_a_sigkill_of_the_command_leaves_no_process_of_its_cluster(tmp_path):
     for pid in left:  # not to leave them to the next test
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert not left, listing.stdout
+
+
+# `serve run` (a local cluster, the app deployed by its builder), a Responses request and /metrics
+# (which create the app's store and metrics hub), then what `serve shutdown` does: each hub's
+# name is printed once the app runs and again once Serve is shut down (or 30 s later).
+SERVE_RUN_THEN_SHUTDOWN = r"""
+import json, sys, time
+import httpx, ray
+from ray import serve
+from specserve.server.ray_serve import APP_NAME, HUB_NAMESPACE, build_app
+
+model, port = sys.argv[1], int(sys.argv[2])
+url, hubs = f"http://127.0.0.1:{port}", [f"{APP_NAME}-metrics", f"{APP_NAME}-responses"]
+
+
+def alive():
+    found = []
+    for name in hubs:
+        try:
+            ray.get_actor(name, namespace=HUB_NAMESPACE)
+            found.append(name)
+        except ValueError:
+            pass
+    return found
+
+
+ray.init(namespace="specserve-test", log_to_driver=False)
+serve.start(http_options={"host": "127.0.0.1", "port": port})
+args = {"model": model, "dtype": "float32", "replicas": "1", "served_model_name": "tiny", "speculation": "none"}
+serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+body = {"model": "tiny", "input": "def add(a, b):", "max_output_tokens": 2}
+httpx.post(f"{url}/v1/responses", json=body, timeout=120).raise_for_status()
+httpx.get(f"{url}/metrics", timeout=60).raise_for_status()
+time.sleep(6)  # a few of the hubs' checks of their app: a running app keeps them
+running = alive()
+serve.shutdown()
+deadline = time.monotonic() + 30
+while (left := alive()) and time.monotonic() < deadline:
+    time.sleep(0.5)
+print(json.dumps({"running": running, "after_shutdown": left}))
+"""
+
+
+@pytest.mark.ray
+def test_serve_shutdown_removes_the_actors_the_app_created(tmp_path):
+    """The metrics hub and the Responses store are detached actors (a replica that dies must not
+    take them along), and `serve shutdown` after `serve run` left both running for as long as the
+    cluster ran, the store with its responses. They now end themselves once their app is gone."""
+    import ray.serve  # noqa: F401 - `-m ray` asks for this test: a missing Ray fails it, never skips it
+
+    model = save_tiny(tmp_path / "tiny")
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_RUN_THEN_SHUTDOWN, model, str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    hubs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert hubs["running"] == ["specserve-metrics", "specserve-responses"], hubs
+    assert hubs["after_shutdown"] == [], hubs

@@ -27,6 +27,7 @@ autoscaling and replacement of dead replicas. Nothing here parses a request.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import logging
 import math
@@ -261,10 +262,13 @@ class MetricsHub:
     kills a replica whose streams outlast graceful_shutdown_timeout_s: their clients saw a cut
     connection, not the error event and [DONE] a single server sends)."""
 
-    def __init__(self):
+    def __init__(self, app_name: str = APP_NAME):
+        from .ray_app_owned import end_with_app
+
         self.latest: dict[str, tuple[float, str]] = {}
         self.busy: dict[str, int] = {}  # requests each replica had in flight at its last push
         self.draining_since: float | None = None
+        end_with_app(app_name)  # detached, yet gone with its app (`serve shutdown` left it running)
 
     def push(self, replica: str, text: str, busy: int = 0) -> bool:
         """Record a replica's metrics and load; answer whether it should drain."""
@@ -291,13 +295,14 @@ class MetricsHub:
 
 
 def metrics_hub(app_name: str = APP_NAME):
-    """The app's hub actor, created by whoever asks first (detached: it outlives any replica)."""
+    """The app's hub actor, created by whoever asks first (detached: it outlives any replica, and
+    ends itself once the app is gone)."""
     import ray
 
     hub = ray.remote(num_cpus=0)(MetricsHub)
     return hub.options(
         name=f"{app_name}-metrics", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote()
+    ).remote(app_name)
 
 
 def _push_forever(server, replica: str, app_name: str) -> None:
@@ -361,15 +366,30 @@ def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
 
 # -- the Responses API's store -------------------------------------------------------------------
 def responses_hub(app_name: str = APP_NAME):
-    """The app's store of finished Responses, one detached actor all replicas share."""
+    """The app's store of finished Responses, one detached actor all replicas share (it ends
+    itself once the app is gone)."""
     import ray
 
-    from .responses_api import ResponseStore
-
-    store = ray.remote(num_cpus=0)(ResponseStore)
+    store = ray.remote(num_cpus=0)(_response_hub_class())
     return store.options(
         name=f"{app_name}-responses", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote()
+    ).remote(app_name)
+
+
+@functools.cache
+def _response_hub_class():
+    """ResponseStore as the app's actor: it ends with the app (`serve shutdown` left it running,
+    with up to 64 MB of responses). Built lazily: importing this module loads no server code."""
+    from .ray_app_owned import end_with_app
+    from .responses_api import ResponseStore
+
+    class ResponseHub(ResponseStore):
+        def __init__(self, app_name: str = APP_NAME):
+            super().__init__()
+            end_with_app(app_name)
+
+    ResponseHub.__qualname__ = "ResponseHub"  # its name in Ray's actor list
+    return ResponseHub
 
 
 class SharedResponseStore:
