@@ -52,7 +52,7 @@ from .openapi import install_openapi
 from .protocol import Prepared
 from .request_id import HEADER as REQUEST_ID_HEADER
 from .request_id import RequestIdMiddleware, request_id_of
-from .responses import COMPLETIONS, Dialect, ResponseContext, prefix_hits, usage
+from .responses import COMPLETIONS, Dialect, ResponseContext, usage
 from .responses_api import ResponsesDialect, count_input_tokens
 from .schemas import DetokenizeRequest, InputTokensRequest, TokenizeRequest
 from .structured import choice_params
@@ -425,7 +425,7 @@ class Server:
         self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
         if outputs:
             n = job.prepared.n
-            self.metrics.observe_usage(usage(outputs, n, job.prepared.scores_only), prefix_hits(outputs, n))
+            self.metrics.observe_usage(usage(outputs, n, job.prepared.scores_only))
             self.metrics.observe_latency(outputs, ttft, time.monotonic() - t0, dialect.name)
 
     async def _complete(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
@@ -587,15 +587,16 @@ class Server:
         return body, 200 if s.alive else 503
 
     def render_metrics(self) -> tuple[bytes, str]:
-        """The Prometheus text, its gauges (queue, running, KV and host cache) read from the engine
-        now: every exporter goes through here (the Ray replicas pushed `metrics.render()` as is,
-        and their gauges said 0 requests running while 3 ran)."""
+        """The Prometheus text, its gauges (queue, running, KV and host cache) and prefix-cache
+        reuse counters read from the engine now: every exporter goes through here (the Ray
+        replicas pushed `metrics.render()` as is, and their gauges said 0 requests running while 3 ran)."""
         core = self.llm.engine.core
         cached_cells = core.prefix.cells if core.prefix is not None else 0
         host = core.host.stats() if core.host is not None else None
         self.metrics.set_engine_state(
             self.engine.num_waiting, self.engine.num_running, core.cache_used, cached_cells, host
         )
+        self.metrics.set_prefix_reuse(core.prefix_stats())
         return self.metrics.render()
 
     def _exactness(self) -> dict:

@@ -9,6 +9,8 @@ rate(specserve_prompt_tokens_total).
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -32,6 +34,8 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._reuse_lock = threading.Lock()
+        self._reuse_seen = (0, 0)  # the prefix cache's hits and tokens saved, as last counted
         self.requests = Counter(
             "specserve_requests",
             "Requests by endpoint and outcome status (499: client went away, 504: timed out)",
@@ -151,17 +155,27 @@ class Metrics:
     def request(self, endpoint: str, status: int | str) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
-    def observe_usage(self, usage: dict, hits: int) -> None:
+    def observe_usage(self, usage: dict) -> None:
         """One answer's token counts, as its `usage` reports them: a prompt counts once however
         many choices it has, and a scored prompt (completions `max_tokens: 0`) has no completion
-        tokens (counted per choice before, the counters drifted from the answers' usage). hits:
-        its prompts that started from a cached prefix (responses.prefix_hits), counted per prompt
-        as /health counts them; the choices of n > 1 that copy choice 0's prefill are not hits of
-        their own. (Counted per answer before, a batch of prompts made the two disagree.)"""
+        tokens (counted per choice before, the counters drifted from the answers' usage)."""
         self.prompt_tokens.inc(usage["prompt_tokens"])
-        self.cached_tokens.inc(usage["prompt_tokens_details"]["cached_tokens"])
         self.completion_tokens.inc(usage["completion_tokens"])
-        self.prefix_hits.inc(hits)
+
+    def set_prefix_reuse(self, stats: dict | None) -> None:
+        """The prefix cache's running totals (engine/prefix_cache.py: `hits`, `tokens_saved`),
+        read from the engine when /metrics is scraped, so the two counters equal /health's
+        `prefix_cache` by construction: a prompt is a hit when it is admitted, whether or not its
+        answer is ever sent (counted from the answers sent in full before, a stream hung up after
+        its prefix hit left /health ahead for good). Each prompt counts once; the choices of
+        n > 1 that copy choice 0's prefill are not hits of their own. stats: None when off."""
+        if stats is None:
+            return
+        with self._reuse_lock:  # scrapes and Ray's push thread may read at once: each delta once
+            hits, saved = stats["hits"], stats["tokens_saved"]
+            self.prefix_hits.inc(max(0, hits - self._reuse_seen[0]))
+            self.cached_tokens.inc(max(0, saved - self._reuse_seen[1]))
+            self._reuse_seen = (max(hits, self._reuse_seen[0]), max(saved, self._reuse_seen[1]))
 
     def observe_latency(self, outputs: list[RequestOutput], ttft: float | None, e2e: float, endpoint: str) -> None:
         """Latencies of one answer, observed once however many choices (n) or prompts it has, as

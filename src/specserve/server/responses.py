@@ -45,12 +45,6 @@ def usage(outputs: RequestOutput | list[RequestOutput], n: int = 1, scores_only:
     }
 
 
-def prefix_hits(outputs: list[RequestOutput], n: int = 1) -> int:
-    """The prompts of an answer that started from a cached prefix: each prompt counts once (its
-    choice 0; the later choices of n > 1 copy its prefill), as /health's prefix_cache counts them."""
-    return sum(1 for o in outputs[::n] if o.stats.cached_tokens)
-
-
 def speculation(outputs: RequestOutput | list[RequestOutput]) -> dict | list[dict]:
     """The speculation stats: one object, or one per choice when n > 1."""
     if isinstance(outputs, list):
