@@ -130,6 +130,27 @@ def test_the_list_filters_by_metadata_and_model_and_pages_in_order(client):
     assert len(list(client.chat.completions.list(metadata={"run": "list"}, model=MODEL))) == 3
 
 
+@pytest.mark.parametrize("order", ["asc", "desc"])
+@pytest.mark.parametrize("how", ["deleted", "updated out of the filter"])
+def test_a_page_walk_goes_on_when_its_cursor_is_deleted_or_leaves_the_filter(client, order, how):
+    """The SDK's next page asks for the items after the last id it saw. When another client had
+    deleted that completion (or updated its metadata out of the list's filter) in between, the
+    page was a 400 (`after: no stored chat completion ...`), so auto-pagination over a store in
+    use failed mid-way (found by a soak walking pages while other workers deleted). It now goes
+    on from where the cursor was made: no id skipped, none repeated."""
+    made = [make(client, store=True, metadata={"run": f"walk-{order}-{how}"}).id for _ in range(4)]
+    query = {"metadata": {"run": f"walk-{order}-{how}"}, "order": order, "limit": 2}
+    first = client.chat.completions.list(**query)
+    cursor = first.data[-1].id
+    if how == "deleted":
+        client.chat.completions.delete(cursor)
+    else:
+        client.chat.completions.update(cursor, metadata={"run": "elsewhere"})
+    rest = client.chat.completions.list(**query, after=cursor)
+    walked = [c.id for c in first.data] + [c.id for c in rest.data]
+    assert walked == (made if order == "asc" else made[::-1]) and not rest.has_more
+
+
 def test_update_replaces_the_metadata_and_delete_drops_it(client):
     answer = make(client, store=True, metadata={"a": "1"})
     updated = client.chat.completions.update(answer.id, metadata={"b": "2"})

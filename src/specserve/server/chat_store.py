@@ -10,8 +10,11 @@ restart; completions sent without `store: true` are never kept, so never listed.
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 
 from .lru_store import LruStore, json_size
+
+REMEMBERED_CURSORS = 1 << 16  # dropped ids whose place in the list a cursor may still name (~6 MB at most)
 
 
 def stored_message(completion_id: str, index: int, message: dict) -> dict:
@@ -37,8 +40,9 @@ class ChatCompletionStore:
     refusal: str | None = None  # why `store: true` is refused where this store cannot serve it
 
     def __init__(self, max_bytes: int = 64 << 20):
-        self._kept = LruStore(max_bytes)
+        self._kept = LruStore(max_bytes, on_drop=self._dropped)
         self._made = itertools.count()  # creation order, for listing
+        self._places: OrderedDict[str, int] = OrderedDict()  # dropped ids' creation order, newest last
 
     @property
     def max_bytes(self) -> int:
@@ -74,13 +78,34 @@ class ChatCompletionStore:
     def delete(self, completion_id: str) -> bool:
         return self._kept.pop(completion_id)
 
-    def bodies(self, model: str | None = None, metadata: dict | None = None) -> list[dict]:
+    def _dropped(self, completion_id: str, kept: tuple) -> None:
+        """Remember where a dropped (deleted, evicted or replaced) completion was made, so a list
+        cursor naming it still finds its place; the oldest memories go beyond a bound."""
+        self._places[completion_id] = kept[0]
+        self._places.move_to_end(completion_id)
+        while len(self._places) > REMEMBERED_CURSORS:
+            self._places.popitem(last=False)
+
+    def place(self, completion_id: str) -> int | None:
+        """Where a completion stands in the list (its creation order), kept or dropped since: a
+        page after it starts there even when another client deleted it or changed its metadata
+        in between. None: never made here, or dropped too long ago."""
+        with self._kept.lock:
+            kept = self._kept.peek(completion_id)
+            return kept[0] if kept is not None else self._places.get(completion_id)
+
+    def bodies(
+        self, model: str | None = None, metadata: dict | None = None, after: int | None = None, desc: bool = False
+    ) -> list[dict]:
         """The kept completions, oldest first, of `model` (any when None) whose metadata holds
-        every pair of `metadata`."""
+        every pair of `metadata`; with `after` (a `place`), those listed after it: made later, or
+        earlier when the list is read newest first (`desc`)."""
         want = (metadata or {}).items()
         kept = sorted(self._kept.values(), key=lambda k: k[0])
         return [
             body
-            for _, body, _ in kept
-            if (model is None or body.get("model") == model) and want <= body["metadata"].items()
+            for made, body, _ in kept
+            if (model is None or body.get("model") == model)
+            and want <= body["metadata"].items()
+            and (after is None or (made < after if desc else made > after))
         ]

@@ -122,9 +122,10 @@ def install_chat_store(app: FastAPI, store: ChatCompletionStore, dependencies: l
         order: str | None = None,
         model: str | None = None,
     ):
-        bodies = store.bodies(model, _metadata_filter(request))
+        place = None if after is None else store.place(after)
+        bodies = store.bodies(model, _metadata_filter(request), place, desc=order == "desc")
         missing = "stored chat completion with id {after} in this list"
-        return page(bodies, limit, order, after, default_order="asc", missing=missing)
+        return page(bodies, limit, order, after if place is None else None, default_order="asc", missing=missing)
 
     @app.get("/v1/chat/completions/{completion_id}", dependencies=dependencies)
     async def get_chat_completion(completion_id: str):

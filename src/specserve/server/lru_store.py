@@ -50,6 +50,12 @@ class LruStore:
             self._entries.move_to_end(key)
             return entry[0]
 
+    def peek(self, key: str) -> Any | None:
+        """An entry's value without counting a use (a list cursor's lookup), or None."""
+        with self.lock:
+            entry = self._entries.get(key)
+            return None if entry is None else entry[0]
+
     def pop(self, key: str) -> bool:
         """Drop an entry; False if there was none."""
         with self.lock:
