@@ -645,7 +645,7 @@ def test_a_request_the_queue_cannot_take_is_refused_before_it_is_prepared(monkey
     from fastapi.testclient import TestClient
 
     from specserve.server.app import ServerOptions, create_app
-    from specserve.server.responses import ChatDialect
+    from specserve.server.chat_store_api import StoringChatDialect  # the chat dialect create_app serves
 
     llm, _ = engine_llm(max_num_seqs=1)
     worker = EngineWorker(llm.engine.core, max_queue=1)  # never started: what is added stays put
@@ -656,8 +656,9 @@ def test_a_request_the_queue_cannot_take_is_refused_before_it_is_prepared(monkey
         worker.submit([make(llm)])
 
     prepared = []
-    real = ChatDialect.prepare
-    monkeypatch.setattr(ChatDialect, "prepare", lambda self, req, llm: prepared.append(1) or real(self, req, llm))
+    real = StoringChatDialect.prepare
+    counted = lambda self, req, llm: prepared.append(1) or real(self, req, llm)  # noqa: E731
+    monkeypatch.setattr(StoringChatDialect, "prepare", counted)
     served, _ = engine_llm(max_num_seqs=1)
     with TestClient(create_app(served, MODEL, ServerOptions(max_queue=1))) as client:
         server = client.app.state.server
