@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 from .lru_store import LruStore, json_size
 
-REMEMBERED_CURSORS = 1 << 16  # dropped ids whose place in the list a cursor may still name (~6 MB at most)
+REMEMBERED_CURSORS = 1 << 16  # dropped ids whose place a list cursor may still name (about 12 MB at most)
 
 
 def stored_message(completion_id: str, index: int, message: dict) -> dict:
