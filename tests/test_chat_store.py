@@ -288,3 +288,16 @@ def test_the_routes_need_the_api_key_and_keep_the_body_cap():
         assert c.get("/v1/chat/completions", headers=key).status_code == 200
         big = {"metadata": {"k": "v" * 5000}}
         _error(c.post("/v1/chat/completions/chatcmpl-x", json=big, headers=key), 413, None)
+
+
+def test_the_store_remembers_the_place_of_dropped_ids_only():
+    """A deleted or evicted id keeps its place for list cursors; an updated one is still kept, so
+    it takes none of the bounded memory of dropped ones."""
+    store = ChatCompletionStore(max_bytes=500)  # two of these, not three
+    for i in range(3):
+        store.put({"id": f"c{i}", "model": "m"}, [{"role": "user", "content": "x" * 100}], None)
+    store.update("c2", {"a": "b"})
+    store.delete("c1")
+    assert [store.place(f"c{i}") for i in range(3)] == [0, 1, 2] and store.place("c9") is None
+    assert sorted(store._places) == ["c0", "c1"]  # evicted and deleted; c2 updated, still kept
+    assert [b["id"] for b in store.bodies(after=0)] == ["c2"] and store.bodies(after=2, desc=True) == []

@@ -54,7 +54,9 @@ class ChatCompletionStore:
         self._keep(next(self._made), {**body, "metadata": metadata or {}}, listed)
 
     def _keep(self, made: int, body: dict, listed: list[dict]) -> None:
-        self._kept.put(body["id"], (made, body, listed), json_size(body, listed))
+        with self._kept.lock:
+            self._kept.put(body["id"], (made, body, listed), json_size(body, listed))
+            self._places.pop(body["id"], None)  # kept (an update replaces it): not a dropped one to remember
 
     def get(self, completion_id: str) -> dict | None:
         kept = self._kept.get(completion_id)
