@@ -4,7 +4,9 @@ Acceptance rate per source = rate(specserve_spec_accepted_tokens_total) /
 rate(specserve_spec_proposed_tokens_total); mean accepted length per step =
 rate(accepted) / rate(specserve_spec_steps_total); tokens per step = that + 1.
 Prefix cache hit rate (in tokens, as vLLM's) = rate(specserve_prompt_tokens_cached_total) /
-rate(specserve_prompt_tokens_total).
+rate(specserve_prompt_tokens_total). The cached tokens are the prefix cache's own count (every
+admitted prompt's, as /health's `tokens_saved`) while the prompt tokens are the answers' usage, so
+requests hung up after their prefill make it read a little high.
 """
 
 from __future__ import annotations
