@@ -474,13 +474,14 @@ def _tool_ends_with(tries: list[dict | None]) -> tuple[dict, int] | None:
 def with_retry(results: list[dict], first: str, second: str) -> list[dict]:
     """What `specserve edit` ends with per pair when it asks with `first`, then with `second` if
     the first answer is refused (greedy answers are deterministic: the two runs above are the
-    two requests), keeping the second only when the tool would write it."""
+    two requests), keeping the second only when the tool would write it. The second answer is
+    needed only where the tool refuses the first (`--retry-when-refused` runs no other)."""
     by = {(r["pair"], r["prompt"]): r for r in results}
     chosen = []
     for pair in dict.fromkeys(r["pair"] for r in results):
-        tries = [by.get((pair, first)), by.get((pair, second))]
-        if None not in tries:  # both prompts measured
-            chosen.append({**_tool_ends_with(tries)[0], "prompt": f"{first} then {second}"})
+        ended = _tool_ends_with([by.get((pair, first)), by.get((pair, second))])
+        if ended is not None:  # every request the tool would make was measured
+            chosen.append({**ended[0], "prompt": f"{first} then {second}"})
     return chosen
 
 
@@ -657,8 +658,39 @@ def run_feedback(llm, pairs: list[Pair], codes: dict[str, str], done: dict[tuple
         )
 
 
+def run_pair(llm, pair: Pair, code: str, todo: list[str], done: dict, cache: Path, progress: tuple) -> int:
+    """Ask for `pair`'s edit with each prompt of `todo`, as one batch: the candidates decode together
+    (continuous batching), which on a CPU gets more done per second than one after the other.
+    Each result goes to the cache at once; returns how many ran. progress: (runs done before,
+    runs in all, the run's start time), for the log line."""
+    from specserve import SamplingParams
+
+    n, total, t0 = progress
+    if not todo:
+        return 0
+    t = time.perf_counter()
+    asks = [edit_request(llm, code, pair.instruction, name) for name in todo]
+    outs = llm.generate(
+        [prompt for prompt, _, _ in asks],
+        SamplingParams(max_tokens=answer_limit(llm, code), temperature=0),
+        prediction=[prediction for _, prediction, _ in asks],
+    )
+    seconds = round(time.perf_counter() - t, 1)
+    for i, (name, out, (_, _, opening)) in enumerate(zip(todo, outs, asks), 1):
+        r = record(pair, name, code, out, seconds, opening)
+        keep(done, cache, r)
+        mark = "ok " if r["well_formed"] else "SPL" if r["usable"] else "BAD"
+        print(
+            f"[{n + i}/{total}] {time.perf_counter() - t0:6.0f}s {mark} {name:18s} {pair.name:20s} "
+            f"{r['completion_tokens']:5d} tok {'; '.join(r['problems'])[:100]}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return len(todo)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from specserve.edit import PROMPTS
+    from specserve.edit import PROMPTS, RETRY_PROMPT
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", default=",".join(PROMPTS), help="comma-separated names from edit.PROMPTS")
@@ -672,6 +704,13 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("bench-out/edit_prompt_eval.jsonl"),
         help="one line per finished (pair, prompt): a rerun skips those already there",
     )
+    ap.add_argument(
+        "--retry-when-refused",
+        action="store_true",
+        help=f"run the retry prompt ({RETRY_PROMPT}) for a pair only where the tool refuses another prompt's answer "
+        "(what the tool asks; the retry prompt's own row then covers only those pairs)",
+    )
+    ap.add_argument("--no-feedback", action="store_true", help="run no feedback request (`run_feedback`)")
     ap.add_argument("--list", action="store_true", help="print the pairs and their excerpts' sizes, run nothing")
     args = ap.parse_args(argv)
 
@@ -694,8 +733,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p.name:22s} {p.kind:9s} {codes[p.name].count(chr(10)):4d} lines  {p.instruction}")
         return 0
 
-    from specserve import LLM, SamplingParams
-    from specserve.edit import DEFAULT_PROMPT, RETRY_PROMPT
+    from specserve import LLM
+    from specserve.edit import DEFAULT_PROMPT
 
     done: dict[tuple[str, str], dict] = {}
     by_name = {p.name: p for p in PAIRS}
@@ -730,35 +769,18 @@ def main(argv: list[str] | None = None) -> int:
     total, n = len(pairs) * len(prompts), 0
     t0 = time.perf_counter()
     for pair in pairs:
-        code = codes[pair.name]
         todo = [name for name in prompts if (pair.name, name) not in done]
         n += len(prompts) - len(todo)
-        if not todo:
-            continue
-        # One batch per pair: the candidates decode together (continuous batching), which on a CPU
-        # gets more done per second than one after the other; greedy answers do not depend on it.
-        t = time.perf_counter()
-        asks = [edit_request(llm, code, pair.instruction, name) for name in todo]
-        outs = llm.generate(
-            [prompt for prompt, _, _ in asks],
-            SamplingParams(max_tokens=answer_limit(llm, code), temperature=0),
-            prediction=[prediction for _, prediction, _ in asks],
-        )
-        seconds = round(time.perf_counter() - t, 1)
-        for name, out, (_, _, opening) in zip(todo, outs, asks):
-            n += 1
-            r = record(pair, name, code, out, seconds, opening)
-            keep(done, args.cache, r)
-            mark = "ok " if r["well_formed"] else "SPL" if r["usable"] else "BAD"
-            print(
-                f"[{n}/{total}] {time.perf_counter() - t0:6.0f}s {mark} {name:18s} {pair.name:20s} "
-                f"{r['completion_tokens']:5d} tok {'; '.join(r['problems'])[:100]}",
-                file=sys.stderr,
-                flush=True,
-            )
+        retry_later = args.retry_when_refused and RETRY_PROMPT in todo and len(prompts) > 1
+        if retry_later:
+            todo.remove(RETRY_PROMPT)
+        n += run_pair(llm, pair, codes[pair.name], todo, done, args.cache, (n, total, t0))
+        firsts = [done.get((pair.name, name)) for name in prompts if name != RETRY_PROMPT]
+        if retry_later and any(r is not None and not written_by_the_tool(r) for r in firsts):
+            n += run_pair(llm, pair, codes[pair.name], [RETRY_PROMPT], done, args.cache, (n, total, t0))
         write_report(args.out, llm, pairs, prompts, codes, done)  # a run stopped early still leaves its figures
 
-    if DEFAULT_PROMPT in prompts and RETRY_PROMPT in prompts:
+    if DEFAULT_PROMPT in prompts and RETRY_PROMPT in prompts and not args.no_feedback:
         run_feedback(llm, pairs, codes, done, args.cache)
     summary = write_report(args.out, llm, pairs, prompts, codes, done)
     for name, s in summary.items():

@@ -323,6 +323,45 @@ def name_uses(code: str, name: str) -> int:
     )
 
 
+def use_lines(code: str, name: str, language: str) -> list[int]:
+    """The 1-based line of each use of `name` in `code` (a line twice when it uses the name twice),
+    counted as the rename check counts: in Python as `name_uses` does, elsewhere as `code_uses`
+    does (comments and strings left out where the language has a rule). The edit prompt's rename
+    hint lists them (hints.py)."""
+    if language == "python":
+        try:
+            tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+        except (tokenize.TokenError, IndentationError, SyntaxError):
+            return _word_lines(code, name)
+        quoted = {f"'{name}'", f'"{name}"'}
+        return [
+            t.start[0]
+            for t in tokens
+            if (t.type == tokenize.NAME and t.string == name) or (t.type == tokenize.STRING and t.string in quoted)
+        ]
+    noise = _NOISE_RE.get(language)
+    blank = noise.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), code) if noise else code
+    return _word_lines(blank, name)
+
+
+def _word_lines(text: str, name: str) -> list[int]:
+    """The 1-based line of each whole-word occurrence of `name` in `text`."""
+    return [text.count("\n", 0, m.start()) + 1 for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", text)]
+
+
+def python_definition_span(code: str, name: str) -> tuple[int, int] | None:
+    """The first and last line (1-based, decorators included) of the top-level function or class,
+    or method `Class.name` (or just `name`), that Python `code` defines as `name`; None if none."""
+    tree = _parse(code)
+    if tree is None:
+        return None
+    for qualified, node in _python_definitions(tree):
+        if name in (qualified, qualified.rsplit(".", 1)[-1]):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return first, node.end_lineno
+    return None
+
+
 # Comments and string literals of the languages `specserve edit` knows besides Python, as one
 # alternation each: what `code_uses` blanks out before counting a name. Single quotes are whole
 # strings where the language says so, and only character literals ('a', '\\n') in the C family,

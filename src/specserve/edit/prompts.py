@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from .checks import RENAME, SHORT_FRACTION
+from .hints import rename_hint
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class EditPrompt:
     user: str
     examples: tuple[tuple[str, str, str], ...] = ()  # (instruction, file, updated file)
     opens: bool = False  # whether the answer is begun for the model (`opening`)
+    hints: bool = False  # whether a rename's instruction is followed by where the name is used (hints.py)
 
     def messages(self, original_code: str, instruction: str, language: str = "") -> list[dict]:
         shots = []
@@ -39,12 +41,14 @@ class EditPrompt:
                 },
                 {"role": "assistant", "content": f"```python\n{after}```"},
             ]
+        hint = rename_hint(original_code, instruction, language) if self.hints else ""
+        asked = f"{instruction}\n\n{hint}" if hint else instruction
         return [
             {"role": "system", "content": self.system},
             *shots,
             {
                 "role": "user",
-                "content": self.user.format(instruction=instruction, language=language, code=original_code),
+                "content": self.user.format(instruction=asked, language=language, code=original_code),
             },
         ]
 
@@ -140,6 +144,15 @@ PROMPTS: dict[str, EditPrompt] = {
             "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
             "after this change, in one ```{language} code block, and nothing else.",
             opens=True,
+        ),
+        # `file-first`, with a rename's instruction followed by the lines that use the old name
+        # (`hints.rename_hint`); any other request is byte for byte `file-first`'s.
+        EditPrompt(
+            "file-first-hint",
+            "You are a coding assistant that edits source files.",
+            "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
+            "after this change, in one ```{language} code block, and nothing else.",
+            hints=True,
         ),
         # A worked example before the request: whole file back, the change made at every use.
         EditPrompt(
