@@ -100,3 +100,12 @@ def test_the_hint_prompt_adds_the_hint_after_the_instruction_and_nothing_else():
     assert hinted.prediction == plain.prediction == PY
     other = "Add a docstring to main."
     assert ask_for(PY, other, "python", "file-first-hint") == ask_for(PY, other, "python", "file-first")
+
+
+def test_specserve_edit_sends_the_hint_by_default():
+    """Measured on the 13 renames (docs/server.md), the hint doubles the tool's well-formed first
+    answers, so the default prompt carries it; other edits are asked exactly as before."""
+    hint = rename_hint(PY, "Rename greet to hello.", "python")
+    assert hint in ask_for(PY, "Rename greet to hello.", "python").messages[-1]["content"]
+    other = "Add a docstring to main."
+    assert ask_for(PY, other, "python") == ask_for(PY, other, "python", "file-first")
