@@ -239,18 +239,36 @@ def test_the_store_drops_the_least_recently_used_beyond_its_size():
     assert store.get("c2") is None and [b["id"] for b in store.bodies()] == ["c1", "c3"]  # listed as made
 
 
-def test_a_ray_replica_refuses_store_with_a_400_and_serves_the_rest():
-    """A Ray replica's app gets ReplicaChatStore (ray_serve.SpecServeReplica), which the replicas
-    would not share: store: true is a 400 there, not an answer that a GET elsewhere cannot find."""
-    from specserve.server.ray_serve import ReplicaChatStore
+def test_a_ray_replica_s_shared_store_forwards_every_route_to_the_one_store():
+    """Under Ray a replica's app gets SharedChatStore (ray_serve.SpecServeReplica), whose methods
+    run in the app's one ChatCompletionStore actor; here its calls go to a store in this process
+    instead of an actor, so every route is seen to reach the store with its arguments in order.
+    Until today a replica's store refused store: true with a 400 (it was not shared)."""
+    from specserve.server.ray_serve import SharedChatStore
 
+    class InProcess(SharedChatStore):
+        def __init__(self):
+            super().__init__()
+            self.store = ChatCompletionStore()
+
+        def _call(self, method, *args):
+            return getattr(self.store, method)(*args)
+
+    shared = InProcess()
     llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
-    with TestClient(create_app(llm, MODEL, chat_store=ReplicaChatStore())) as c:
-        body = {"model": MODEL, "messages": ASK, "max_tokens": 2}
-        err = _error(c.post("/v1/chat/completions", json={**body, "store": True}), 400, "store")
-        assert "Ray Serve" in err["message"] and err["code"] == "unsupported_parameter"
-        assert c.post("/v1/chat/completions", json={**body, "store": False}).status_code == 200
-        assert c.get("/v1/chat/completions").json()["data"] == []
+    with TestClient(create_app(llm, MODEL, chat_store=shared)) as c:
+        body = {"model": MODEL, "messages": ASK, "max_tokens": 2, "store": True, "metadata": {"k": "v"}}
+        made = [c.post("/v1/chat/completions", json=body).json()["id"] for _ in range(2)]
+        assert [b["id"] for b in shared.store.bodies()] == made
+        listed = c.get("/v1/chat/completions", params={"after": made[0], "metadata[k]": "v", "model": MODEL})
+        assert [b["id"] for b in listed.json()["data"]] == made[1:]
+        assert c.get(f"/v1/chat/completions/{made[0]}").json()["metadata"] == {"k": "v"}
+        messages = c.get(f"/v1/chat/completions/{made[0]}/messages").json()["data"]
+        assert [m["content"] for m in messages] == [m["content"] for m in ASK]
+        updated = c.post(f"/v1/chat/completions/{made[0]}", json={"metadata": {"k": "w"}}).json()
+        assert updated["metadata"] == shared.store.get(made[0])["metadata"] == {"k": "w"}
+        assert c.delete(f"/v1/chat/completions/{made[0]}").status_code == 200
+        assert shared.store.get(made[0]) is None
 
 
 def test_the_openapi_document_has_the_five_operations(http):

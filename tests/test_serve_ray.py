@@ -353,6 +353,36 @@ def test_a_stored_response_is_found_through_any_replica(ray_server):
 
 
 @pytest.mark.ray
+def test_a_stored_chat_completion_is_found_through_any_replica(ray_server):
+    """Under Ray, store: true on chat was a 400 (each replica's own store would miss the reads the
+    proxy routes elsewhere). Now one actor keeps them: a completion stored through one replica is
+    listed, read, updated, its messages listed and deleted through the other."""
+    url = f"{ray_server.base_url}/chat/completions"
+    sessions = _session_per_replica(ray_server)
+    for replica, session in sessions.items():
+        ask = [{"role": "user", "content": f"made on {replica}"}]
+        body = {"model": MODEL, "messages": ask, "max_tokens": 2, "store": True, "metadata": {"on": replica}}
+        made = httpx.post(url, json=body, headers={"X-Session-Id": session}, timeout=60)
+        assert made.status_code == 200 and made.headers["x-specserve-replica"] == replica, made.text
+        cid = made.json()["id"]
+        for there, other in sessions.items():
+            pin = {"X-Session-Id": other}
+            seen = httpx.get(f"{url}/{cid}", headers=pin, timeout=30)
+            assert seen.status_code == 200 and seen.headers["x-specserve-replica"] == there, seen.text
+            assert seen.json()["metadata"] == {"on": replica}
+            listed = httpx.get(url, params={"metadata[on]": replica}, headers=pin, timeout=30).json()["data"]
+            assert [c["id"] for c in listed] == [cid]
+            messages = httpx.get(f"{url}/{cid}/messages", headers=pin, timeout=30).json()["data"]
+            assert [m["content"] for m in messages] == [ask[0]["content"]]
+        other = sessions[next(r for r in sessions if r != replica)]
+        updated = httpx.post(f"{url}/{cid}", json={"metadata": {"by": "other"}}, headers={"X-Session-Id": other})
+        assert updated.status_code == 200 and updated.json()["metadata"] == {"by": "other"}, updated.text
+        assert httpx.get(f"{url}/{cid}", headers={"X-Session-Id": session}).json()["metadata"] == {"by": "other"}
+        assert httpx.delete(f"{url}/{cid}", headers={"X-Session-Id": other}, timeout=30).status_code == 200
+        assert httpx.get(f"{url}/{cid}", headers={"X-Session-Id": session}, timeout=30).status_code == 404
+
+
+@pytest.mark.ray
 def test_a_replica_whose_engine_died_is_replaced(ray_server):
     """Ray Serve replaced only a replica whose process died: one whose engine worker thread died
     answered 503 to every request for good (and, answering fastest, got more of them)."""

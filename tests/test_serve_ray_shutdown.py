@@ -312,9 +312,10 @@ def test_a_sigkill_of_the_command_leaves_no_process_of_its_cluster(tmp_path):
     assert not left, listing.stdout
 
 
-# `serve run` (a local cluster, the app deployed by its builder), a Responses request and /metrics
-# (which create the app's store and metrics hub), then what `serve shutdown` does: each hub's
-# name is printed once the app runs and again once Serve is shut down (or 30 s later).
+# `serve run` (a local cluster, the app deployed by its builder), a Responses request, a stored chat
+# completion and /metrics (which create the app's two stores and metrics hub), then what `serve
+# shutdown` does: each hub's name is printed once the app runs and again once Serve is shut down
+# (or 30 s later).
 SERVE_RUN_THEN_SHUTDOWN = r"""
 import json, sys, time
 import httpx, ray
@@ -322,7 +323,7 @@ from ray import serve
 from specserve.server.ray_serve import APP_NAME, HUB_NAMESPACE, build_app
 
 model, port = sys.argv[1], int(sys.argv[2])
-url, hubs = f"http://127.0.0.1:{port}", [f"{APP_NAME}-metrics", f"{APP_NAME}-responses"]
+url, hubs = f"http://127.0.0.1:{port}", [f"{APP_NAME}-{k}" for k in ("metrics", "responses", "chat")]
 
 
 def alive():
@@ -342,6 +343,8 @@ args = {"model": model, "dtype": "float32", "replicas": "1", "served_model_name"
 serve.run(build_app(args), name=APP_NAME, route_prefix="/")
 body = {"model": "tiny", "input": "def add(a, b):", "max_output_tokens": 2}
 httpx.post(f"{url}/v1/responses", json=body, timeout=120).raise_for_status()
+chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "store": True}
+httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=120).raise_for_status()
 httpx.get(f"{url}/metrics", timeout=60).raise_for_status()
 time.sleep(6)  # a few of the hubs' checks of their app: a running app keeps them
 running = alive()
@@ -355,9 +358,9 @@ print(json.dumps({"running": running, "after_shutdown": left}))
 
 @pytest.mark.ray
 def test_serve_shutdown_removes_the_actors_the_app_created(tmp_path):
-    """The metrics hub and the Responses store are detached actors (a replica that dies must not
-    take them along), and `serve shutdown` after `serve run` left both running for as long as the
-    cluster ran, the store with its responses. They now end themselves once their app is gone."""
+    """The metrics hub and the Responses and chat stores are detached actors (a replica that dies
+    must not take them along), and `serve shutdown` after `serve run` left them running for as long
+    as the cluster ran, the stores with what they kept. They now end themselves once their app is gone."""
     import ray.serve  # noqa: F401 - `-m ray` asks for this test: a missing Ray fails it, never skips it
 
     model = save_tiny(tmp_path / "tiny")
@@ -370,5 +373,5 @@ def test_serve_shutdown_removes_the_actors_the_app_created(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     hubs = json.loads(done.stdout.strip().splitlines()[-1])
-    assert hubs["running"] == ["specserve-metrics", "specserve-responses"], hubs
+    assert hubs["running"] == ["specserve-metrics", "specserve-responses", "specserve-chat"], hubs
     assert hubs["after_shutdown"] == [], hubs

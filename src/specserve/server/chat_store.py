@@ -3,8 +3,9 @@
 A stored completion is its answer's body (a stream's as the body it adds up to) with the request's
 `metadata`, and the request's messages as `GET /v1/chat/completions/{id}/messages` lists them
 (each with an id, `<completion id>-<index>`). They live in this server's memory (lru_store.py:
-least recently used first out beyond `max_bytes` of JSON, 64 MB by default) and are gone after a
-restart; completions sent without `store: true` are never kept, so never listed.
+least recently used first out beyond `max_bytes` of JSON, 64 MB by default; under Ray Serve, in
+one actor the replicas share, ray_serve.SharedChatStore) and are gone after a restart;
+completions sent without `store: true` are never kept, so never listed.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ def stored_message(completion_id: str, index: int, message: dict) -> dict:
 
 class ChatCompletionStore:
     """Stored chat completions by id, in the order they were made (`list`), bounded in size."""
-
-    refusal: str | None = None  # why `store: true` is refused where this store cannot serve it
 
     def __init__(self, max_bytes: int = 64 << 20):
         self._kept = LruStore(max_bytes, on_drop=self._dropped)

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 
 from ..engine.stats import RequestOutput
 from .chat_store import ChatCompletionStore
-from .errors import APIError, parse_body, unsupported
+from .errors import APIError, parse_body
 from .pagination import page
 from .protocol import Prepared, prepare_chat
 from .responses import ChatDialect, ResponseContext
@@ -51,8 +51,6 @@ class StoringChatDialect(ChatDialect):
         self.store = store if store is not None else ChatCompletionStore()
 
     def prepare(self, req, llm) -> Prepared:
-        if req.store and self.store.refusal:
-            raise unsupported("store", self.store.refusal)
         prepared = prepare_chat(req, llm)
         if req.store:
             prepared.history = [m.model_dump(exclude_none=True) for m in req.messages]

@@ -1,8 +1,8 @@
-"""The app's own Ray actors (the metrics hub, the Responses store) end with the app.
+"""The app's own Ray actors (the metrics hub, the Responses and chat stores) end with the app.
 
 They are detached, so a replica that dies or is replaced does not take the responses and metrics
 of the others with it; but a detached actor outlives whatever created it, and `serve shutdown`
-(or a config that drops the app) removed the app and left both running for as long as the
+(or a config that drops the app) removed the app and left them running for as long as the
 cluster did, the store holding up to 64 MB of responses. `specserve serve --ray` kills them
 itself on its way out; any other way of stopping the app relied on nobody.
 

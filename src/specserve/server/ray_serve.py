@@ -14,8 +14,8 @@ autoscaling and replacement of dead replicas. Nothing here parses a request.
 - Autoscaling: `--min-replicas` / `--max-replicas` / `--target-ongoing-requests`; a fixed
   `--replicas N` otherwise. Ray Serve's controller restarts a replica that dies.
 - Responses: the finished Responses (`GET /v1/responses/{id}`, `previous_response_id`) are kept
-  in one `ResponseStore` actor all replicas share. Stored chat completions (`store: true` on
-  chat) are refused with a 400 (`ReplicaChatStore`): they are not shared.
+  in one `ResponseStore` actor all replicas share; stored chat completions (`store: true` on
+  chat) in one `ChatCompletionStore` actor (`SharedChatStore`). Both end with the app.
 - Metrics: every replica pushes its Prometheus text to a small `MetricsHub` actor every few
   seconds; `/metrics` on the ingress answers all replicas' series with a `replica` label,
   `/metrics/replica` the answering replica's own.
@@ -364,42 +364,55 @@ def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
         return Response(content, media_type=content_type)
 
 
-# -- the Responses API's store -------------------------------------------------------------------
+# -- the app's stores (Responses, stored chat completions) ---------------------------------------
 def responses_hub(app_name: str = APP_NAME):
     """The app's store of finished Responses, one detached actor all replicas share (it ends
     itself once the app is gone)."""
+    from .responses_api import ResponseStore
+
+    return _store_hub(app_name, "responses", ResponseStore)
+
+
+def chat_hub(app_name: str = APP_NAME):
+    """The app's stored chat completions (`store: true`), one detached actor all replicas share
+    (it ends itself once the app is gone)."""
+    return _store_hub(app_name, "chat", ChatCompletionStore)
+
+
+def _store_hub(app_name: str, kind: str, store_class: type):
+    """The app's actor `<app>-<kind>` running `store_class`, created by whoever asks first."""
     import ray
 
-    store = ray.remote(num_cpus=0)(_response_hub_class())
-    return store.options(
-        name=f"{app_name}-responses", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
+    hub = ray.remote(num_cpus=0)(_app_owned(store_class))
+    return hub.options(
+        name=f"{app_name}-{kind}", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
     ).remote(app_name)
 
 
 @functools.cache
-def _response_hub_class():
-    """ResponseStore as the app's actor: it ends with the app (`serve shutdown` left it running,
-    with up to 64 MB of responses). Built lazily: importing this module loads no server code."""
+def _app_owned(store_class: type) -> type:
+    """`store_class` as an actor of the app: it ends with the app (`serve shutdown` left the
+    Responses store running, with up to 64 MB of responses). The store's own logic, not a copy."""
     from .ray_app_owned import end_with_app
-    from .responses_api import ResponseStore
 
-    class ResponseHub(ResponseStore):
-        def __init__(self, app_name: str = APP_NAME):
-            super().__init__()
-            end_with_app(app_name)
+    def __init__(self, app_name: str = APP_NAME):
+        store_class.__init__(self)
+        end_with_app(app_name)
 
-    ResponseHub.__qualname__ = "ResponseHub"  # its name in Ray's actor list
-    return ResponseHub
+    name = store_class.__name__.replace("Store", "Hub")  # its name in Ray's actor list
+    return type(name, (store_class,), {"__init__": __init__, "__qualname__": name, "__module__": __name__})
 
 
-class SharedResponseStore:
-    """A replica's view of the shared Responses store (ResponseStore's methods, run in the hub
-    actor), so `GET /v1/responses/{id}` and `previous_response_id` find a response whichever
-    replica made it. Each replica kept its own: through 2 replicas about half of the lookups of a
-    response just made got a 404 (GET) or a 400 previous_response_not_found (a chained turn)."""
+class _HubClient:
+    """A replica's handle on one of the app's store actors: calls run there, so every replica
+    sees what any of them kept."""
 
     def __init__(self, app_name: str = APP_NAME):
         self.app_name, self._hub = app_name, None
+
+    def _find(self):
+        """The actor this client calls, found (or created) by its name."""
+        raise NotImplementedError
 
     def _call(self, method: str, *args):
         """The hub's answer; the hub is looked up again once when the call fails (it was replaced)."""
@@ -407,13 +420,23 @@ class SharedResponseStore:
 
         for attempt in (1, 2):
             try:
-                self._hub = self._hub or responses_hub(self.app_name)
+                self._hub = self._hub or self._find()
                 return ray.get(getattr(self._hub, method).remote(*args), timeout=STALE_AFTER_S)
             except Exception:
                 self._hub = None
                 if attempt == 2:
                     raise
         return None
+
+
+class SharedResponseStore(_HubClient):
+    """A replica's view of the shared Responses store (ResponseStore's methods, run in the hub
+    actor), so `GET /v1/responses/{id}` and `previous_response_id` find a response whichever
+    replica made it. Each replica kept its own: through 2 replicas about half of the lookups of a
+    response just made got a 404 (GET) or a 400 previous_response_not_found (a chained turn)."""
+
+    def _find(self):
+        return responses_hub(self.app_name)
 
     def put(self, response_id: str, messages: list[dict], body: dict, input_items: list[dict] | None = None) -> None:
         self._call("put", response_id, messages, body, input_items)
@@ -434,16 +457,37 @@ class SharedResponseStore:
         return self._call("delete", response_id)
 
 
-class ReplicaChatStore(ChatCompletionStore):
-    """A replica's chat store, which refuses `store: true` (a 400 naming `store`): a store of its
-    own would answer a GET, list or update sent through the proxy to another replica with a 404 or
-    a list without it, as the Responses store did before it was shared (SharedResponseStore).
-    Its routes stay: they find nothing, so every id is a 404 and every list empty."""
+class SharedChatStore(_HubClient):
+    """A replica's view of the shared stored chat completions (ChatCompletionStore's methods, run
+    in the chat hub actor), so a completion stored through one replica is listed, read, updated
+    and deleted through any. Each replica's own store would have missed the reads the proxy
+    routes elsewhere, so `store: true` was refused under Ray until this was shared."""
 
-    refusal = (
-        "stored chat completions under Ray Serve (the replicas do not share them; serve without --ray "
-        "to store chat completions, or use the Responses API, whose store the replicas share)"
-    )
+    def _find(self):
+        return chat_hub(self.app_name)
+
+    def put(self, body: dict, messages: list[dict], metadata: dict | None) -> None:
+        self._call("put", body, messages, metadata)
+
+    def get(self, completion_id: str) -> dict | None:
+        return self._call("get", completion_id)
+
+    def messages(self, completion_id: str) -> list[dict] | None:
+        return self._call("messages", completion_id)
+
+    def update(self, completion_id: str, metadata: dict | None) -> dict | None:
+        return self._call("update", completion_id, metadata)
+
+    def delete(self, completion_id: str) -> bool:
+        return self._call("delete", completion_id)
+
+    def place(self, completion_id: str) -> int | None:
+        return self._call("place", completion_id)
+
+    def bodies(
+        self, model: str | None = None, metadata: dict | None = None, after: int | None = None, desc: bool = False
+    ) -> list[dict]:
+        return self._call("bodies", model, metadata, after, desc)
 
 
 class ReplicaHeader:
@@ -503,7 +547,9 @@ class SpecServeReplica:
         options = ServerOptions(
             api_key=c.api_key, max_queue=c.max_queue, request_timeout=c.request_timeout, max_body_bytes=c.max_body_bytes
         )
-        app = create_app(self.llm, c.served_model_name, options, SharedResponseStore(self.app_name), ReplicaChatStore())
+        app = create_app(
+            self.llm, c.served_model_name, options, SharedResponseStore(self.app_name), SharedChatStore(self.app_name)
+        )
         server = self.server = app.state.server
         _serve_cluster_metrics(app, server, self.replica, self.app_name)
         app.add_middleware(ReplicaHeader, replica=self.replica)
@@ -759,7 +805,7 @@ def _remove_app(app_name: str, drain: bool) -> None:
         serve.delete(app_name)
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
-    for hub in ("metrics", "responses"):
+    for hub in ("metrics", "responses", "chat"):
         try:
             ray.kill(ray.get_actor(f"{app_name}-{hub}", namespace=HUB_NAMESPACE))
         except Exception:  # noqa: BLE001 - best effort on the way out (never created, or Ray gone)
