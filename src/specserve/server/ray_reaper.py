@@ -80,7 +80,8 @@ def started(pid: int) -> str | None:
 
 
 def descendants(pid: int) -> set[int]:
-    """The processes under pid, read from /proc."""
+    """The processes under pid, read from /proc (none where there is no /proc); the command's own
+    stop sweeps them with it too (ray_serve._cluster_processes)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

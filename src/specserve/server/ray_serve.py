@@ -816,30 +816,12 @@ def _cluster_processes(settle_s: float) -> set[int]:
     """This process's descendants (the local cluster's processes), and those that appear in the
     next settle_s seconds (a cluster interrupted while it started is still starting some); not
     the reaper, which sweeps once this process is gone (it ignores SIGTERM: the stop waited 5 s)."""
-    seen = _descendants(os.getpid())
+    seen = ray_reaper.descendants(os.getpid())
     deadline = time.monotonic() + settle_s
     while time.monotonic() < deadline:
         time.sleep(0.1)
-        seen |= _descendants(os.getpid())
+        seen |= ray_reaper.descendants(os.getpid())
     return seen - {ray_reaper.reaper_pid}
-
-
-def _descendants(pid: int) -> set[int]:
-    """The processes under `pid`, read from /proc (none where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(") ", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):  # gone meanwhile
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def _end_processes(pids: set[int], wait_s: float = 5.0) -> None:
