@@ -424,8 +424,7 @@ class Server:
         self.jobs.discard(job)
         self.mean_request_s = 0.8 * self.mean_request_s + 0.2 * (time.monotonic() - t0)
         if outputs:
-            n = job.prepared.n
-            self.metrics.observe_usage(usage(outputs, n, job.prepared.scores_only))
+            self.metrics.observe_usage(usage(outputs, job.prepared.n, job.prepared.scores_only))
             self.metrics.observe_latency(outputs, ttft, time.monotonic() - t0, dialect.name)
 
     async def _complete(self, dialect: Dialect, ctx: ResponseContext, job: Job, watcher, t0: float) -> Response:
