@@ -128,6 +128,21 @@ def test_a_bad_allowed_tools_choice_is_a_400_naming_it(client, allowed, param):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice." + param.split(".", 1)[1], r.text
 
 
+def test_a_forced_allowed_tool_refused_for_its_schema_is_named_by_its_own_index(client):
+    """allowed_tools offers the model a subset of the tools, and a forced call's schema is checked
+    for what its grammar cannot enforce: the 400 names the tool by its index in the request's
+    `tools` (it named it by its index in the subset, tools[0] for the second tool)."""
+    tools = _two_tools(False)
+    tools[1]["function"]["parameters"] = {"type": "object", "properties": {"x": {"type": "string", "format": "nope"}}}
+    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [_ref("g", flat=False)]}}
+    r = client.post("/v1/chat/completions", json={**CHAT, "tools": tools, "tool_choice": choice})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].function.parameters", r.text
+    flat_tools = [{"type": "function", **t["function"]} for t in tools]
+    flat = {"type": "allowed_tools", "mode": "required", "tools": [_ref("g", flat=True)]}
+    r = client.post("/v1/responses", json={**RESPONSE, "tools": flat_tools, "tool_choice": flat})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].parameters", r.text
+
+
 def test_an_assistant_refusal_part_in_the_history_is_its_text(client):
     """A conversation carried over from OpenAI (an openai-agents run whose history an earlier model
     wrote; a chat log replayed) may hold an assistant turn whose content is a `refusal` part, which

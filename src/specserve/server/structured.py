@@ -150,14 +150,15 @@ def tool_setup(tools, tool_choice, parallel_tool_calls) -> ToolSetup:
     """Validate tools / tool_choice / parallel_tool_calls."""
     if tools is not None and not isinstance(tools, list):
         raise ConstraintError("tools must be a list", "tools")
-    checked = check_tools(tools) if tools else None
+    declared = check_tools(tools) if tools else None
+    offered = declared  # the tools the model may call: allowed_tools names a subset
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
-        checked, tool_choice = allowed_tools(tool_choice, checked or [])
-    choice = resolve_choice(tool_choice, checked or [])
-    if checked and choice not in ("auto", "none"):
-        check_forced_schemas(checked, choice)
+        offered, tool_choice = allowed_tools(tool_choice, declared or [])
+    choice = resolve_choice(tool_choice, offered or [])
+    if offered and choice not in ("auto", "none"):
+        check_forced_schemas(declared, choice, {t["function"]["name"] for t in offered})
     return ToolSetup(
-        checked if choice != "none" else None,
+        offered if choice != "none" else None,
         choice,
         True if parallel_tool_calls is None else bool(parallel_tool_calls),
     )

@@ -115,13 +115,16 @@ def check_tools(tools: list) -> list[dict]:
     return out
 
 
-def check_forced_schemas(tools: list[dict], choice: str) -> None:
+def check_forced_schemas(tools: list[dict], choice: str, offered: set[str] | None = None) -> None:
     """A forced call (tool_choice "required" or a named function) is written under a grammar of
     the functions' parameters: refuse the keywords it would not enforce (check_schema). Under
     "auto" nothing is enforced, and the schemas only describe the tools to the model: agents send
-    MCP tools with formats and patterns a grammar cannot honour, and those requests stay served."""
+    MCP tools with formats and patterns a grammar cannot honour, and those requests stay served.
+    tools: the request's own list, so that a 400 names a tool by its index there; offered: the
+    names the model may call (an allowed_tools choice's), all of them when None."""
     for i, tool in enumerate(tools):
-        if choice in ("required", tool["function"]["name"]):
+        name = tool["function"]["name"]
+        if choice in ("required", name) and (offered is None or name in offered):
             param = f"tools[{i}].function.parameters"
             try:
                 check_schema(tool["function"]["parameters"], param)
