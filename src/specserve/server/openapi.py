@@ -255,6 +255,7 @@ def build_openapi(app: FastAPI) -> dict:
     for path, model, answer in (
         ("/tokenize", TokenizeRequest, {"count", "max_model_len", "tokens"}),
         ("/detokenize", DetokenizeRequest, {"prompt"}),
+        ("/v1/responses/input_tokens", InputTokensRequest, {"object", "input_tokens"}),
     ):
         schema = {"type": "object", "required": sorted(answer)}
         paths[path]["post"].update(
@@ -269,19 +270,6 @@ def build_openapi(app: FastAPI) -> dict:
                 },
             }
         )
-    counted = {"type": "object", "required": ["object", "input_tokens"]}
-    paths["/v1/responses/input_tokens"]["post"].update(
-        {
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": REF.format(model="InputTokensRequest")}}},
-            },
-            "responses": {
-                "200": {"description": "input tokens", "content": {"application/json": {"schema": counted}}},
-                **_errors("400", "401", "404", "413"),
-            },
-        }
-    )
     stored = {
         "200": {
             "description": "the stored response",
