@@ -140,11 +140,11 @@ def load_scenarios(names: tuple[str, ...] | None = None) -> tuple[str, list[Scen
     return spec["system"], [found[n] for n in names]
 
 
-# The edit scenarios send what `specserve edit` sends (edit.DEFAULT_PROMPT, chosen by measurement).
-# Figures in docs/benchmarks.md dated before 2026-12-02 were measured with "instruction-first", to
-# which the 1.5B pack answered a placeholder on the four validate and route scenarios. Since
-# 2026-12-05 the default (`file-first-hint`) adds a rename hint; the benchmarks keep `file-first`,
-# which their figures were measured with, until the rename scenarios are measured again.
+# The edit scenarios' prompt: `file-first`, what `specserve edit` sent from 2026-12-02 (figures in
+# docs/benchmarks.md dated before then were measured with "instruction-first", to which the 1.5B
+# pack answered a placeholder on the four validate and route scenarios). Since 2026-12-05 the
+# tool's default (edit.DEFAULT_PROMPT, `file-first-hint`) adds a rename hint; the benchmarks keep
+# `file-first`, which their figures were measured with, until the rename scenarios are measured again.
 BENCH_EDIT_PROMPT = "file-first"
 
 
