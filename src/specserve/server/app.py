@@ -45,7 +45,6 @@ from .body_limit import BodyLimitMiddleware, default_max_body_bytes
 from .chat_store_api import StoringChatDialect, install_chat_store
 from .errors import APIError, engine_error, parse_body
 from .fingerprint import system_fingerprint
-from .input_items import page
 from .logprobs import TokenNamer
 from .metrics import OWNED, CountResponses, Metrics
 from .openapi import install_openapi
@@ -53,8 +52,9 @@ from .protocol import Prepared
 from .request_id import HEADER as REQUEST_ID_HEADER
 from .request_id import RequestIdMiddleware, request_id_of
 from .responses import COMPLETIONS, Dialect, ResponseContext, usage
-from .responses_api import ResponsesDialect, count_input_tokens
-from .schemas import DetokenizeRequest, InputTokensRequest, TokenizeRequest
+from .responses_api import ResponsesDialect
+from .responses_routes import install_responses_store
+from .schemas import DetokenizeRequest, TokenizeRequest
 from .structured import choice_params
 from .tokenize import detokenize, tokenize, tokenizer_info
 
@@ -607,16 +607,6 @@ class Server:
         return {"exact_cells_out_of_order": target.cells_out_of_order}
 
 
-def _no_response(response_id: str) -> APIError:
-    return APIError(
-        404,
-        f"no response with id {response_id!r} (responses are kept in this server's memory only, "
-        "and not when sent with store: false)",
-        param="response_id",
-        code="response_not_found",
-    )
-
-
 def _error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), e.status, headers=e.headers)
 
@@ -706,34 +696,7 @@ def create_app(
     async def create_response(request: Request):
         return await server.handle(request, responses)
 
-    @app.post("/v1/responses/input_tokens", dependencies=[auth])
-    async def count_input_tokens_route(request: Request):
-        return await server.tokens(request, InputTokensRequest, count_input_tokens(responses.store))
-
-    @app.get("/v1/responses/{response_id}", dependencies=[auth])
-    async def get_response(response_id: str):
-        body = responses.store.body(response_id)
-        if body is None:
-            raise _no_response(response_id)
-        return body
-
-    @app.get("/v1/responses/{response_id}/input_items", dependencies=[auth])
-    async def list_input_items(
-        request: Request, response_id: str, limit: str | None = None, order: str | None = None, after: str | None = None
-    ):
-        """OpenAI's list of a stored response's input items; `include` is accepted and needs nothing
-        (the listed items hold all they have), as any other query key is, but `before`, which
-        OpenAI's list no longer has, is a 400 (input_items.py)."""
-        items = responses.store.input_items(response_id)
-        if items is None:
-            raise _no_response(response_id)
-        return page(items, limit, order, after, request.query_params.get("before"))
-
-    @app.delete("/v1/responses/{response_id}", dependencies=[auth])
-    async def delete_response(response_id: str):
-        if not responses.store.delete(response_id):
-            raise _no_response(response_id)
-        return {"id": response_id, "object": "response", "deleted": True}
+    install_responses_store(app, server, responses.store, [auth])
 
     @app.post("/tokenize", dependencies=[auth])
     async def tokenize_route(request: Request):

@@ -1,0 +1,63 @@
+"""The Responses API's routes beside `POST /v1/responses` (which app.py serves as every answer is
+served), over its store of finished responses (responses_api.ResponseStore):
+
+    POST   /v1/responses/input_tokens            the input tokens a create with these fields bills
+    GET    /v1/responses/{response_id}           a stored response's body
+    GET    /v1/responses/{response_id}/input_items   its input items, a page at a time (input_items.py)
+    DELETE /v1/responses/{response_id}           drop it
+
+An id that is not kept (sent with store: false, dropped, or made by another process) is a 404.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+
+from .errors import APIError
+from .input_items import page
+from .responses_api import ResponseStore, count_input_tokens
+from .schemas import InputTokensRequest
+
+
+def no_response(response_id: str) -> APIError:
+    return APIError(
+        404,
+        f"no response with id {response_id!r} (responses are kept in this server's memory only, "
+        "and not when sent with store: false)",
+        param="response_id",
+        code="response_not_found",
+    )
+
+
+def install_responses_store(app: FastAPI, server, store: ResponseStore, dependencies: list) -> None:
+    """The routes, behind the app's `dependencies` (its API key); `server` (app.Server) counts
+    input tokens on its prep thread, as /tokenize does."""
+
+    @app.post("/v1/responses/input_tokens", dependencies=dependencies)
+    async def count_input_tokens_route(request: Request):
+        return await server.tokens(request, InputTokensRequest, count_input_tokens(store))
+
+    @app.get("/v1/responses/{response_id}", dependencies=dependencies)
+    async def get_response(response_id: str):
+        body = store.body(response_id)
+        if body is None:
+            raise no_response(response_id)
+        return body
+
+    @app.get("/v1/responses/{response_id}/input_items", dependencies=dependencies)
+    async def list_input_items(
+        request: Request, response_id: str, limit: str | None = None, order: str | None = None, after: str | None = None
+    ):
+        """OpenAI's list of a stored response's input items; `include` is accepted and needs nothing
+        (the listed items hold all they have), as any other query key is, but `before`, which
+        OpenAI's list no longer has, is a 400 (input_items.py)."""
+        items = store.input_items(response_id)
+        if items is None:
+            raise no_response(response_id)
+        return page(items, limit, order, after, request.query_params.get("before"))
+
+    @app.delete("/v1/responses/{response_id}", dependencies=dependencies)
+    async def delete_response(response_id: str):
+        if not store.delete(response_id):
+            raise no_response(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
