@@ -655,7 +655,7 @@ def create_app(
     """An OpenAI-compatible app over one loaded LLM; the worker runs for the app's lifespan.
     response_store: where finished Responses are kept (None: this process's memory; the Ray
     replicas share one, ray_serve.SharedResponseStore). chat_store: where chat completions sent
-    with store: true are kept (None: this process's memory; a Ray replica's refuses them)."""
+    with store: true are kept (None: this process's memory; the Ray replicas share one, ray_serve.SharedChatStore)."""
     server = Server(llm, model_name or llm.model_name, options or ServerOptions())
 
     @asynccontextmanager
