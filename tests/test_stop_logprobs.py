@@ -108,23 +108,30 @@ def test_chat_lists_only_the_tokens_of_the_returned_text():
             assert _chat_tokens(chunks) == texts[:kept]
 
 
+def stopped_runs():
+    """(stop, kept, way, kw, plain answer) for every stop case, plain and under each speculation
+    method: kw are the generate/stream keywords of the way (a prediction of the whole answer)."""
+    tok = tiny_tokenizer()
+    base = llm().generate(PROMPT, params())
+    predicted = {"prediction": base.text, "speculation": "prediction"}
+    ways = {"plain": {}, "ngram": {"speculation": "ngram"}, "prediction": predicted}
+    for stop, kept in stop_cases([tok.decode([t]) for t in base.token_ids]):
+        for way, kw in ways.items():
+            yield stop, kept, way, kw, base
+
+
 def test_token_ids_and_logprobs_list_the_same_tokens_plain_and_speculative():
     """token_ids kept the tokens of the cut-off stop string while logprobs dropped them (found
     reading RequestOutput: logprobs were cut to kept_tokens, token_ids and token_sources not).
     All three now list the tokens of the returned text, with or without speculation."""
     tok = tiny_tokenizer()
-    base = llm().generate(PROMPT, params())
-    texts = [tok.decode([t]) for t in base.token_ids]
-    predicted = {"prediction": base.text, "speculation": "prediction"}
-    ways = {"plain": {}, "ngram": {"speculation": "ngram"}, "prediction": predicted}
-    for stop, kept in stop_cases(texts):
-        for way, kw in ways.items():
-            out = llm().generate(PROMPT, params(stop=(stop,)), **kw)
-            assert out.finish_reason == "stop" and len(out.token_ids) == len(out.logprobs), (way, stop)
-            assert out.token_ids == [lp.token_id for lp in out.logprobs] == base.token_ids[:kept], (way, stop)
-            assert len(out.token_sources) == kept and tok.decode(out.token_ids).startswith(out.text)
-            if way == "prediction":
-                assert out.stats.accepted > 0  # the stop was reached inside accepted draft tokens
+    for stop, kept, way, kw, base in stopped_runs():
+        out = llm().generate(PROMPT, params(stop=(stop,)), **kw)
+        assert out.finish_reason == "stop" and len(out.token_ids) == len(out.logprobs), (way, stop)
+        assert out.token_ids == [lp.token_id for lp in out.logprobs] == base.token_ids[:kept], (way, stop)
+        assert len(out.token_sources) == kept and tok.decode(out.token_ids).startswith(out.text)
+        if way == "prediction":
+            assert out.stats.accepted > 0  # the stop was reached inside accepted draft tokens
 
 
 def test_streamed_events_list_only_the_tokens_of_the_returned_text():
@@ -132,16 +139,10 @@ def test_streamed_events_list_only_the_tokens_of_the_returned_text():
     tail before its text was released) while their logprobs and text did not: joined, the events'
     token_ids disagreed with RequestOutput.token_ids after a stop cut (found checking the stream
     against the output the last fix cut). Each event now carries the tokens whose text it releases."""
-    tok = tiny_tokenizer()
-    base = llm().generate(PROMPT, params())
-    texts = [tok.decode([t]) for t in base.token_ids]
-    predicted = {"prediction": base.text, "speculation": "prediction"}
-    ways = {"plain": {}, "ngram": {"speculation": "ngram"}, "prediction": predicted}
-    for stop, kept in stop_cases(texts):
-        for way, kw in ways.items():
-            gen = llm().stream(PROMPT, params(stop=(stop,)), **kw)
-            events = list(gen)
-            assert [t for e in events for t in e.token_ids] == gen.output.token_ids == base.token_ids[:kept], way
-            assert [s for e in events for s in e.sources] == gen.output.token_sources, (way, stop)
-            for e in events:  # each event's tokens are those of its logprobs
-                assert e.token_ids == [lp.token_id for lp in e.logprobs] and len(e.sources) == len(e.token_ids)
+    for stop, kept, way, kw, base in stopped_runs():
+        gen = llm().stream(PROMPT, params(stop=(stop,)), **kw)
+        events = list(gen)
+        assert [t for e in events for t in e.token_ids] == gen.output.token_ids == base.token_ids[:kept], way
+        assert [s for e in events for s in e.sources] == gen.output.token_sources, (way, stop)
+        for e in events:  # each event's tokens are those of its logprobs
+            assert e.token_ids == [lp.token_id for lp in e.logprobs] and len(e.sources) == len(e.token_ids)
