@@ -23,6 +23,7 @@ from .names import (
     python_definition_source,
     word_count,
 )
+from .rename import parse_rename
 
 # An answer far shorter than the file is a lost file, unless the instruction asks to take code out.
 SHORT_FRACTION = 0.5
@@ -316,9 +317,9 @@ def python_problems(original: str, answer: str, instruction: str) -> list[str]:
     (a `CUTOFF = 0.5`, the `if __name__ == "__main__":` block: an answer cut short after its
     last function, or a class spliced in without its attributes), a definition written twice,
     and a function whose body became `...` or `pass`. What the instruction names may go."""
-    rename = RENAME.search(instruction)
+    rename = parse_rename(instruction)
     keep_all = not (_REWRITE.search(instruction) or _KEEP_ONLY.search(instruction))
-    gone = dropped_statements(original, answer, rename and rename.group("old")) if keep_all else []
+    gone = dropped_statements(original, answer, rename and rename.old) if keep_all else []
     gone = [g for g in gone if not any(word_count(instruction, w) for w in _key_words(g))]
     problems = []
     if gone:
@@ -338,7 +339,7 @@ def _changed_unasked(original: str, answer: str, instruction: str) -> list[str]:
     1.5B pack also rewrote a condition in another. A rename, a rewrite, or an instruction that
     reaches further (its callers, everywhere) is not narrowed."""
     pointed = {m.group("name") for m in _POINTED_AT.finditer(instruction)}
-    if not pointed or RENAME.search(instruction) or _REWRITE.search(instruction) or _REACHES.search(instruction):
+    if not pointed or parse_rename(instruction) or _REWRITE.search(instruction) or _REACHES.search(instruction):
         return []
     return [n for n in changed_functions(original, answer) if not pointed & set(n.split("."))]
 
@@ -364,8 +365,8 @@ def _dropped_problem(original: str, answer: str, instruction: str, language: str
     removal or a rewrite; the name a rename replaces does not count."""
     if _REWRITE.search(instruction) or _KEEP_ONLY.search(instruction):
         return None
-    rename = RENAME.search(instruction)
-    dropped = dropped_definitions(original, answer, language, rename and rename.group("old"))
+    rename = parse_rename(instruction)
+    dropped = dropped_definitions(original, answer, language, rename and rename.old)
     if _asks_for_removal(instruction, original, _DELETION):  # only what it names may go, with its methods
         named = [n for n in dropped if _named(instruction, n)]
         inside = indented_definitions(original, language) if named else set()
@@ -373,21 +374,6 @@ def _dropped_problem(original: str, answer: str, instruction: str, language: str
     if not dropped:
         return None
     return f"the answer no longer defines {_listed(dropped)}, which the file defines (cut short, or renamed unasked?)"
-
-
-# "Rename [the function] old to new [in dedent | everywhere | in every function]".
-RENAME = re.compile(
-    r"\brename\s+(?:(?:the|every|all|each)\s+)?(?:(?:function|method|class|variable|parameter|argument|"
-    r"attribute|field|constant|list|dict|type|property|helper|module|global|local|name)s?\s+)?"
-    r"`?(?P<old>[A-Za-z_]\w*)`?\s+(?:to|as|into)\s+`?(?P<new>[A-Za-z_]\w*)`?(?P<rest>[^.;\n]*)",
-    re.I,
-)
-# What narrows a rename to part of the file ("in dedent"), as opposed to "in every function" or "everywhere".
-_SCOPE = re.compile(
-    r"\b(?:in|inside|within)\s+(?!(?:every|all|each|the whole|the file|this file|the module)\b)"
-    r"(?:the\s+(?:function|method|class)\s+)?`?(?P<name>[A-Za-z_][\w.]*)?",
-    re.I,
-)
 
 
 # Words that take an edit beyond the definitions it names.
@@ -406,14 +392,14 @@ def missing_target(original: str, instruction: str) -> str | None:
     makes something up: with an empty file it wrote a new one, and told to type-hint a function
     click's _textwrap.py lacks, the 1.5B pack rewrote a condition elsewhere instead. None when
     every such name is there."""
-    m = RENAME.search(instruction)
-    names = [m.group("old")] if m else []
+    rename = parse_rename(instruction)
+    names = [rename.old] if rename else []
     names += [
-        p.group("name") for p in _POINTED_AT.finditer(instruction) if not (m and p.group("name") == m.group("new"))
+        p.group("name") for p in _POINTED_AT.finditer(instruction) if not (rename and p.group("name") == rename.new)
     ]
     for name in names:
         if not word_count(original, name):
-            what = "nothing to rename" if m and name == m.group("old") else "nothing to change"
+            what = "nothing to rename" if rename and name == rename.old else "nothing to change"
             return f"the file never mentions `{name}`: {what} (check the name and the file)"
     return None
 
@@ -423,10 +409,10 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
     name appears nowhere, or the old name is still there: anywhere when the rename is not
     narrowed to part of the file, and in Python inside the function or class it is narrowed to
     ("... in dedent"). A half-done rename is the commonest wrong answer of a small model to this."""
-    m = RENAME.search(instruction)
-    if m is None:
+    rename = parse_rename(instruction)
+    if rename is None:
         return None
-    old, new = m.group("old"), m.group("new")
+    old, new, scope = rename.old, rename.new, rename.scope
 
     def count(name: str, text: str) -> int:
         return name_uses(text, name) if language == "python" else code_uses(text, name, language)
@@ -436,12 +422,11 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
     if not count(new, answer):
         return f"the rename is not done: `{new}` appears nowhere in the answer's code"
     left = count(old, answer)
-    scope = _SCOPE.search(m.group("rest"))
     where = ""
-    if scope and language == "python" and scope.group("name"):
-        body = python_definition_source(answer, scope.group("name"))
-        where, left = (f" in `{scope.group('name')}`", count(old, body)) if body is not None else ("", 0)
-    elif scope:
+    if scope and language == "python":
+        body = python_definition_source(answer, scope)
+        where, left = (f" in `{scope}`", count(old, body)) if body is not None else ("", 0)
+    elif scope is not None:
         left = 0  # narrowed to a part the check cannot find: the old name may rightly stay elsewhere
     if left:
         return f"the rename is left half done{where}: `{old}` is still there {left} time{'s' * (left > 1)}"
@@ -454,10 +439,10 @@ def _beyond_rename(original: str, answer: str, instruction: str) -> str | None:
     of idna's intranges.py, the 1.5B pack also rewrote the module's docstring, dropping a
     sentence, and the tool wrote it. None when the instruction asks for more than the rename,
     or the new name was in the file already (then the way back is ambiguous)."""
-    m = RENAME.search(instruction)
-    if m is None or instruction.replace(m.group(0), "").strip(" \t\n.!") or word_count(original, m.group("new")):
+    rename = parse_rename(instruction)
+    if rename is None or instruction.replace(rename.said, "").strip(" \t\n.!") or word_count(original, rename.new):
         return None
-    back = re.sub(rf"(?<!\w){re.escape(m.group('new'))}(?!\w)", m.group("old"), answer)
+    back = re.sub(rf"(?<!\w){re.escape(rename.new)}(?!\w)", rename.old, answer)
     old_lines = {ln.strip() for ln in original.splitlines() if ln.strip()}
     new_lines = {ln.strip() for ln in back.splitlines() if ln.strip()}
     changed = [ln.strip() for ln in back.splitlines() if ln.strip() and ln.strip() not in old_lines]

@@ -10,8 +10,8 @@ rather than find them. It is measured as the `file-first-hint` prompt (docs/serv
 
 from __future__ import annotations
 
-from .checks import _SCOPE, RENAME
 from .names import python_definition_span, use_lines
+from .rename import parse_rename
 
 # A rename used on more lines than this is listed in part: the hint must not double the prompt.
 MAX_LINES = 40
@@ -29,21 +29,20 @@ def rename_hint(original: str, instruction: str, language: str = "") -> str:
     "" when the instruction is no rename, the old name is not used, the new name is in the file
     already, or the rename is narrowed to a part the tool cannot find (then the model is told
     nothing rather than something wrong)."""
-    m = RENAME.search(instruction)
-    if m is None:
+    rename = parse_rename(instruction)
+    if rename is None:
         return ""
-    old, new = m.group("old"), m.group("new")
+    old, new, scope = rename.old, rename.new, rename.scope
     uses = use_lines(original, old, language)
     if old == new or not uses or use_lines(original, new, language):
         return ""
     where = ""
-    scope = _SCOPE.search(m.group("rest"))
-    if scope:
-        span = python_definition_span(original, scope.group("name") or "") if language == "python" else None
+    if scope is not None:
+        span = python_definition_span(original, scope) if language == "python" else None
         if span is None:
             return ""
         uses = [n for n in uses if span[0] <= n <= span[1]]
-        where = f" in `{scope.group('name')}`"
+        where = f" in `{scope}`"
         if not uses:
             return ""
     return _hint_text(original, old, new, uses, where)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .checks import RENAME, SHORT_FRACTION
+from .checks import SHORT_FRACTION
 from .hints import rename_hint
+from .rename import parse_rename
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class EditPrompt:
         edit prompt"). "" (the model begins) also when the instruction names something on the
         first line, or the file's head (a module docstring, the imports), which the edit may change."""
         first = original_code.split("\n", 1)[0]
-        if not self.opens or not first.strip() or "\n" not in original_code or not RENAME.search(instruction):
+        if not self.opens or not first.strip() or "\n" not in original_code or not parse_rename(instruction):
             return ""
         if _names(instruction) & _names(first) or _AT_THE_TOP.search(instruction):
             return ""
