@@ -94,7 +94,9 @@ def test_text_that_is_not_utf8_is_refused_in_one_line(tmp_path, how):
         timeout=120,
     )
     err = r.stderr.decode()
-    assert r.returncode == 2 and "is not UTF-8 text" in err and "Traceback" not in err, err
+    where = {"stdin": "stdin", "--prompt-file": f"--prompt-file {path}", "--prediction": "--prediction stdin"}
+    said = f"cannot read {where[how]}: not UTF-8 text (byte 3)" if how in where else "the prompt is not UTF-8 text"
+    assert r.returncode == 2 and err == f"specserve: error: {said}\n", err
 
 
 @pytest.mark.parametrize(

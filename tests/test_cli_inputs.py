@@ -38,3 +38,19 @@ def test_an_unreadable_input_is_one_line_in_one_style(tmp_path, capsys, kind):
         assert main([*argv, "--model", "/nonexistent-model"]) == 2, argv
         err = capsys.readouterr().err
         assert err == f"specserve: error: cannot read {flag}{path}: {reason}\n", (argv, err)
+
+
+def test_an_input_that_is_not_utf8_is_one_line_in_the_same_style(tmp_path, capsys):
+    """Bytes that are not UTF-8 were worded three ways: generate "--prediction x is not UTF-8 text
+    (byte 3)", replay "--prediction x: not UTF-8 text", edit "x is not UTF-8 text (byte 3);
+    specserve edit reads and writes UTF-8" (and replay --bench "not a bench report ('utf-8' codec
+    can't decode ...)"). Now every command says it as it says any unreadable file."""
+    other = tmp_path / "after.py"
+    other.write_text("a = 1\n")
+    path = tmp_path / "latin.py"
+    path.write_bytes(b"caf\xe9 = 1\n")
+    for argv, flag in _commands(str(path), str(other)):
+        assert main([*argv, "--model", "/nonexistent-model"]) == 2, argv
+        err = capsys.readouterr().err
+        assert err == f"specserve: error: cannot read {flag}{path}: not UTF-8 text (byte 3)\n", (argv, err)
+    assert path.read_bytes() == b"caf\xe9 = 1\n"  # edit wrote nothing

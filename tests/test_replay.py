@@ -226,7 +226,7 @@ def test_cli_replay_names_the_file_it_cannot_read(tokenizer, tmp_path, capsys):
     (tmp_path / "binary").write_bytes(b"\x00\xcc\xff" * 10)
     (tmp_path / "after.py").write_text(BEFORE)
     for flag, path, message in [
-        ("--prediction", tmp_path / "binary", f"--prediction {tmp_path / 'binary'}: not UTF-8 text"),
+        ("--prediction", tmp_path / "binary", f"--prediction {tmp_path / 'binary'}: not UTF-8 text (byte 1)"),
         ("--prediction", tmp_path / "missing.py", f"cannot read --prediction {tmp_path / 'missing.py'}: No such file"),
     ]:
         assert (

@@ -21,7 +21,7 @@ from ..config import (
 from ..edit.files import check_writable
 from ..errors import ContextLengthError, InvalidRequestError
 from ..hardware import cpu_info, describe
-from ..inputs import read_bytes
+from ..inputs import decode_text, read_bytes
 from ..models import packs
 
 DEFAULT_MAX_TOKENS = SamplingParams.max_tokens
@@ -200,17 +200,14 @@ def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
     )
 
 
-def read_text(path: str, flag: str) -> str:
+def read_text(path: str, flag: str | None) -> str:
     """A file's text, or stdin's for "-" (it was looked for as a file named "-"), byte for byte:
     line ends as they are (a text-mode open() made CRLF '\n'), and a one-line error for a file that
-    cannot be read (inputs.py: every command's words) or bytes that are not UTF-8 (stdin handed them
+    cannot be read or bytes that are not UTF-8 (inputs.py: every command's words; stdin handed them
     over as lone surrogates, which failed in the tokenizer). flag: the option that named the file."""
-    data = sys.stdin.buffer.read() if path == "-" else read_bytes(path, flag)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        where = f"{flag} on stdin" if path == "-" else f"{flag} {path}"
-        raise InvalidRequestError(f"{where} is not UTF-8 text (byte {e.start})") from None
+    if path == "-":
+        return decode_text(sys.stdin.buffer.read(), "stdin", flag)
+    return decode_text(read_bytes(path, flag), path, flag)
 
 
 def utf8_argument(text: str, what: str) -> str:
@@ -232,7 +229,7 @@ def read_prompt(args) -> str:
         return read_text(args.prompt_file, "--prompt-file")
     if sys.stdin.isatty():
         raise InvalidRequestError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
-    prompt = read_text("-", "the prompt")
+    prompt = read_text("-", None)
     if not prompt:
         raise InvalidRequestError("the prompt on stdin is empty")
     return prompt

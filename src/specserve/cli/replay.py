@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
 from ..config import BACKENDS, METHODS, ONE_REQUEST, LoadOptions, SpeculationConfig
-from ..inputs import read_bytes
+from ..inputs import read_text
 
 REPLAY_METHODS = [m for m in METHODS if m != "draft"]  # only a tokenizer is loaded: nothing could draft
 
@@ -104,15 +104,9 @@ def cost_ratio_for(args) -> float:
 
 
 def read_input(path: Path | None, flag: str) -> str | None:
-    """The text of one input file, or a one-line error that names the flag (a binary file was
-    "'utf-8' codec can't decode byte 0xcc in position 2", with no word of which file)."""
-    if path is None:
-        return None
-    data = read_bytes(path, flag)  # byte for byte: read_text made CRLF line ends '\n'
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{flag} {path}: not UTF-8 text") from None
+    """The text of one input file, or a one-line error that names the flag (inputs.py: a binary
+    file was "'utf-8' codec can't decode byte 0xcc in position 2", with no word of which file)."""
+    return None if path is None else read_text(path, flag)  # byte for byte: CRLF line ends kept
 
 
 def given_flags(args, *names: str) -> list[str]:
@@ -166,9 +160,9 @@ def check_bench(args) -> int:
     """--bench: the replay of each prediction run beside its measured speedup."""
     from ..bench.replay_check import check_report, markdown
 
-    raw = read_bytes(args.bench, "--bench")  # a missing file is unreadable, not "not a bench report"
+    text = read_text(args.bench, "--bench")  # a missing or binary file is unreadable, not "not a bench report"
     try:
-        report = json.loads(raw.decode("utf-8"))
+        report = json.loads(text)
         env = report["environment"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--bench {args.bench}: not a bench report ({e})") from None

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..inputs import read_bytes
+from ..inputs import decode_text, read_bytes
 from .client import EditError
 
 LANGUAGES = {
@@ -102,16 +102,13 @@ _ANY_END = re.compile(r"(\r\n|\r|\n)")
 
 
 def read_source(path: Path) -> SourceFile:
-    """Read a UTF-8 text file for editing; EditError (one line) when it is not one (bytes that
-    are not UTF-8, or a NUL byte).
+    """Read a UTF-8 text file for editing; one line when it is not one: UnreadableInput for bytes
+    that are not UTF-8 (as every command says it), EditError for a NUL byte.
 
     A lone CR ends a line only in a file that has more of them than LFs (classic Mac line ends);
     in an LF or CRLF file it is a character inside its line, as git and diff read it."""
-    raw = read_bytes(path)  # unreadable: inputs.py's one line, as every command words it
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise EditError(f"{path} is not UTF-8 text (byte {e.start}); specserve edit reads and writes UTF-8") from None
+    raw = read_bytes(path)  # unreadable or not UTF-8: inputs.py's one line, as every command words it
+    text = decode_text(raw, path)
     if (nul := raw.find(b"\0")) >= 0:  # valid UTF-8, but git's sign of a binary file: no answer could keep it
         raise EditError(f"{path} holds a NUL byte (byte {nul}): it looks binary; specserve edit edits text files")
     bom = text.startswith(_BOM)
