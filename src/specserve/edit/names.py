@@ -311,16 +311,22 @@ def name_uses(code: str, name: str) -> int:
     the name (an `__all__` entry, a `getattr` argument); not inside comments or longer strings
     such as docstrings, where prose may say "hi" or "data" after the code stopped. Code that
     does not tokenize is counted by whole words, comments and all."""
+    return len(_python_use_lines(code, name))
+
+
+def _python_use_lines(code: str, name: str) -> list[int]:
+    """The 1-based line of each use of `name` in Python `code`, as `name_uses` counts them (the
+    rename check) and `use_lines` lists them (the rename hint): one scan, so the two agree."""
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):
-        return word_count(code, name)
+        return _word_lines(code, name)
     quoted = {f"'{name}'", f'"{name}"'}
-    return sum(
-        1
+    return [
+        t.start[0]
         for t in tokens
         if (t.type == tokenize.NAME and t.string == name) or (t.type == tokenize.STRING and t.string in quoted)
-    )
+    ]
 
 
 def use_lines(code: str, name: str, language: str) -> list[int]:
@@ -329,16 +335,7 @@ def use_lines(code: str, name: str, language: str) -> list[int]:
     does (comments and strings left out where the language has a rule). The edit prompt's rename
     hint lists them (hints.py)."""
     if language == "python":
-        try:
-            tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
-        except (tokenize.TokenError, IndentationError, SyntaxError):
-            return _word_lines(code, name)
-        quoted = {f"'{name}'", f'"{name}"'}
-        return [
-            t.start[0]
-            for t in tokens
-            if (t.type == tokenize.NAME and t.string == name) or (t.type == tokenize.STRING and t.string in quoted)
-        ]
+        return _python_use_lines(code, name)
     noise = _NOISE_RE.get(language)
     blank = noise.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), code) if noise else code
     return _word_lines(blank, name)
