@@ -297,12 +297,20 @@ def changed_functions(original: str, answer: str) -> list[str]:
 def python_definition_source(code: str, name: str) -> str | None:
     """The source of the function or class `name` defines in `code` (top level, or `Class.method`
     / a method name inside a top-level class), or None when it parses to no such definition."""
+    node = _python_definition(code, name)
+    return None if node is None else ast.get_source_segment(code, node)
+
+
+def _python_definition(code: str, name: str) -> ast.AST | None:
+    """The first top-level function or class, or method of a top-level class, that Python `code`
+    defines as `name` (`Class.method`, or the bare name); None when it parses to none. The
+    rename check reads its source and the rename hint its lines: one lookup, so they agree."""
     tree = _parse(code)
     if tree is None:
         return None
     for qualified, node in _python_definitions(tree):
         if name in (qualified, qualified.rsplit(".", 1)[-1]):
-            return ast.get_source_segment(code, node)
+            return node
     return None
 
 
@@ -349,14 +357,10 @@ def _word_lines(text: str, name: str) -> list[int]:
 def python_definition_span(code: str, name: str) -> tuple[int, int] | None:
     """The first and last line (1-based, decorators included) of the top-level function or class,
     or method `Class.name` (or just `name`), that Python `code` defines as `name`; None if none."""
-    tree = _parse(code)
-    if tree is None:
+    node = _python_definition(code, name)
+    if node is None:
         return None
-    for qualified, node in _python_definitions(tree):
-        if name in (qualified, qualified.rsplit(".", 1)[-1]):
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            return first, node.end_lineno
-    return None
+    return min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno
 
 
 # Comments and string literals of the languages `specserve edit` knows besides Python, as one
