@@ -9,8 +9,10 @@ One concern per module, in the order an edit goes through them:
   follow-up that names what was wrong with an answer);
 - client.py: the streamed request, with the file as the `prediction`, and its figures;
 - checks.py: whether an answer can be the updated file (the one rule the CLI and the prompt
-  evaluation share), with names.py (names an answer reads but never binds, definitions it lost)
-  and splice.py (an answer of only the changed definitions put back into the file);
+  evaluation share), with form.py (what the answer looks like as text: prose, a diff, code left
+  out), rename.py (what a rename instruction asks for), names.py (names an answer reads but never
+  binds, definitions it lost) and splice.py (an answer of only the changed definitions put back
+  into the file);
 - files.py: the file's language and writing the result without losing anything.
 """
 

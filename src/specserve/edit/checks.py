@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .form import PROSE_LANGUAGES, clip, fence_problem, form_problems, tabs_turned_to_spaces
 from .names import (
     changed_functions,
     code_uses,
@@ -55,76 +56,6 @@ _NAMED_IN_TEXT = re.compile(
 )
 _DEFINES = r"\b(?:def|class|function|func|fn|const|let|var)\s+{}\b"
 _REWRITE = re.compile(r"\b(rewrite|translate|port|convert the (whole )?file|from scratch)\b", re.I)
-# Names the model invents for "the updated file" instead of writing it (the issue's `obj['updated_code']`).
-_PLACEHOLDER_NAME = re.compile(
-    r"\b(updated|modified|edited|refactored|new|complete|full|final|your)_?"
-    r"(code|file|source|content|contents|version)\b",
-    re.I,
-)
-_COMMENT = re.compile(r"^(#+|//+|/\*+|\*+|<!--|--|;+|%+|'|rem\b)\s*(?P<body>.*?)\s*(\*+/|-->)?$", re.I)
-# The text of a comment (or of a <bracketed> line), ellipses and brackets taken out, that stands for code
-# the model left out: "rest of the file", "existing code here", "code unchanged", "same as before", ...
-_ELISION = re.compile(
-    r"^(?:"
-    r"(the )?(rest|remainder) of (the |your |this )?(\w+ )?"
-    r"(code|file|class|module|functions?|implementation|methods?|body|script|program)"
-    r"|(\w+ )?(existing|unchanged|remaining|previous|original|other|same) (\w+ )?"
-    r"(code|methods?|functions?|imports?|lines?|content|implementation|logic|body|definitions?|tests?|classes)"
-    r"|(code|everything|the rest|rest|body|implementation|file)"
-    r"|unchanged|omitted|elided|truncated|snip|same as (before|above)|as before|etc|no changes?( here| needed)?"
-    r"|(keep|leave) (the |it |this |them )?(\w+ )?(\w+ )?(as is|unchanged|as before)"
-    r"|todo (rest|the rest|remaining)( \w+)?"
-    r"|(\w+ ){0,5}(unchanged|as is|as before)"
-    r")( (here|below|above|unchanged|omitted|elided|as before|goes here|follows|for brevity|(remains?|stays?|is|are) "
-    r"(the )?(same|unchanged|as before)))*$",
-    re.I,
-)
-_PROSE_START = re.compile(
-    r"^(here([\'’]s| is| are)|sure\b|certainly\b|okay\b|ok,|below\b|the following\b|i have\b|"
-    r"i[\'’]ve\b|i will\b|this (code|file|version)\b|to (rename|add|change|do)\b|"
-    r"as requested\b|the updated\b|updated (code|file)\b)",
-    re.I,
-)
-# A sentence after the code: "I changed ...", "Let me know ...", "This change ...", "Note: ...".
-_PROSE_END = re.compile(
-    r"^(i (changed|updated|added|renamed|removed|replaced|made|modified|have|also)\b|i[\'’](ve|ll)\b|"
-    r"let me know\b|hope this\b|this (change|update|version|code|edit|will|should|way)\b|"
-    r"the (change|changes|above|updated|modified)\b|in this (version|code|update)\b)",
-    re.I,
-)
-# A unified diff's markers: the model answered with a patch, not the file.
-_DIFF_LINE = re.compile(r"^(--- (a/)?\S|\+\+\+ (b/)?\S|@@ -\d+(,\d+)? \+\d+(,\d+)? @@)")
-
-
-def _is_elision(line: str, prev: str) -> bool:
-    """A line standing for left-out code: `# ... rest of the file ...`, `// existing code`, `# ...`,
-    `<rest of code>`, or a bare `...` that is not a Python body (a body follows a line ending in ':')."""
-    s = line.strip()
-    if s in ("...", "…"):
-        return s == "…" or not prev.rstrip().endswith(":")
-    code, sep, comment = s.partition("#") if "#" in s else s.partition("//")
-    if sep and code.strip() in ("...", "…", "pass", "{ ... }", "{...}") and _elision_text(comment):
-        return True  # `...  # unchanged`, `pass  # rest of the code`
-    if len(s) >= 3 and s[0] + s[-1] in ("<>", "[]", "{}") and _elision_text(s[1:-1]):
-        return True
-    m = _COMMENT.match(s)
-    if not m:
-        return False
-    body = m.group("body")
-    if not body.strip(".… "):
-        return "..." in body or "…" in body  # `# ...`, `// …`
-    return _elision_text(body)
-
-
-def _elision_text(text: str) -> bool:
-    words = re.sub(r"\.\.\.+|…|[()\[\]<>{}:;,.!-]", " ", text).lower().split()
-    if (
-        not words
-        or len(words) > 10
-        or words in (["code"], ["file"], ["rest"], ["everything"], ["body"], ["the", "rest"], ["implementation"])
-    ):
-        return False
-    return bool(_ELISION.match(" ".join(words)))
 
 
 def check_answer(original: str, answer: str, instruction: str = "", language: str = "") -> list[str]:
@@ -151,45 +82,24 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
       reads a name that nothing in it binds and the original did not (names.py): the fault of
       a rename left half done, such as a definition renamed and its callers not.
     """
-    problems: list[str] = []
+    if not answer.strip():
+        return ["the answer is empty"]
+    problems = form_problems(original, answer, language) + _size_problems(original, answer, instruction)
+    return problems or _first_fault(original, answer, instruction, language)
+
+
+def _size_problems(original: str, answer: str, instruction: str) -> list[str]:
+    """An answer that keeps none of the file's lines (unless the instruction asks for a rewrite),
+    or is far shorter than the file (unless it asks for a removal)."""
+    problems = []
     old_lines = [ln for ln in original.splitlines() if ln.strip()]
     new_lines = [ln for ln in answer.splitlines() if ln.strip()]
-    if not new_lines:
-        return ["the answer is empty"]
-    old_set = {ln.strip() for ln in old_lines}
-    new_set = {ln.strip() for ln in new_lines}
-    first = new_lines[0].strip()
-    prose_ok = language in ("markdown", "text")  # there prose and fences are the content
-    last = new_lines[-1].strip()
-    if prose_ok and first not in old_set and _PROSE_START.match(first) and _wrapped(new_lines, old_set):
-        problems.append(f"the answer wraps the file in prose and a fence: {_clip(first)!r}")
-    elif not prose_ok and first not in old_set and _PROSE_START.match(first) and not _COMMENT.match(first):
-        problems.append(f"the answer is prose, not code: {_clip(first)!r}")
-    elif not prose_ok and last not in old_set and _PROSE_END.match(last) and not _COMMENT.match(last):
-        problems.append(f"the answer ends in prose, not code: {_clip(last)!r}")
-    elif sum(1 for ln in new_lines if _DIFF_LINE.match(ln) and ln.strip() not in old_set) >= 2:
-        problems.append("the answer is a diff, not the updated file")
-    elif (
-        not prose_ok
-        and any(ln.lstrip().startswith("```") for ln in new_lines)
-        and not any(ln.lstrip().startswith("```") for ln in old_lines)
+    meaningful = {s for ln in old_lines if len(s := ln.strip()) >= 4 and any(c.isalnum() for c in s)}
+    if (
+        len(meaningful) >= 3
+        and not (meaningful & {ln.strip() for ln in new_lines})
+        and not _REWRITE.search(instruction)
     ):
-        problems.append("the answer mixes prose and a ``` fenced block")
-    names = {m.group(0) for m in _PLACEHOLDER_NAME.finditer(answer)} - {
-        m.group(0) for m in _PLACEHOLDER_NAME.finditer(original)
-    }
-    if names and len(new_lines) <= 3:
-        problems.append(f"the answer is a placeholder, not the file: {_clip(new_lines[0].strip())!r}")
-    else:
-        prev = ""
-        for ln in answer.splitlines():
-            if ln.strip() and ln.strip() not in old_set and _is_elision(ln, prev):
-                problems.append(f"the answer leaves code out: {_clip(ln.strip())!r}")
-                break
-            if ln.strip():
-                prev = ln
-    meaningful = {ln for ln in old_set if len(ln) >= 4 and any(c.isalnum() for c in ln)}
-    if len(meaningful) >= 3 and not (meaningful & new_set) and not _REWRITE.search(instruction):
         problems.append("the answer keeps none of the original's lines")
     if not _asks_for_removal(instruction, original):
         old_chars = sum(len(ln.strip()) for ln in old_lines)
@@ -200,89 +110,44 @@ def check_answer(original: str, answer: str, instruction: str = "", language: st
                 f"non-blank lines, {new_chars} of {old_chars} characters) and the instruction "
                 "asks for no removal"
             )
-    reindent = re.search(r"\b(indent\w*|spaces|tabs|whitespace|reformat|format)\b", instruction, re.I)
-    if not problems and not reindent and (spaces := _tabs_turned_to_spaces(original, answer)):
-        problems.append(f"the answer indents with spaces lines the file indents with tabs: {_clip(spaces)!r}")
-    if not problems and language == "markdown" and (split := _fence_problem(original, answer)):
-        problems.append(split)
-    if not problems and (broken := _data_problem(original, answer, language)):
-        problems.append(broken)
-    if language == "python" and not problems:
-        err = _syntax_error(answer)
-        if err and not _syntax_error(original):
-            problems.append(f"the answer is not valid Python ({err})")
-        elif unbound := new_unbound_names(original, answer):
-            problems.append(
-                f"the answer uses {_listed(unbound)}, which nothing in it defines "
-                "(a rename left half done, or a name made up?)"
-            )
-    if not problems and (rename := _rename_problem(original, answer, instruction, language)):
-        problems.append(rename)
-    if not problems and not prose_ok and (dropped := _dropped_problem(original, answer, instruction, language)):
-        problems.append(dropped)
-    if not problems and language == "python":
-        problems += python_problems(original, answer, instruction)
-    if not problems and (unasked := _beyond_rename(original, answer, instruction)):
-        problems.append(unasked)  # last: the checks above name a fault more precisely
     return problems
 
 
-def _wrapped(new_lines: list[str], old_set: set[str]) -> bool:
-    """Markdown: "Here is the updated README:", a fence the file lacks, the file, and a closing
-    fence or a sentence at the end: the file inside a wrapper, not a new example at its top."""
-
-    def fence(ln: str) -> bool:
-        return ln.strip().startswith(("```", "~~~")) and ln.strip() not in old_set
-
-    last = new_lines[-1].strip()
-    return len(new_lines) > 2 and fence(new_lines[1]) and (fence(last) or bool(_PROSE_END.match(last)))
-
-
-_WRAPPER_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*(markdown|md)\s*$", re.I)
-_FENCE_LINE = re.compile(r"^ {0,3}(?P<mark>`{3,}|~{3,})(?P<info>[^\n]*)$")
-
-
-def _fenced_blocks(text: str) -> tuple[int, bool]:
-    """How many of Markdown `text`'s fenced code blocks are empty (blank lines only), and whether
-    its last block is left open. A block closes on a bare fence of its own character, at least as
-    long as the one that opened it (CommonMark): "```markdown" inside a block is content."""
-    opened, empty, content = "", 0, False
-    for line in text.splitlines():
-        m = _FENCE_LINE.match(line)
-        if not opened:
-            if m:
-                opened, content = m.group("mark"), False
-        elif (
-            m
-            and m.group("mark")[0] == opened[0]
-            and len(m.group("mark")) >= len(opened)
-            and not m.group("info").strip()
-        ):
-            empty += not content
-            opened = ""
-        else:
-            content = content or bool(line.strip())
-    return empty, bool(opened)
+def _first_fault(original: str, answer: str, instruction: str, language: str) -> list[str]:
+    """For an answer whose form and size are right: the first fault of its content, the checks in
+    the order of how precisely they name one ([] when none)."""
+    reindent = re.search(r"\b(indent\w*|spaces|tabs|whitespace|reformat|format)\b", instruction, re.I)
+    if not reindent and (spaces := tabs_turned_to_spaces(original, answer)):
+        return [f"the answer indents with spaces lines the file indents with tabs: {clip(spaces)!r}"]
+    if language == "markdown" and (split := fence_problem(original, answer)):
+        return [split]
+    if broken := _data_problem(original, answer, language):
+        return [broken]
+    if language == "python" and (wrong := _python_code_problem(original, answer)):
+        return [wrong]
+    if rename := _rename_problem(original, answer, instruction, language):
+        return [rename]
+    if language not in PROSE_LANGUAGES and (dropped := _dropped_problem(original, answer, instruction, language)):
+        return [dropped]
+    if language == "python" and (problems := python_problems(original, answer, instruction)):
+        return problems
+    if unasked := _beyond_rename(original, answer, instruction):
+        return [unasked]  # last: the checks above name a fault more precisely
+    return []
 
 
-def _fence_problem(original: str, answer: str) -> str | None:
-    """Markdown: an answer split over several fenced blocks, which strip_fence unwrapped as one,
-    writes its inner wrapper fences into the file. They show as a ```markdown fence, a code block
-    left open at the end, or an empty one between the parts, where the file has none of them."""
-    old_empty, old_open = _fenced_blocks(original)
-    new_empty, new_open = _fenced_blocks(answer)
-    wrapper = {ln.strip() for ln in answer.splitlines() if _WRAPPER_FENCE.match(ln)}
-    if wrapper - {ln.strip() for ln in original.splitlines()} or (new_open and not old_open) or new_empty > old_empty:
-        return "the answer is split over several fenced blocks: their fences would be written into the file"
+def _python_code_problem(original: str, answer: str) -> str | None:
+    """Python: the answer does not compile where the file does, or it reads a name that nothing
+    in it binds and the file did not (names.py)."""
+    err = _syntax_error(answer)
+    if err and not _syntax_error(original):
+        return f"the answer is not valid Python ({err})"
+    if unbound := new_unbound_names(original, answer):
+        return (
+            f"the answer uses {_listed(unbound)}, which nothing in it defines "
+            "(a rename left half done, or a name made up?)"
+        )
     return None
-
-
-def _tabs_turned_to_spaces(original: str, answer: str) -> str | None:
-    """A line the file indents with a tab (and never with spaces) that the answer indents with
-    spaces: a Makefile then fails, Go loses gofmt. The first such line, or None."""
-    tabbed = {ln.strip() for ln in original.splitlines() if ln.startswith("\t") and ln.strip()}
-    spaced = {ln.strip() for ln in original.splitlines() if ln.startswith(" ") and ln.strip()}
-    return next((ln for ln in answer.splitlines() if ln.startswith(" ") and ln.strip() in tabbed - spaced), None)
 
 
 def _data_problem(original: str, answer: str, language: str) -> str | None:
@@ -308,7 +173,7 @@ def _data_problem(original: str, answer: str, language: str) -> str | None:
     try:
         parse(answer)
     except Exception as e:  # noqa: BLE001 - any parser error is the answer's fault
-        return f"the answer is not valid {language.upper()} ({_clip(str(e).splitlines()[0], 60)})"
+        return f"the answer is not valid {language.upper()} ({clip(str(e).splitlines()[0], 60)})"
     return None
 
 
@@ -449,7 +314,7 @@ def _beyond_rename(original: str, answer: str, instruction: str) -> str | None:
     lost = [ln.strip() for ln in original.splitlines() if ln.strip() and ln.strip() not in new_lines]
     if changed or lost:
         line = changed[0] if changed else lost[0]
-        return f"the answer changes lines the rename does not touch: {_clip(line)!r}"
+        return f"the answer changes lines the rename does not touch: {clip(line)!r}"
     return None
 
 
@@ -514,7 +379,3 @@ def _syntax_error(code: str) -> str | None:
     except ValueError as e:  # null bytes
         return str(e)
     return None
-
-
-def _clip(text: str, n: int = 80) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
