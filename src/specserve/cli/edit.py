@@ -218,8 +218,43 @@ def retries(args, original: str, first: EditResult, verdict: Verdict):
 
 
 def run(args) -> int:
+    """`specserve edit`: check what can be checked before the model is asked (minutes on a CPU),
+    ask (and ask again while the answer is refused), report, refuse what cannot be the updated
+    file, then show the diff and write."""
     source = read_source(args.file)
     original = source.text
+    dest = _preflight(args, original)
+    result, verdict = _best_answer(args, original)
+    if args.html:
+        from ..bench.report_html import render_diff_html
+
+        args.html.write_text(
+            render_diff_html(original, result.code, f"specserve edit: {args.file.name}", summary(result)),
+            encoding="utf-8",
+        )
+    for k, v in summary(result).items():
+        print(f"{k:28s} {v}", file=sys.stderr)
+    problems = verdict.problems if verdict else []
+    _refuse_unless_usable(args, result, verdict, problems, dest)
+    diff = unified_diff(original, result.code, args.file.name)
+    print(colorize(diff) if sys.stdout.isatty() else diff, end="")
+    if not diff:
+        print("no changes", file=sys.stderr)
+    if problems:
+        print(
+            f"warning: the answer may not be the updated file: {'; '.join(problems)}"
+            + (" (written because of --force)" if dest is not None else ""),
+            file=sys.stderr,
+        )
+    if dest is not None:
+        _write(args, source, result.code, dest)
+    return 0
+
+
+def _preflight(args, original: str) -> Path | None:
+    """The destination (None for --dry-run), once everything that would fail after the answer has
+    been checked: an empty instruction, a name the file never mentions, a destination, backup or
+    --html report that cannot be written or would overwrite a file the edit keeps."""
     if not args.instruction.strip():
         raise EditError("the instruction is empty: say what to change (-i '...')")
     missing = missing_target(original, args.instruction)
@@ -235,24 +270,24 @@ def run(args) -> int:
         if any(_same_file(args.html, p) or args.html.resolve() == p.resolve() for p in kept):
             raise EditError(f"--html {args.html} names a file the edit keeps; give the report a path of its own")
         check_writable(args.html)
+    return dest
+
+
+def _best_answer(args, original: str) -> tuple[EditResult, Verdict | None]:
+    """The first answer, or the first later one (`retries`) the tool would write when the first
+    is refused (not with --no-retry or --force)."""
     result, verdict = ask(args, original, DEFAULT_PROMPT)
     if verdict and verdict.failure and not args.no_retry and not args.force:
         for again, again_verdict in retries(args, original, result, verdict):
             if again_verdict and again_verdict.failure is None:
-                result, verdict = again, again_verdict
-                break
-        else:
-            print("no later answer is better: keeping the first", file=sys.stderr)
-    problems = verdict.problems if verdict else []
-    if args.html:
-        from ..bench.report_html import render_diff_html
+                return again, again_verdict
+        print("no later answer is better: keeping the first", file=sys.stderr)
+    return result, verdict
 
-        args.html.write_text(
-            render_diff_html(original, result.code, f"specserve edit: {args.file.name}", summary(result)),
-            encoding="utf-8",
-        )
-    for k, v in summary(result).items():
-        print(f"{k:28s} {v}", file=sys.stderr)
+
+def _refuse_unless_usable(args, result: EditResult, verdict: Verdict | None, problems: list[str], dest) -> None:
+    """EditError, nothing written, for an incomplete answer; for one the checks refuse, when it
+    would be written (not with --force: the answer is shown); and for the file unchanged."""
     if not result.complete:
         raise EditError(
             f"the answer is incomplete (finish_reason={result.finish_reason!r}); nothing written"
@@ -271,23 +306,14 @@ def run(args) -> int:
             "the model answered with the file unchanged: the edit was not made, and nothing was written"
             " (rephrase the instruction, or try a larger model)"
         )
-    diff = unified_diff(original, result.code, args.file.name)
-    print(colorize(diff) if sys.stdout.isatty() else diff, end="")
-    if not diff:
-        print("no changes", file=sys.stderr)
-    if problems:
-        print(
-            f"warning: the answer may not be the updated file: {'; '.join(problems)}"
-            + (" (written because of --force)" if dest is not None else ""),
-            file=sys.stderr,
-        )
-    if dest is None:
-        return 0
+
+
+def _write(args, source, code: str, dest: Path) -> None:
+    """Write the edit: in place with a backup, over FILE itself (--output FILE), or to a new file."""
     if args.in_place:
-        write_in_place(source, result.code, backup_path(args.file))
+        write_in_place(source, code, backup_path(args.file))
     elif _same_file(dest, args.file):  # --output FILE itself: what the user saved meanwhile still wins
-        write_in_place(source, result.code)
+        write_in_place(source, code)
     else:
-        write_atomic(dest, source.encode(result.code), mode_of=args.file)
+        write_atomic(dest, source.encode(code), mode_of=args.file)
     print(f"wrote {dest}" + (f" (backup: {backup_path(args.file).name})" if args.in_place else ""), file=sys.stderr)
-    return 0
