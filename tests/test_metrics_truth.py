@@ -242,14 +242,41 @@ def test_a_stream_hung_up_after_a_prefix_hit_counts_the_hit_in_health_and_metric
     (found by a soak: /health 23 hits, /metrics 21, after streams hung up by their clients)."""
     names = ("specserve_prompt_tokens_cached_total", "specserve_prefix_cache_hit_requests_total")
     _post(client, CHAT, stream=False)  # the prompt's prefix is cached now
-    body = {**CHAT, "max_tokens": 200, "stream": True}
-    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+    _hang_up(client, CHAT)
+    health = client.get("/health").json()["prefix_cache"]
+    assert health["hits"] == 1 and health["tokens_saved"] > 0
+    assert _series(client, *names) == dict(zip(names, (health["tokens_saved"], health["hits"]), strict=True))
+
+
+def _hang_up(client, body: dict) -> None:
+    """Stream `body` long, hang up after its first chunk, and wait until the engine has dropped it."""
+    with client.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": 200, "stream": True}) as r:
         assert r.status_code == 200
         next(line for line in r.iter_lines() if line.startswith("data: {"))  # then hang up
     for _ in range(600):  # the engine drops the request at its next step
         if client.get("/health").json()["active"] == 0:
             break
         time.sleep(0.05)
+    assert client.get("/health").json()["active"] == 0
+
+
+def test_the_token_hit_rate_counts_the_same_prompts_above_and_below(client):
+    """The prefix cache's token hit rate is cached tokens over the tokens of the prompts looked up,
+    both counted by the engine at admission, so a prompt hung up after its prefix hit is in both.
+    docs/server.md divided specserve_prompt_tokens_cached_total (every admitted prompt's reuse) by
+    specserve_prompt_tokens_total (only answered prompts' usage): a cold answer and the same
+    prompt hung up read a rate near 100% where half the prompt tokens were prefilled (found by
+    reading the two counters' help texts side by side)."""
+    cold = _post(client, CHAT, stream=False)["prompt_tokens"]  # prefilled in full
+    _hang_up(client, CHAT)  # admitted from the cached prefix, then gone
     health = client.get("/health").json()["prefix_cache"]
-    assert health["hits"] == 1 and health["tokens_saved"] > 0
-    assert _series(client, *names) == dict(zip(names, (health["tokens_saved"], health["hits"]), strict=True))
+    names = (
+        "specserve_prompt_tokens_cached_total",
+        "specserve_prefix_cache_queried_tokens_total",
+        "specserve_prefix_cache_lookups_total",
+        "specserve_prompt_tokens_total",
+    )
+    got = _series(client, *names)
+    assert 0 < health["tokens_saved"] < cold
+    assert (health["tokens_queried"], health["lookups"]) == (2 * cold, 2)
+    assert got == dict(zip(names, (health["tokens_saved"], 2 * cold, 2, cold), strict=True))

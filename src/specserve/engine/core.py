@@ -545,7 +545,7 @@ class EngineCore:
         choice of an n > 1 answer is not booked: usage counts an answer's prompt once."""
         p, s = self.prefix, self.scheduler
         if req.counts_reuse:
-            p.record(req.cached)
+            p.record(req.cached, len(req.prompt_ids))
         p.track(req.seq, req.tokens, req.cached, parent=hit.seq if hit else None)
         if hit is not None and hit.entry and (hit.whole or hit.sibling or s.reserved + p.cells > s.cache_tokens):
             p.release(hit.seq, spill=not (hit.whole or hit.sibling))  # cells needed: save the rest

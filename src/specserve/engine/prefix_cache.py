@@ -117,7 +117,8 @@ class PrefixCache:
         self.owners: dict[int, Owner] = {}
         self._index: dict[int, dict[int, None]] = {}  # block hash -> owner seqs (insertion ordered)
         self._clock = itertools.count(1)
-        self.lookups = self.hits = self.tokens_saved = 0  # requests looked up, with a hit, tokens reused
+        # prompts looked up (admitted), those with a hit, their tokens, the tokens of theirs reused
+        self.lookups = self.hits = self.tokens_queried = self.tokens_saved = 0
 
     # -- what is cached ---------------------------------------------------------------------------
     @property
@@ -143,6 +144,7 @@ class PrefixCache:
             "lookups": self.lookups,
             "hits": self.hits,
             "hit_rate": round(self.hits / self.lookups, 4) if self.lookups else 0.0,
+            "tokens_queried": self.tokens_queried,
             "tokens_saved": self.tokens_saved,
         }
 
@@ -260,9 +262,12 @@ class PrefixCache:
         self.drop(seq)
         self.free(seq)
 
-    def record(self, tokens: int) -> None:
-        """A request was admitted with `tokens` prompt tokens reused."""
+    def record(self, tokens: int, prompt: int) -> None:
+        """A request was admitted with `tokens` of its `prompt` tokens reused. The prompt tokens
+        are summed here, beside the reused ones, so a token hit rate divides two counts of the
+        same prompts (the answers' usage leaves out the requests that end without an answer)."""
         self.lookups += 1
+        self.tokens_queried += prompt
         if tokens:
             self.hits += 1
             self.tokens_saved += tokens

@@ -4,9 +4,11 @@ Acceptance rate per source = rate(specserve_spec_accepted_tokens_total) /
 rate(specserve_spec_proposed_tokens_total); mean accepted length per step =
 rate(accepted) / rate(specserve_spec_steps_total); tokens per step = that + 1.
 Prefix cache hit rate (in tokens, as vLLM's) = rate(specserve_prompt_tokens_cached_total) /
-rate(specserve_prompt_tokens_total). The cached tokens are the prefix cache's own count (every
-admitted prompt's, as /health's `tokens_saved`) while the prompt tokens are the answers' usage, so
-requests hung up after their prefill make it read a little high.
+rate(specserve_prefix_cache_queried_tokens_total), per prompt = rate(specserve_prefix_cache_hit_requests_total)
+/ rate(specserve_prefix_cache_lookups_total): all four are the prefix cache's own counts of the
+prompts admitted (/health's `prefix_cache`), so a request hung up, timed out or failed after its
+admission is in both terms. specserve_prompt_tokens_total is the answers' usage and leaves those
+out: against it the cached tokens read high.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prometheus_client import (
 
 from ..engine.stats import SOURCES, RequestOutput
 
+REUSE = ("lookups", "hits", "tokens_queried", "tokens_saved")  # the prefix cache's totals that /metrics counts
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -37,7 +40,7 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self._reuse_lock = threading.Lock()
-        self._reuse_seen = (0, 0)  # the prefix cache's hits and tokens saved, as last counted
+        self._reuse_seen = dict.fromkeys(REUSE, 0)  # the prefix cache's totals, as last counted
         self.requests = Counter(
             "specserve_requests",
             "Requests by endpoint and outcome status (499: client went away, 504: timed out)",
@@ -63,15 +66,29 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.prompt_tokens = Counter("specserve_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.prompt_tokens = Counter(
+            "specserve_prompt_tokens",
+            "Prompt tokens of the answers sent (their usage; not a hit rate's base)",
+            registry=r,
+        )
         self.cached_tokens = Counter(
             "specserve_prompt_tokens_cached",
-            "Prompt tokens reused from the prefix cache instead of prefilled",
+            "Prompt tokens reused from the prefix cache instead of prefilled, of every admitted prompt",
+            registry=r,
+        )
+        self.queried_tokens = Counter(
+            "specserve_prefix_cache_queried_tokens",
+            "Prompt tokens of every admitted prompt, answered or not (the token hit rate's base)",
+            registry=r,
+        )
+        self.prefix_lookups = Counter(
+            "specserve_prefix_cache_lookups",
+            "Prompts admitted, answered or not (each prompt of an answer once, whatever its n)",
             registry=r,
         )
         self.prefix_hits = Counter(
             "specserve_prefix_cache_hit_requests",
-            "Prompts that started from a cached prefix (each prompt of an answer once, whatever its n)",
+            "Admitted prompts that started from a cached prefix (each prompt of an answer once, whatever its n)",
             registry=r,
         )
         self.prefix_cells = Gauge(
@@ -165,19 +182,23 @@ class Metrics:
         self.completion_tokens.inc(usage["completion_tokens"])
 
     def set_prefix_reuse(self, stats: dict | None) -> None:
-        """The prefix cache's running totals (engine/prefix_cache.py: `hits`, `tokens_saved`),
-        read from the engine when /metrics is scraped, so the two counters equal /health's
-        `prefix_cache` by construction: a prompt is a hit when it is admitted, whether or not its
-        answer is ever sent (counted from the answers sent in full before, a stream hung up after
-        its prefix hit left /health ahead for good). Each prompt counts once; the choices of
-        n > 1 that copy choice 0's prefill are not hits of their own. stats: None when off."""
+        """The prefix cache's running totals (engine/prefix_cache.py: `lookups`, `hits`,
+        `tokens_queried`, `tokens_saved`), read from the engine when /metrics is scraped, so the
+        counters equal /health's `prefix_cache` by construction: a prompt is looked up when it is
+        admitted, whether or not its answer is ever sent (counted from the answers sent in full
+        before, a stream hung up after its prefix hit left /health ahead for good). Each prompt
+        counts once; the choices of n > 1 that copy choice 0's prefill are not lookups of their
+        own. stats: None when off."""
         if stats is None:
             return
         with self._reuse_lock:  # scrapes and Ray's push thread may read at once: each delta once
-            hits, saved = stats["hits"], stats["tokens_saved"]
-            self.prefix_hits.inc(max(0, hits - self._reuse_seen[0]))
-            self.cached_tokens.inc(max(0, saved - self._reuse_seen[1]))
-            self._reuse_seen = (max(hits, self._reuse_seen[0]), max(saved, self._reuse_seen[1]))
+            for key, counter in zip(REUSE, self._reuse_counters(), strict=True):
+                counter.inc(max(0, stats[key] - self._reuse_seen[key]))
+                self._reuse_seen[key] = max(stats[key], self._reuse_seen[key])
+
+    def _reuse_counters(self) -> tuple[Counter, ...]:
+        """The counters of the prefix cache's totals, in REUSE's order."""
+        return self.prefix_lookups, self.prefix_hits, self.queried_tokens, self.cached_tokens
 
     def observe_latency(self, outputs: list[RequestOutput], ttft: float | None, e2e: float, endpoint: str) -> None:
         """Latencies of one answer, observed once however many choices (n) or prompts it has, as
