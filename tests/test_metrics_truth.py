@@ -280,3 +280,31 @@ def test_the_token_hit_rate_counts_the_same_prompts_above_and_below(client):
     assert 0 < health["tokens_saved"] < cold
     assert (health["tokens_queried"], health["lookups"]) == (2 * cold, 2)
     assert got == dict(zip(names, (health["tokens_saved"], 2 * cold, 2, cold), strict=True))
+
+
+def test_lookups_agree_in_health_and_metrics_after_hang_ups_faults_and_n(monkeypatch):
+    """One lookup is one prompt admitted to the batch: an answer of n = 2 is one (its second choice
+    copies the first's prefill), a stream hung up after admission is one, a request whose pass
+    failed after admission is one. /health and the four Prometheus counters say the same after
+    each, and the prompt tokens looked up are the prompts' usage, counted by hand."""
+    from specserve.server import faults
+
+    monkeypatch.setenv(faults.ENV, "1")
+    llm = steady_prices(LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="auto"))[0]
+    body = {**CHAT, "n": 2}
+    names = (
+        "specserve_prefix_cache_lookups_total",
+        "specserve_prefix_cache_hit_requests_total",
+        "specserve_prefix_cache_queried_tokens_total",
+        "specserve_prompt_tokens_cached_total",
+    )
+    with TestClient(create_app(llm, "tiny")) as client:
+        prompt = _post(client, body, stream=False)["prompt_tokens"]
+        _hang_up(client, body)
+        assert client.post("/debug/fault", json={"kind": "step"}).status_code == 200
+        assert client.post("/v1/chat/completions", json=body).status_code == 500
+        _post(client, body, stream=True)
+        health = client.get("/health").json()["prefix_cache"]
+        got = _series(client, *names)
+    assert (health["lookups"], health["tokens_queried"]) == (4, 4 * prompt) and health["hits"] >= 2
+    assert got == dict(zip(names, (health[k] for k in ("lookups", "hits", "tokens_queried", "tokens_saved"))))
