@@ -35,6 +35,7 @@ from specserve.backends.llamacpp import LlamaCppBackend
 from specserve.backends.transformers import TransformersBackend
 from specserve.config import EngineLimits
 from specserve.engine import Engine
+from specserve.engine.scheduler import PrefillPacer
 from specserve.llm import LLM
 
 LIMITS = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, min_prefill_chunk=16)
@@ -144,12 +145,20 @@ def test_join_midway_and_cancel_midway(llm):
 
 def test_long_prompt_is_prefilled_in_chunks(llm):
     """With prefill_slowdown 1, a prompt joining two running streams enters in paced chunks over
-    several steps; the three outputs are those of running alone."""
+    several steps; the three outputs are those of running alone.
+
+    The pacer scales chunks by measured step times, so the steps here cost what the price curve
+    says (the scheduler is fed that cost, not the clock) and the pacer starts fresh: no chunk
+    keeps a step within a slowdown of 1, so each is min_prefill_chunk, and a pacer that grew
+    them on steps that cost what they were priced at fails. Before, the chunks followed the
+    clock and the state the module's earlier tests left (16 to 64 tokens: at 64 the prompt took
+    3 chunks, 2 tokens inside the bound asserted)."""
     core = llm.engine.core
-    saved = core.scheduler.limits
-    core.scheduler.limits = EngineLimits(
-        max_num_seqs=4, max_num_batched_tokens=512, prefill_slowdown=1.0, min_prefill_chunk=16
-    )
+    saved, pacer = core.scheduler.limits, core.scheduler.pacer
+    limits = EngineLimits(max_num_seqs=4, max_num_batched_tokens=512, prefill_slowdown=1.0, min_prefill_chunk=16)
+    core.scheduler.limits, core.scheduler.pacer = limits, PrefillPacer(limits.prefill_slowdown)
+    curve, observe = core.prices(), core.scheduler.observe
+    core.scheduler.observe = lambda plan, prices, seconds: observe(plan, prices, curve.batch(plan.sizes))
     steps = []
     reqs = [
         dict(prompt="def add(a, b):", params=SamplingParams(max_tokens=60), spec="none"),
@@ -168,15 +177,17 @@ def test_long_prompt_is_prefilled_in_chunks(llm):
         for g in running:
             list(g)
     finally:
-        core.scheduler.limits = saved
+        core.scheduler.limits, core.scheduler.pacer = saved, pacer
+        del core.scheduler.observe  # the class's again
         core.on_step = None
         core.prefix = prefix
     same(expected[2], out_long)
     for e, g in zip(expected, running):
         same(e, g.output)
-    prompt_len = len(llm.prompt_ids(LONG_PROMPT))
-    chunked = [s for s in steps if s.prefilling and s.decoding]
-    assert len(chunked) >= 3 and all(s.tokens < 2 + prompt_len // 2 for s in chunked)  # never in one go
+    chunks = [s.tokens - s.decoding for s in steps if s.prefilling and s.decoding == 2]  # the long prompt's
+    prefilled = len(llm.prompt_ids(LONG_PROMPT)) - 1  # its last token is fed as it decodes
+    whole, rest = divmod(prefilled, limits.min_prefill_chunk)
+    assert chunks == [limits.min_prefill_chunk] * whole + [rest] * (rest > 0)
 
 
 def test_a_burst_of_prompts_fills_the_batch_at_once(llm):
