@@ -569,9 +569,12 @@ class Server:
         return {"object": "list", "data": [card]}
 
     def health(self) -> tuple[dict, int]:
+        """/health's body and status: 503 "unavailable" once the worker has died or shutdown has
+        begun (every new request is refused then; a draining server said 200 "ok" before)."""
         s = self.engine
+        serving = s.alive and not self.draining
         body = {
-            "status": "ok" if s.alive else "unavailable",
+            "status": "ok" if serving else "unavailable",
             "model": self.model_name,
             "queued": s.num_waiting,
             "active": s.num_running,
@@ -583,7 +586,7 @@ class Server:
             "threads": threading.active_count(),
             "thread_names": sorted(t.name for t in threading.enumerate()),
         }
-        return body, 200 if s.alive else 503
+        return body, 200 if serving else 503
 
     def render_metrics(self) -> tuple[bytes, str]:
         """The Prometheus text, its gauges (queue, running, KV and host cache) and prefix-cache
