@@ -301,11 +301,12 @@ def _output_guide(req: _Common) -> GrammarSpec | None:
     return fmt or extension
 
 
-def _compile(spec, llm, req: _Common) -> PendingGuide | None:
+def _compile(spec, llm, req: _Common, compile_guide: bool = True) -> PendingGuide | None:
     """Start compiling the request's grammar (on the grammar threads); the server awaits it before
     queueing the request, so a bad or too slow one is a 400 and never holds up the prep thread.
     A stop string with a grammar is a 400: it would cut the answer before the grammar completes,
-    and the cut answer (invalid JSON, a tool call without its arguments) came back as "stop"."""
+    and the cut answer (invalid JSON, a tool call without its arguments) came back as "stop".
+    compile_guide=False: checked only (a token count has no answer to constrain)."""
     if spec is not None and req.stop:
         raise bad_request(
             f"stop strings do not go with {spec.param}: they would cut the constrained answer before it is "
@@ -314,11 +315,12 @@ def _compile(spec, llm, req: _Common) -> PendingGuide | None:
         )
     check_guided(spec, req.ignore_eos)
     spec = json_whitespace(spec, req.strict_whitespace)
-    return None if spec is None else llm.compile_guide(spec, wait=False)
+    return None if spec is None or not compile_guide else llm.compile_guide(spec, wait=False)
 
 
-def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
-    """Validate a chat request against the model and turn it into a job."""
+def prepare_chat(req: ChatCompletionRequest, llm, compile_guide: bool = True) -> Prepared:
+    """Validate a chat request against the model and turn it into a job (compile_guide=False: its
+    grammar is checked but not compiled, for a count of its prompt that runs no job)."""
     _refuse_chat(req)
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages", "empty_array")
@@ -342,7 +344,7 @@ def prepare_chat(req: ChatCompletionRequest, llm) -> Prepared:
         _prediction_text(req.prediction, llm),
         bool(req.stream),
         check_stream_options(req),
-        _compile(spec, llm, req),
+        _compile(spec, llm, req, compile_guide),
         tools if tools.parse_calls else None,
         check_n(req.n),
     )

@@ -282,8 +282,9 @@ def to_chat(req: ResponsesRequest, messages: list[dict]) -> ChatCompletionReques
         raise bad_request(f"{responses_param(path)}: {err['msg']}", responses_param(path)) from None
 
 
-def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepared:
-    """Validate against the model, as chat (the server renames the fields its 400s name)."""
+def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore, compile_guide: bool = True) -> Prepared:
+    """Validate against the model, as chat (the server renames the fields its 400s name);
+    compile_guide=False checks the grammar without compiling it (`count_input_tokens`)."""
     if req.conversation is not None:
         raise unsupported("conversation", "conversation objects (continue with previous_response_id)")
     if req.background:
@@ -302,7 +303,7 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
             )
     items = _resolved(_input(req), store)
     messages = _messages(items, history)
-    prepared = prepare_chat(to_chat(req, messages), llm)
+    prepared = prepare_chat(to_chat(req, messages), llm, compile_guide)
     prepared.include_usage = False  # the usage travels in response.completed
     if req.store is not False:
         prepared.history = messages
@@ -329,11 +330,13 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore) -> Prepa
 def count_input_tokens(store: ResponseStore):
     """`POST /v1/responses/input_tokens`'s work (run on the prep thread): the prompt tokens that a
     Responses request with these fields would bill as `usage.input_tokens`, prepared as one is
-    (so its 400s are a create's, in the Responses fields)."""
+    (so its 400s are a create's, in the Responses fields). Its grammar (a `text.format` schema, a
+    forced tool call) is checked, not compiled: it constrains the answer, not the prompt, and a
+    compilation started here held one of the grammar threads that creates wait for, for nothing."""
 
     def work(req: InputTokensRequest, llm) -> dict:
         try:
-            prepared = prepare_responses(req.model_copy(update={"model": req.model or ""}), llm, store)
+            prepared = prepare_responses(req.model_copy(update={"model": req.model or ""}), llm, store, False)
         except Exception as e:  # noqa: BLE001
             err = engine_error(e)
             err.param, err.message = responses_param(err.param), responses_message(err.message)
