@@ -279,6 +279,7 @@ def build_openapi(app: FastAPI) -> dict:
     paths["/v1/responses/{response_id}"]["get"]["responses"] = {**stored, **_errors("401", "404")}
     deleted = {"200": {"description": "deleted", "content": {"application/json": {"schema": {"type": "object"}}}}}
     paths["/v1/responses/{response_id}"]["delete"]["responses"] = {**deleted, **_errors("401", "404")}
+    paths["/v1/responses/{response_id}/cancel"]["post"]["responses"] = _errors("400", "401", "404")  # never a 200
     items = {"type": "object", "required": ["object", "data", "first_id", "last_id", "has_more"]}
     paths["/v1/responses/{response_id}/input_items"]["get"]["responses"] = {
         "200": {"description": "the response's input items", "content": {"application/json": {"schema": items}}},

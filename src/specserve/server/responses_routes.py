@@ -5,6 +5,7 @@ served), over its store of finished responses (responses_api.ResponseStore):
     GET    /v1/responses/{response_id}           a stored response's body
     GET    /v1/responses/{response_id}/input_items   its input items, a page at a time (input_items.py)
     DELETE /v1/responses/{response_id}           drop it
+    POST   /v1/responses/{response_id}/cancel    OpenAI's 400 for a synchronous response
 
 An id that is not kept (sent with store: false, dropped, or made by another process) is a 404.
 """
@@ -27,6 +28,13 @@ def no_response(response_id: str) -> APIError:
         param="response_id",
         code="response_not_found",
     )
+
+
+def not_cancellable() -> APIError:
+    """OpenAI cancels only responses created with `background: true` and refuses any other with
+    this 400; this server refuses background responses, so every kept response is synchronous
+    (one still being answered is not kept yet: a 404)."""
+    return APIError(400, "Cannot cancel a synchronous response.", code=None)
 
 
 def install_responses_store(app: FastAPI, server, store: ResponseStore, dependencies: list) -> None:
@@ -61,3 +69,9 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
         if not store.delete(response_id):
             raise no_response(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
+
+    @app.post("/v1/responses/{response_id}/cancel", dependencies=dependencies)
+    async def cancel_response(response_id: str):
+        if store.body(response_id) is None:
+            raise no_response(response_id)
+        raise not_cancellable()

@@ -1,0 +1,47 @@
+"""`POST /v1/responses/{id}/cancel` (`client.responses.cancel`): OpenAI cancels only responses
+created with `background: true`, which this server refuses, so a kept response is OpenAI's 400
+for a synchronous one ("Cannot cancel a synchronous response.") and stays as it was; an id that
+is not kept is the 404 of the other stored-response routes. In-process on a tiny model."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from tiny import tiny_model, tiny_tokenizer
+
+from specserve.llm import LLM
+from specserve.server.app import create_app
+
+KW = {"model": "tiny", "input": "hi", "temperature": 0, "max_output_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def client():
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, "tiny")) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+
+
+def test_a_kept_response_is_refused_as_synchronous_and_stays_as_it_was(client):
+    """The route was missing: the SDK got a 404 `Invalid URL`, as if the response were unknown."""
+    made = client.responses.create(**KW)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.cancel(made.id)
+    body = e.value.body
+    assert body["message"] == "Cannot cancel a synchronous response." and body["type"] == "invalid_request_error"
+    assert client.responses.retrieve(made.id).model_dump() == made.model_dump()
+
+
+def test_an_unknown_or_unkept_response_is_a_404(client):
+    unkept = client.responses.create(**KW, store=False)
+    for response_id in ("resp_none", unkept.id):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.responses.cancel(response_id)
+        assert e.value.body["code"] == "response_not_found" and response_id in e.value.body["message"]
+
+
+def test_a_background_response_is_refused_when_created(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**KW, background=True)
+    assert e.value.body["param"] == "background"
