@@ -303,7 +303,7 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore, compile_
             )
     items = _resolved(_input(req), store)
     messages = _messages(items, history)
-    prepared = prepare_chat(to_chat(req, messages), llm, compile_guide)
+    prepared = _prepare_fitting(req, messages, llm, compile_guide)
     prepared.include_usage = False  # the usage travels in response.completed
     if req.store is not False:
         prepared.history = messages
@@ -323,8 +323,34 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore, compile_
         "user": req.user,
         "previous_response_id": req.previous_response_id,
         "store": req.store is not False,
+        "truncation": req.truncation or "disabled",
     }
     return prepared
+
+
+def _prepare_fitting(req: ResponsesRequest, messages: list[dict], llm, compile_guide: bool) -> Prepared:
+    """The chat job for `messages`. With truncation "auto", an input over the context (with room
+    for max_output_tokens) loses its oldest turns, one at a time, until it fits, as OpenAI's "auto"
+    drops items from the conversation's beginning; "auto" was accepted and changed nothing, the
+    same 400 as "disabled". The conversation kept for previous_response_id stays whole."""
+    while True:
+        try:
+            return prepare_chat(to_chat(req, messages), llm, compile_guide)
+        except APIError as e:
+            shorter = _without_oldest_turn(messages) if e.code == "context_length_exceeded" else None
+            if req.truncation != "auto" or shorter is None:
+                raise
+            messages = shorter
+
+
+def _without_oldest_turn(messages: list[dict]) -> list[dict] | None:
+    """`messages` without their first turn: everything before the second user message but the
+    system and developer messages (a turn's tool calls and results go with it, so no result is left
+    without its call); None when one turn is all there is."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if len(users) < 2:
+        return None
+    return [m for i, m in enumerate(messages) if i >= users[1] or m["role"] in ("system", "developer")]
 
 
 def count_input_tokens(store: ResponseStore):
@@ -541,7 +567,6 @@ class ResponsesDialect(Dialect):
             "output": items,
             **ctx.request_fields,
             "reasoning": None,
-            "truncation": "disabled",
             "usage": _usage(output) if output is not None else None,
         }
         if output is not None:

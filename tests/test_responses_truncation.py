@@ -1,0 +1,59 @@
+"""`truncation: "auto"` drops the conversation's oldest turns until the input fits the context
+(with room for `max_output_tokens`), as OpenAI's reference says; `"disabled"`, the default, is a
+400 for an input over it. In-process on a tiny model (512 tokens of context), through the SDK."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from tiny import tiny_model, tiny_tokenizer
+
+from specserve.llm import LLM
+from specserve.server.app import create_app
+
+KW = {"model": "tiny", "temperature": 0, "max_output_tokens": 4}
+LONG = "word " * 100  # about 300 tokens: two such turns do not fit in 512, one does
+OLD = [{"role": "user", "content": LONG}, {"role": "assistant", "content": "ok"}]
+NEW = [{"role": "user", "content": LONG + "and now?"}]
+
+
+@pytest.fixture(scope="module")
+def client():
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, "tiny")) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+
+
+def test_auto_drops_the_oldest_turns_until_the_input_fits(client):
+    """ "auto" was accepted and changed nothing: the same 400 as "disabled", and the answer said
+    "truncation": "disabled"."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(input=OLD + NEW, instructions="Be brief.", **KW)
+    assert e.value.body["code"] == "context_length_exceeded"
+    cut = client.responses.create(input=OLD + NEW, instructions="Be brief.", truncation="auto", **KW)
+    alone = client.responses.create(input=NEW, instructions="Be brief.", **KW)
+    assert cut.truncation == "auto" and alone.truncation == "disabled"
+    assert cut.output_text == alone.output_text and cut.usage.input_tokens == alone.usage.input_tokens
+    counted = client.responses.input_tokens.count(input=OLD + NEW, instructions="Be brief.", truncation="auto")
+    assert counted.input_tokens == cut.usage.input_tokens
+
+
+def test_auto_keeps_a_conversation_that_fits_and_a_last_turn_that_does_not_is_still_a_400(client):
+    short = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "and?"},
+    ]
+    kept = client.responses.create(input=short, truncation="auto", **KW)
+    assert kept.usage.input_tokens == client.responses.create(input=short, **KW).usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(input=[{"role": "user", "content": LONG * 2}], truncation="auto", **KW)
+    assert e.value.body["code"] == "context_length_exceeded"
+
+
+def test_a_continued_conversation_is_cut_as_the_same_input_would_be(client):
+    first = client.responses.create(input=OLD[:1], **KW)
+    later = client.responses.create(input=NEW, previous_response_id=first.id, truncation="auto", **KW)
+    alone = client.responses.create(input=NEW, **KW)
+    assert later.usage.input_tokens == alone.usage.input_tokens and later.output_text == alone.output_text
