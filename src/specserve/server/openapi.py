@@ -276,7 +276,7 @@ def build_openapi(app: FastAPI) -> dict:
             "content": {"application/json": {"schema": {"$ref": REF.format(model="Response")}}},
         }
     }
-    paths["/v1/responses/{response_id}"]["get"]["responses"] = {**stored, **_errors("401", "404")}
+    paths["/v1/responses/{response_id}"]["get"]["responses"] = {**stored, **_errors("400", "401", "404")}  # stream
     deleted = {"200": {"description": "deleted", "content": {"application/json": {"schema": {"type": "object"}}}}}
     paths["/v1/responses/{response_id}"]["delete"]["responses"] = {**deleted, **_errors("401", "404")}
     paths["/v1/responses/{response_id}/cancel"]["post"]["responses"] = _errors("400", "401", "404")  # never a 200

@@ -2,7 +2,7 @@
 served), over its store of finished responses (responses_api.ResponseStore):
 
     POST   /v1/responses/input_tokens            the input tokens a create with these fields bills
-    GET    /v1/responses/{response_id}           a stored response's body
+    GET    /v1/responses/{response_id}           a stored response's body (not its events: stream=true is a 400)
     GET    /v1/responses/{response_id}/input_items   its input items, a page at a time (input_items.py)
     DELETE /v1/responses/{response_id}           drop it
     POST   /v1/responses/{response_id}/cancel    OpenAI's 400 for a synchronous response
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
-from .errors import APIError
+from .errors import APIError, bad_request
 from .input_items import page
 from .responses_api import ResponseStore, count_input_tokens
 from .schemas import InputTokensRequest
@@ -37,6 +37,17 @@ def not_cancellable() -> APIError:
     return APIError(400, "Cannot cancel a synchronous response.", code=None)
 
 
+def not_streamable() -> APIError:
+    """`GET /v1/responses/{id}?stream=true` streams a background response's events at OpenAI; the
+    JSON body it got here held no events, and the SDK's stream ended empty, without an error."""
+    return bad_request(
+        "stream: only a response created with background: true can be streamed again, and this server does not "
+        "run background responses (retrieve it without stream)",
+        "stream",
+        "unsupported_parameter",
+    )
+
+
 def install_responses_store(app: FastAPI, server, store: ResponseStore, dependencies: list) -> None:
     """The routes, behind the app's `dependencies` (its API key); `server` (app.Server) counts
     input tokens on its prep thread, as /tokenize does."""
@@ -46,10 +57,12 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
         return await server.tokens(request, InputTokensRequest, count_input_tokens(store))
 
     @app.get("/v1/responses/{response_id}", dependencies=dependencies)
-    async def get_response(response_id: str):
+    async def get_response(response_id: str, stream: str | None = None):
         body = store.body(response_id)
         if body is None:
             raise no_response(response_id)
+        if stream is not None and stream.lower() not in ("false", "0"):
+            raise not_streamable()
         return body
 
     @app.get("/v1/responses/{response_id}/input_items", dependencies=dependencies)

@@ -1,7 +1,8 @@
-"""`POST /v1/responses/{id}/cancel` (`client.responses.cancel`): OpenAI cancels only responses
-created with `background: true`, which this server refuses, so a kept response is OpenAI's 400
-for a synchronous one ("Cannot cancel a synchronous response.") and stays as it was; an id that
-is not kept is the 404 of the other stored-response routes. In-process on a tiny model."""
+"""What OpenAI does only for responses created with `background: true`, which this server refuses.
+`POST /v1/responses/{id}/cancel` (`client.responses.cancel`): a kept response is OpenAI's 400 for a
+synchronous one ("Cannot cancel a synchronous response.") and stays as it was; an id that is not
+kept is the 404 of the other stored-response routes. `GET /v1/responses/{id}?stream=true` (a
+background response's events) is a 400 naming `stream`. In-process on a tiny model."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_a_background_response_is_refused_when_created(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(**KW, background=True)
     assert e.value.body["param"] == "background"
+
+
+def test_a_stream_of_a_kept_response_is_a_400_naming_stream(client):
+    """`retrieve(id, stream=True)` (OpenAI streams a background response's events) got the JSON
+    body, in which the SDK found no events: an empty stream and no error."""
+    made = client.responses.create(**KW)
+    with pytest.raises(openai.BadRequestError) as e:
+        list(client.responses.retrieve(made.id, stream=True))
+    assert e.value.body["param"] == "stream" and "background" in e.value.body["message"]
+    assert client.responses.retrieve(made.id, stream=False).id == made.id
