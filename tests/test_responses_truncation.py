@@ -57,3 +57,11 @@ def test_a_continued_conversation_is_cut_as_the_same_input_would_be(client):
     later = client.responses.create(input=NEW, previous_response_id=first.id, truncation="auto", **KW)
     alone = client.responses.create(input=NEW, **KW)
     assert later.usage.input_tokens == alone.usage.input_tokens and later.output_text == alone.output_text
+
+
+def test_an_input_over_the_context_is_told_in_a_sentence_that_agrees(client):
+    """Chat's "the messages have N tokens", renamed for a Responses client, read "the input have"."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(input=LONG * 2, **KW)
+    message = e.value.body["message"]
+    assert "the input has " in message and " have " not in message, message

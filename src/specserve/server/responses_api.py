@@ -387,8 +387,10 @@ def responses_param(param: str | None) -> str | None:
 def responses_message(text: str) -> str:
     """A chat 400's message in the Responses fields: `messages[0]` is `input[0]`, `max_tokens`
     `max_output_tokens`, `tools[0].function.name` `tools[0].name`, and tool_choice's shape is the
-    flat one. The param was renamed, but the message spoke of fields a Responses client never sent."""
+    flat one. The param was renamed, but the message spoke of fields a Responses client never sent.
+    "the messages have N tokens" becomes "the input has N tokens" (it read "the input have")."""
     text = _CHAT_PATH.sub(lambda m: responses_param(m.group()), text)
+    text = text.replace("the input have ", "the input has ")
     return text.replace(CHAT_TOOL_CHOICE, "{'type': 'function', 'name': ...}")
 
 
