@@ -178,6 +178,16 @@ def test_embeddings_are_refused_as_an_unknown_url(sdk):
     assert e.value.body["message"] == "Invalid URL (POST /v1/embeddings)"
 
 
+def test_responses_compaction_is_refused_as_an_unknown_url(sdk):
+    """`client.responses.compact(...)` (`POST /v1/responses/compact`, which Codex calls to compact a
+    long conversation) matched the kept-response path's GET and DELETE: a 405 "Method not allowed",
+    which the SDK raises as a bare APIStatusError. It is OpenAI's 404 for a URL not served, as
+    embeddings' is."""
+    with pytest.raises(openai.NotFoundError) as e:
+        sdk.responses.compact(model="tiny", input="hi")
+    assert e.value.body["message"] == "Invalid URL (POST /v1/responses/compact)"
+
+
 def test_responses_input_tokens_count_what_a_create_would_bill(sdk):
     """`client.responses.input_tokens.count(...)` (`POST /v1/responses/input_tokens`) counts the input
     a Responses request with the same fields would bill as `usage.input_tokens`. It was a 405 (the

@@ -6,6 +6,7 @@ served), over its store of finished responses (responses_api.ResponseStore):
     GET    /v1/responses/{response_id}/input_items   its input items, a page at a time (input_items.py)
     DELETE /v1/responses/{response_id}           drop it
     POST   /v1/responses/{response_id}/cancel    OpenAI's 400 for a synchronous response
+    POST   /v1/responses/compact                 not served: the 404 of any unknown URL (not a 405)
 
 An id that is not kept (sent with store: false, dropped, or made by another process) is a 404.
 """
@@ -13,6 +14,7 @@ An id that is not kept (sent with store: false, dropped, or made by another proc
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException
 
 from .errors import APIError, bad_request
 from .input_items import page
@@ -82,6 +84,12 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
         if not store.delete(response_id):
             raise no_response(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
+
+    @app.post("/v1/responses/compact", dependencies=dependencies, include_in_schema=False)
+    async def compact_response():
+        """Not served (a compaction item is OpenAI's encrypted summary): the app's 404 for a URL it
+        does not serve, where the kept-response path's GET and DELETE made it a 405."""
+        raise HTTPException(404)
 
     @app.post("/v1/responses/{response_id}/cancel", dependencies=dependencies)
     async def cancel_response(response_id: str):
