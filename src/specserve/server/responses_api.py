@@ -41,6 +41,17 @@ from .tools import ToolCall, parse_tool_calls
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` entry that asks for output_text logprobs
+# OpenAI's `include` values (the SDK's ResponseIncludable); all but the logprobs name items this server never writes
+INCLUDABLE = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    LOGPROBS_INCLUDE,
+)
 CHAT_PARAMS = (  # (chat field path prefix, what the Responses request calls it), first match wins
     ("messages", "input"),
     ("max_completion_tokens", "max_output_tokens"),
@@ -251,6 +262,17 @@ def _check_json_schema_format(fmt: dict) -> None:
         )
 
 
+def _check_include(include: list[str] | None) -> None:
+    """Each `include` entry is one of OpenAI's values: a misspelt one was accepted, and a client
+    that asked for logprobs so got `logprobs: []` without a word."""
+    for i, entry in enumerate(include or ()):
+        if entry not in INCLUDABLE:
+            raise bad_request(
+                f"include[{i}]: invalid value {entry!r}; supported values are {', '.join(INCLUDABLE)}",
+                f"include[{i}]",
+            )
+
+
 def to_chat(req: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
     """The chat request this Responses request means, its conversation being `messages` (a
     stored conversation's and the input's, `_messages`; 400s name the Responses fields)."""
@@ -291,6 +313,7 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore, compile_
         raise unsupported("background", "background responses")
     if req.prompt is not None:  # its instructions live at OpenAI: answered without them, an agent had none
         raise unsupported("prompt", "stored prompt templates (send instructions and input instead)")
+    _check_include(req.include)
     history = []
     if req.previous_response_id is not None:
         history = store.messages(req.previous_response_id)
