@@ -126,7 +126,7 @@ LIMITS = [  # (endpoint, extra fields, param)
     ("chat/completions", {"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ("chat/completions", {"metadata": {"k" * 65: "v"}}, "metadata"),
     ("chat/completions", {"metadata": {"k": "v" * 513}}, "metadata.k"),
-    ("chat/completions", {"safety_identifier": "u" * 65}, "safety_identifier"),
+    ("chat/completions", {"safety_identifier": "u" * 129}, "safety_identifier"),
     ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ]
 
@@ -142,9 +142,11 @@ def test_limits_allow_what_openai_allows(server):
         **OK_CHAT,
         "stop": ["a", "b", "c", "d"],
         "metadata": {f"k{i}": "v" * 512 for i in range(16)},
-        "safety_identifier": "u" * 64,
+        "safety_identifier": "u" * 128,  # 128: the openai SDK's documented maximum (64 before)
     }
     assert _post(server, "chat/completions", json=ok).status_code == 200
+    responses = {"model": MODEL, "input": "x", "max_output_tokens": 2, "safety_identifier": "u" * 128}
+    assert _post(server, "responses", json=responses).status_code == 200
 
 
 SEED_BODIES = {  # endpoint -> a body without its seed

@@ -14,10 +14,11 @@ from ..config import SEED_MAX, SEED_MIN, is_integer
 
 # OpenAI's documented limits (API reference): "Up to 4 sequences" for stop; logit_bias values
 # "from -100 to 100"; metadata is a "set of 16 key-value pairs", keys at most 64 characters,
-# values at most 512; safety_identifier at most 64 characters; top_logprobs 0..20.
+# values at most 512; safety_identifier at most 128 characters (64 in older docs, the openai SDK's
+# docstrings say 128 on chat and Responses); top_logprobs 0..20.
 MAX_STOP = 4
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
-MAX_SAFETY_IDENTIFIER = 64
+MAX_SAFETY_IDENTIFIER = 128
 
 
 def _integral(value: Any) -> Any:
