@@ -1,7 +1,8 @@
-"""The Responses API's `text.format` of type `json_schema` requires `name` and `schema`, as OpenAI's
-reference does (ResponseFormatTextJSONSchemaConfig); chat's `response_format.json_schema` requires
-only `name` there (its `schema` is optional), and a missing schema stays served as a JSON object.
-In-process on a tiny model."""
+"""Where the Responses API's shapes differ from chat's. Its `text.format` of type `json_schema`
+requires `name` and `schema`, as OpenAI's reference does (ResponseFormatTextJSONSchemaConfig);
+chat's `response_format.json_schema` requires only `name` there (its `schema` is optional), and a
+missing schema stays served as a JSON object. Its function tools are flat (`name` beside `type`),
+and a chat-shaped one is told so. In-process on a tiny model."""
 
 from __future__ import annotations
 
@@ -54,3 +55,15 @@ def test_chat_without_schema_is_accepted_as_openai_accepts_it(client):
     body = r.json()["choices"][0]
     if body["finish_reason"] == "stop":  # a finished answer is a JSON object
         assert isinstance(json.loads(body["message"]["content"]), dict)
+
+
+def test_a_chat_shaped_tool_is_told_the_flat_shape(client):
+    """A chat tool (`{"type": "function", "function": {...}}`, what `openai.pydantic_function_tool`
+    returns) sent to the Responses API was told "tools[0].name must be 1-64 letters, digits, '_' or
+    '-'", about a name it had, one level down."""
+    tool = {"type": "function", "function": {"name": "answer", "parameters": SCHEMA}}
+    r = client.post("/v1/responses", json={**RESPONSES, "tools": [tool]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools[0].name" and error["code"] == "missing_required_parameter", error
+    assert "missing required parameter 'tools[0].name'" in error["message"] and "flat" in error["message"]

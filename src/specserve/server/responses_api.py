@@ -214,9 +214,23 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
             raise unsupported(f"tools[{i}].type", f"tool type {tool.get('type')!r} (only function tools)")
+        if "name" not in tool and isinstance(tool.get("function"), dict):
+            raise _chat_shaped_tool(i)
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         out.append({"type": "function", "function": fn})
     return out
+
+
+def _chat_shaped_tool(i: int) -> APIError:
+    """A chat tool (`{"type": "function", "function": {...}}`, what `openai.pydantic_function_tool`
+    returns) sent here: OpenAI's missing `name`, and the flat shape that has it. It was told
+    "tools[i].name must be 1-64 letters", about a name it had, one level down."""
+    return bad_request(
+        f"missing required parameter 'tools[{i}].name': Responses function tools are flat, "
+        '{"type": "function", "name": ..., "parameters": ...}, where chat nests them under "function"',
+        f"tools[{i}].name",
+        "missing_required_parameter",
+    )
 
 
 def _tool_choice(choice):
