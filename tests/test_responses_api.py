@@ -247,6 +247,16 @@ def test_an_item_reference_is_the_stored_item_it_names(client):
         assert (e.value.body["param"], e.value.body["code"]) == ("input[1].id", "item_not_found"), e.value.body
 
 
+@pytest.mark.parametrize("bad", [{"type": "item_reference"}, {"type": "item_reference", "id": 5}])
+def test_an_item_reference_without_a_string_id_is_told_so(client, bad):
+    """It was told "no item with id None" (or 5), as if a kept item had been looked for."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input=[{"role": "user", "content": "hi"}, bad])
+    body = e.value.body
+    assert body["param"] == "input[1].id" and "no item with id" not in body["message"], body
+    assert body["code"] == ("missing_required_parameter" if "id" not in bad else "invalid_type"), body
+
+
 def test_stored_responses_are_read_and_deleted_and_store_false_keeps_nothing(client):
     kw = dict(model=MODEL, input="hi", temperature=0, max_output_tokens=6)
     resp = client.responses.create(**kw)

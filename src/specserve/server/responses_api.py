@@ -111,7 +111,8 @@ def _resolved(items: list[dict], store: ResponseStore) -> list[dict]:
     out = []
     for i, item in enumerate(items):
         if _kind(item) == "item_reference":
-            found = store.item(item["id"]) if isinstance(item.get("id"), str) else None
+            _check_reference_id(item, i)
+            found = store.item(item["id"])
             if found is None:
                 raise bad_request(
                     f"input[{i}].id: no item with id {item.get('id')!r} (items are those of responses kept in this "
@@ -122,6 +123,17 @@ def _resolved(items: list[dict], store: ResponseStore) -> list[dict]:
             item = found
         out.append(item)
     return out
+
+
+def _check_reference_id(item: dict, i: int) -> None:
+    """An item reference's `id` is a string (it was told "no item with id None", as if looked for)."""
+    if not isinstance(item.get("id"), str):
+        missing = item.get("id") is None
+        raise bad_request(
+            f"missing required parameter 'input[{i}].id'" if missing else f"input[{i}].id must be a string",
+            f"input[{i}].id",
+            "missing_required_parameter" if missing else "invalid_type",
+        )
 
 
 def _input(req: ResponsesRequest) -> list[dict]:
