@@ -441,3 +441,14 @@ def test_every_body_and_event_validates_strictly_against_the_sdk_types(client, e
     assert data and data[-1] != "[DONE]"  # the Responses API ends with its last event, no [DONE]
     for event in map(json.loads, data):
         events.validate_python(event, strict=True)
+
+
+def test_the_answer_repeats_the_request_fields_openai_repeats(client):
+    """`max_tool_calls`, `safety_identifier` and `prompt_cache_key` were accepted and left out of
+    the answer (None to the SDK), and `background` too, which OpenAI answers false."""
+    asked = {"max_tool_calls": 3, "safety_identifier": "user-7", "prompt_cache_key": "k1"}
+    resp = client.responses.create(model=MODEL, input="hi", max_output_tokens=2, **asked)
+    assert {k: getattr(resp, k) for k in asked} == asked and resp.background is False
+    assert client.responses.retrieve(resp.id).max_tool_calls == 3
+    plain = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    assert (plain.max_tool_calls, plain.safety_identifier, plain.prompt_cache_key) == (None, None, None)

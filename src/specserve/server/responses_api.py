@@ -373,6 +373,10 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore, compile_
         "previous_response_id": req.previous_response_id,
         "store": req.store is not False,
         "truncation": req.truncation or "disabled",
+        "background": False,  # true is refused above
+        "max_tool_calls": req.max_tool_calls,
+        "safety_identifier": req.safety_identifier,
+        "prompt_cache_key": req.prompt_cache_key,
     }
     return prepared
 

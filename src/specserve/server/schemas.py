@@ -229,6 +229,8 @@ class ResponsesRequest(_Strict):
     user: str | None = None
     safety_identifier: str | None = Field(None, max_length=MAX_SAFETY_IDENTIFIER)
     prompt_cache_key: str | None = None  # accepted and ignored: the prefix cache matches by tokens
+    # repeated in the answer; it bounds calls to OpenAI's built-in tools, which this server refuses
+    max_tool_calls: Int | None = Field(None, ge=0)
     # extensions (extra_body), as on chat completions
     prediction: Prediction | None = None
     speculation: SpeculationRequest | str | None = None
