@@ -19,8 +19,12 @@ NEW = [{"role": "user", "content": LONG + "and now?"}]
 
 
 @pytest.fixture(scope="module")
-def client():
-    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+def llm():
+    return LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+
+
+@pytest.fixture(scope="module")
+def client(llm):
     with TestClient(create_app(llm, "tiny")) as http:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
 
@@ -65,3 +69,15 @@ def test_an_input_over_the_context_is_told_in_a_sentence_that_agrees(client):
         client.responses.create(input=LONG * 2, **KW)
     message = e.value.body["message"]
     assert "the input has " in message and " have " not in message, message
+
+
+def test_auto_templates_a_long_conversation_a_few_times_not_once_per_turn(client, llm, monkeypatch):
+    """Each dropped turn templated and tokenized the whole conversation again: 40 turns over the
+    context were about 40 templatings on the prep thread. The turns to drop are found by bisection."""
+    calls = []
+    real = llm.apply_chat_template
+    monkeypatch.setattr(llm, "apply_chat_template", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    turns = [m for i in range(40) for m in ({"role": "user", "content": f"turn {i} " + "word " * 20}, OLD[1])]
+    cut = client.responses.create(input=[*turns, *NEW], truncation="auto", **KW)
+    assert cut.output_text == client.responses.create(input=NEW, **KW).output_text
+    assert len(calls) <= 12, len(calls)  # bisection over 40 turns: about 2 + log2(40), and the plain create's 1

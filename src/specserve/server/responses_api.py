@@ -383,27 +383,47 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore, compile_
 
 def _prepare_fitting(req: ResponsesRequest, messages: list[dict], llm, compile_guide: bool) -> Prepared:
     """The chat job for `messages`. With truncation "auto", an input over the context (with room
-    for max_output_tokens) loses its oldest turns, one at a time, until it fits, as OpenAI's "auto"
-    drops items from the conversation's beginning; "auto" was accepted and changed nothing, the
-    same 400 as "disabled". The conversation kept for previous_response_id stays whole."""
-    while True:
+    for max_output_tokens) loses its oldest turns until it fits, as OpenAI's "auto" drops items
+    from the conversation's beginning ("auto" was accepted and changed nothing, the same 400 as
+    "disabled"). The conversation kept for previous_response_id stays whole."""
+    try:
+        return prepare_chat(to_chat(req, messages), llm, compile_guide)
+    except APIError as e:
+        if req.truncation != "auto" or e.code != "context_length_exceeded":
+            raise
+        dropped = _turns_to_drop(req, messages, llm, e)
+    return prepare_chat(to_chat(req, _without_turns(messages, dropped)), llm, compile_guide)
+
+
+def _turns_to_drop(req: ResponsesRequest, messages: list[dict], llm, error: APIError) -> int:
+    """The fewest oldest turns whose dropping makes `messages` fit, found by bisection (dropping
+    one at a time templated the whole conversation once per turn); grammars are not compiled
+    while looking. Raises `error` (the input over the context) when even the last turn alone does not fit."""
+    fits, lo, hi = None, 1, _user_turns(messages) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
         try:
-            return prepare_chat(to_chat(req, messages), llm, compile_guide)
+            prepare_chat(to_chat(req, _without_turns(messages, mid)), llm, False)
+            fits, hi = mid, mid - 1
         except APIError as e:
-            shorter = _without_oldest_turn(messages) if e.code == "context_length_exceeded" else None
-            if req.truncation != "auto" or shorter is None:
+            if e.code != "context_length_exceeded":
                 raise
-            messages = shorter
+            error, lo = e, mid + 1
+    if fits is None:
+        raise error
+    return fits
 
 
-def _without_oldest_turn(messages: list[dict]) -> list[dict] | None:
-    """`messages` without their first turn: everything before the second user message but the
+def _user_turns(messages: list[dict]) -> int:
+    return sum(m["role"] == "user" for m in messages)
+
+
+def _without_turns(messages: list[dict], k: int) -> list[dict]:
+    """`messages` without their first k turns: everything before the (k+1)th user message but the
     system and developer messages (a turn's tool calls and results go with it, so no result is left
-    without its call); None when one turn is all there is."""
-    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    if len(users) < 2:
-        return None
-    return [m for i, m in enumerate(messages) if i >= users[1] or m["role"] in ("system", "developer")]
+    without its call)."""
+    start = [i for i, m in enumerate(messages) if m["role"] == "user"][k]
+    return [m for i, m in enumerate(messages) if i >= start or m["role"] in ("system", "developer")]
 
 
 def count_input_tokens(store: ResponseStore):
