@@ -55,6 +55,7 @@ from .responses import COMPLETIONS, Dialect, ResponseContext, usage
 from .responses_api import ResponsesDialect
 from .responses_routes import install_responses_store
 from .schemas import DetokenizeRequest, TokenizeRequest
+from .store_calls import off_loop
 from .structured import choice_params
 from .tokenize import detokenize, tokenize, tokenizer_info
 
@@ -439,7 +440,7 @@ class Server:
                     raise request_error(payload)
                 else:
                     output = self._finished(job, payload)
-                    body = dialect.response(ctx, output)
+                    body = await off_loop(dialect.blocking, dialect.response, ctx, output)  # it may store it
                     if job.settle(200) != 200:
                         raise ClientGone()
                     return JSONResponse(body)
@@ -519,9 +520,7 @@ class Server:
                     raise request_error(payload)
                 else:
                     output = self._finished(job, payload)
-                    chunks = [c for i, choice in enumerate(output) for c in dialect.finish_chunks(ctx, choice, i)]
-                    if ctx.include_usage:
-                        chunks.append(dialect.usage_chunk(ctx, output))
+                    chunks = await off_loop(dialect.blocking, _last_chunks, dialect, ctx, output)  # it may store it
                     if job.settle(200) != 200:
                         return
                     stream.output = output
@@ -608,6 +607,14 @@ class Server:
         if not getattr(target, "batch_invariant", False):
             return {}
         return {"exact_cells_out_of_order": target.cells_out_of_order}
+
+
+def _last_chunks(dialect: Dialect, ctx: ResponseContext, outputs) -> list[dict]:
+    """What a stream sends once it has finished: each choice's finish chunks, then usage if asked."""
+    chunks = [c for i, choice in enumerate(outputs) for c in dialect.finish_chunks(ctx, choice, i)]
+    if ctx.include_usage:
+        chunks.append(dialect.usage_chunk(ctx, outputs))
+    return chunks
 
 
 def _error_response(e: APIError) -> JSONResponse:

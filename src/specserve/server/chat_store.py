@@ -38,6 +38,8 @@ def stored_message(completion_id: str, index: int, message: dict) -> dict:
 class ChatCompletionStore:
     """Stored chat completions by id, in the order they were made (`list`), bounded in size."""
 
+    blocking = False  # in memory: the app calls it from its event loop (store_calls.py)
+
     def __init__(self, max_bytes: int = 64 << 20):
         self._kept = LruStore(max_bytes, on_drop=self._dropped)
         self._made = itertools.count()  # creation order, for listing

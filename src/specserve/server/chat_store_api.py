@@ -27,6 +27,7 @@ from .pagination import page
 from .protocol import Prepared, prepare_chat
 from .responses import ChatDialect, ResponseContext
 from .schemas import ChatCompletionUpdateRequest
+from .store_calls import off_loop
 
 
 @dataclass
@@ -49,6 +50,7 @@ class StoringChatDialect(ChatDialect):
 
     def __init__(self, store: ChatCompletionStore | None = None):
         self.store = store if store is not None else ChatCompletionStore()
+        self.blocking = self.store.blocking  # response() and finish_chunks() put a stored answer there
 
     def prepare(self, req, llm) -> Prepared:
         prepared = prepare_chat(req, llm)
@@ -106,11 +108,8 @@ def _metadata_filter(request: Request) -> dict[str, str]:
 def install_chat_store(app: FastAPI, store: ChatCompletionStore, dependencies: list) -> None:
     """The stored chat completions' routes, behind the app's `dependencies` (its API key)."""
 
-    def kept(completion_id: str) -> dict:
-        body = store.get(completion_id)
-        if body is None:
-            raise not_found(completion_id)
-        return body
+    async def call(method, *args):
+        return await off_loop(store.blocking, method, *args)  # the Ray replicas' store waits on an actor
 
     @app.get("/v1/chat/completions", dependencies=dependencies)
     async def list_chat_completions(
@@ -120,26 +119,29 @@ def install_chat_store(app: FastAPI, store: ChatCompletionStore, dependencies: l
         order: str | None = None,
         model: str | None = None,
     ):
-        place = None if after is None else store.place(after)
-        bodies = store.bodies(model, _metadata_filter(request), place, desc=order == "desc")
+        place = None if after is None else await call(store.place, after)
+        bodies = await call(store.bodies, model, _metadata_filter(request), place, order == "desc")
         missing = "stored chat completion with id {after} in this list"
         return page(bodies, limit, order, after if place is None else None, default_order="asc", missing=missing)
 
     @app.get("/v1/chat/completions/{completion_id}", dependencies=dependencies)
     async def get_chat_completion(completion_id: str):
-        return kept(completion_id)
+        body = await call(store.get, completion_id)
+        if body is None:
+            raise not_found(completion_id)
+        return body
 
     @app.post("/v1/chat/completions/{completion_id}", dependencies=dependencies)
     async def update_chat_completion(completion_id: str, request: Request):
         update = parse_body(ChatCompletionUpdateRequest, await request.body())
-        body = store.update(completion_id, update.metadata)
+        body = await call(store.update, completion_id, update.metadata)
         if body is None:
             raise not_found(completion_id)
         return body
 
     @app.delete("/v1/chat/completions/{completion_id}", dependencies=dependencies)
     async def delete_chat_completion(completion_id: str):
-        if not store.delete(completion_id):
+        if not await call(store.delete, completion_id):
             raise not_found(completion_id)
         return {"id": completion_id, "object": "chat.completion.deleted", "deleted": True}
 
@@ -147,7 +149,7 @@ def install_chat_store(app: FastAPI, store: ChatCompletionStore, dependencies: l
     async def list_chat_completion_messages(
         completion_id: str, after: str | None = None, limit: str | None = None, order: str | None = None
     ):
-        messages = store.messages(completion_id)
+        messages = await call(store.messages, completion_id)
         if messages is None:
             raise not_found(completion_id)
         missing = "message with id {after} in this completion"

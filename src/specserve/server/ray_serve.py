@@ -407,6 +407,8 @@ class _HubClient:
     """A replica's handle on one of the app's store actors: calls run there, so every replica
     sees what any of them kept."""
 
+    blocking = True  # each call waits on the actor: the app makes it off its event loop (store_calls.py)
+
     def __init__(self, app_name: str = APP_NAME):
         self.app_name, self._hub = app_name, None
 

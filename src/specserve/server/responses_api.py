@@ -473,6 +473,8 @@ class ResponseStore:
     and its body, dropped least recently used first beyond `max_chars` of JSON (lru_store.py);
     its output items can be found by their ids (`item`) while it is kept."""
 
+    blocking = False  # in memory: the app calls it from its event loop (store_calls.py)
+
     def __init__(self, max_chars: int = 64 << 20):
         self._owners: dict[str, str] = {}  # output item id -> the id of the response it is in
         self._kept = LruStore(max_chars, self._forget_items)
@@ -605,6 +607,7 @@ class ResponsesDialect(Dialect):
 
     def __init__(self, store: ResponseStore | None = None):
         self.store = store or ResponseStore()
+        self.blocking = self.store.blocking  # response() and finish_chunks() put the answer there
 
     def prepare(self, req, llm) -> Prepared:
         return prepare_responses(req, llm, self.store)

@@ -20,6 +20,7 @@ from .errors import APIError, bad_request
 from .input_items import page
 from .responses_api import ResponseStore, count_input_tokens
 from .schemas import InputTokensRequest
+from .store_calls import off_loop
 
 
 def no_response(response_id: str) -> APIError:
@@ -54,13 +55,16 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
     """The routes, behind the app's `dependencies` (its API key); `server` (app.Server) counts
     input tokens on its prep thread, as /tokenize does."""
 
+    async def call(method, *args):
+        return await off_loop(store.blocking, method, *args)  # the Ray replicas' store waits on an actor
+
     @app.post("/v1/responses/input_tokens", dependencies=dependencies)
     async def count_input_tokens_route(request: Request):
         return await server.tokens(request, InputTokensRequest, count_input_tokens(store))
 
     @app.get("/v1/responses/{response_id}", dependencies=dependencies)
     async def get_response(response_id: str, stream: str | None = None):
-        body = store.body(response_id)
+        body = await call(store.body, response_id)
         if body is None:
             raise no_response(response_id)
         if stream is not None and stream.lower() not in ("false", "0"):
@@ -74,14 +78,14 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
         """OpenAI's list of a stored response's input items; `include` is accepted and needs nothing
         (the listed items hold all they have), as any other query key is, but `before`, which
         OpenAI's list no longer has, is a 400 (input_items.py)."""
-        items = store.input_items(response_id)
+        items = await call(store.input_items, response_id)
         if items is None:
             raise no_response(response_id)
         return page(items, limit, order, after, request.query_params.get("before"))
 
     @app.delete("/v1/responses/{response_id}", dependencies=dependencies)
     async def delete_response(response_id: str):
-        if not store.delete(response_id):
+        if not await call(store.delete, response_id):
             raise no_response(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
@@ -93,6 +97,6 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
 
     @app.post("/v1/responses/{response_id}/cancel", dependencies=dependencies)
     async def cancel_response(response_id: str):
-        if store.body(response_id) is None:
+        if await call(store.body, response_id) is None:
             raise no_response(response_id)
         raise not_cancellable()

@@ -1,0 +1,21 @@
+"""Store calls made from the event loop: where they run.
+
+A store in this process's memory (chat_store.ChatCompletionStore, responses_api.ResponseStore)
+answers at once, so it is called in place. A store that waits on another process (the Ray
+replicas' shared stores, ray_serve._HubClient: up to a 15 s wait on the store actor) says so with
+`blocking = True`, and its calls run on a worker thread: called in place, one slow call stalled
+every request of the replica's event loop, streams included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+
+async def off_loop(blocking: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`: on a worker thread when `blocking` (it may wait on another process), else here."""
+    if blocking:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
