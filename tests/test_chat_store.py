@@ -7,6 +7,9 @@ lists, updates and deletes them, and every 4xx of the five routes, read as raw H
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -15,6 +18,7 @@ from tiny import tiny_model, tiny_tokenizer
 from specserve.llm import LLM
 from specserve.server.app import create_app
 from specserve.server.chat_store import ChatCompletionStore
+from specserve.server.ray_serve import SharedChatStore
 
 MODEL = "tiny"
 ASK = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
@@ -236,7 +240,22 @@ def test_the_store_drops_the_least_recently_used_beyond_its_size():
     assert store.get("c0") is None and store.get("c2") is not None  # c0 went first
     store.get("c1")  # used: c2 is now the oldest
     store.put({"id": "c3", "model": "m"}, [{"role": "user", "content": "x" * 100}], None)
-    assert store.get("c2") is None and [b["id"] for b in store.bodies()] == ["c1", "c3"]  # listed as made
+    assert store.get("c2") is None and [b["id"] for b in store.listing()] == ["c1", "c3"]  # listed as made
+
+
+class InProcess(SharedChatStore):
+    """A Ray replica's client of the chat store actor, whose calls reach a store in this process;
+    `crossed` counts the rows of every list it got back (what would cross from the actor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.store, self.crossed = ChatCompletionStore(), []
+
+    def _call(self, method, *args):
+        answer = getattr(self.store, method)(*args)
+        if isinstance(answer, list):
+            self.crossed.append(len(answer))
+        return answer
 
 
 def test_a_ray_replica_s_shared_store_forwards_every_route_to_the_one_store():
@@ -244,22 +263,12 @@ def test_a_ray_replica_s_shared_store_forwards_every_route_to_the_one_store():
     run in the app's one ChatCompletionStore actor; here its calls go to a store in this process
     instead of an actor, so every route is seen to reach the store with its arguments in order.
     Until today a replica's store refused store: true with a 400 (it was not shared)."""
-    from specserve.server.ray_serve import SharedChatStore
-
-    class InProcess(SharedChatStore):
-        def __init__(self):
-            super().__init__()
-            self.store = ChatCompletionStore()
-
-        def _call(self, method, *args):
-            return getattr(self.store, method)(*args)
-
     shared = InProcess()
     llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
     with TestClient(create_app(llm, MODEL, chat_store=shared)) as c:
         body = {"model": MODEL, "messages": ASK, "max_tokens": 2, "store": True, "metadata": {"k": "v"}}
         made = [c.post("/v1/chat/completions", json=body).json()["id"] for _ in range(2)]
-        assert [b["id"] for b in shared.store.bodies()] == made
+        assert [b["id"] for b in shared.store.listing()] == made
         listed = c.get("/v1/chat/completions", params={"after": made[0], "metadata[k]": "v", "model": MODEL})
         assert [b["id"] for b in listed.json()["data"]] == made[1:]
         assert c.get(f"/v1/chat/completions/{made[0]}").json()["metadata"] == {"k": "v"}
@@ -318,4 +327,70 @@ def test_the_store_remembers_the_place_of_dropped_ids_only():
     store.delete("c1")
     assert [store.place(f"c{i}") for i in range(3)] == [0, 1, 2] and store.place("c9") is None
     assert sorted(store._places) == ["c0", "c1"]  # evicted and deleted; c2 updated, still kept
-    assert [b["id"] for b in store.bodies(after=0)] == ["c2"] and store.bodies(after=2, desc=True) == []
+    assert [b["id"] for b in store.listing(after="c0")] == ["c2"] and store.listing(after="c2", desc=True) == []
+
+
+def _made_at_random(store: ChatCompletionStore, seed: int) -> tuple[list[str], dict[str, dict]]:
+    """Completions put in, their metadata updated and some deleted, at random: the ids in the order
+    they were made, and the bodies kept (as the test tracks them, not as the store does)."""
+    rng = random.Random(seed)
+    made, kept = [], {}
+    for i in range(40):
+        cid = f"chatcmpl-{i:03d}"
+        body, metadata = {"id": cid, "model": rng.choice("ab")}, {"k": rng.choice("xy")}
+        store.put(body, [{"role": "user", "content": "hi"}], metadata)
+        made.append(cid)
+        kept[cid] = {**body, "metadata": metadata}
+        if rng.random() < 0.3:  # an earlier one's metadata changes (it keeps its place in the list)
+            cid = rng.choice(sorted(kept))
+            kept[cid] = store.update(cid, {"k": rng.choice("xy")})
+        if rng.random() < 0.3:  # an earlier one goes (its id still names its place for a cursor)
+            cid = rng.choice(sorted(kept))
+            store.delete(cid)
+            del kept[cid]
+    return made, kept
+
+
+def _page_as_before(made: list[str], kept: dict[str, dict], query: dict) -> dict | None:
+    """The page the route answered until today: every match oldest first, paged after the cursor's
+    place in the order completions were made; None for a cursor never made."""
+    model, want, after = query.get("model"), query.get("metadata[k]"), query.get("after")
+    desc, limit = query.get("order") == "desc", query["limit"]
+    rows = [kept[c] for c in made if c in kept and model in (None, kept[c]["model"])]
+    rows = [r for r in rows if want in (None, r["metadata"]["k"])]
+    if after is not None:
+        if after not in made:
+            return None
+        place = made.index(after)
+        rows = [r for r in rows if (made.index(r["id"]) < place if desc else made.index(r["id"]) > place)]
+    rows = rows[::-1] if desc else rows
+    data = rows[:limit]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    return {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": len(rows) > limit}
+
+
+def test_a_ray_replica_s_list_pages_in_the_store_and_answers_as_before():
+    """Under Ray the list route moved every matching body from the store's actor to the replica,
+    which then paged them: 40 stored completions crossed for a page of 1. The store now pages
+    (ChatCompletionStore.listing) and only `limit` + 1 rows cross; every page (each filter, order,
+    limit and cursor: kept, deleted, updated or never made) is the one the route answered before."""
+    shared = InProcess()
+    made, kept = _made_at_random(shared.store, seed=7)
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    cursors = [None, made[0], made[17], made[-1], *[c for c in made if c not in kept][:3], "chatcmpl-never"]
+    with TestClient(create_app(llm, MODEL, chat_store=shared)) as c:
+        for model, want, order, limit, after in itertools.product(
+            (None, "a"), (None, "x"), ("asc", "desc"), (1, 3, 7, 100), cursors
+        ):
+            query = {"model": model, "metadata[k]": want, "order": order, "limit": limit, "after": after}
+            query = {k: v for k, v in query.items() if v is not None}
+            shared.crossed.clear()
+            answer, expected = c.get("/v1/chat/completions", params=query), _page_as_before(made, kept, query)
+            if expected is None:
+                assert (
+                    _error(answer, 400, "after")["message"]
+                    == f"after: no stored chat completion with id {after!r} in this list"
+                )
+            else:
+                assert answer.status_code == 200 and answer.json() == expected, query
+            assert max(shared.crossed, default=0) <= limit + 1, (query, shared.crossed)

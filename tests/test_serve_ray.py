@@ -356,7 +356,8 @@ def test_a_stored_response_is_found_through_any_replica(ray_server):
 def test_a_stored_chat_completion_is_found_through_any_replica(ray_server):
     """Under Ray, store: true on chat was a 400 (each replica's own store would miss the reads the
     proxy routes elsewhere). Now one actor keeps them: a completion stored through one replica is
-    listed, read, updated, its messages listed and deleted through the other."""
+    listed, read, updated, its messages listed and deleted through the other. The actor pages a list
+    itself (a page after a cursor, or a 400 for a cursor it never made)."""
     url = f"{ray_server.base_url}/chat/completions"
     sessions = _session_per_replica(ray_server)
     for replica, session in sessions.items():
@@ -372,6 +373,10 @@ def test_a_stored_chat_completion_is_found_through_any_replica(ray_server):
             assert seen.json()["metadata"] == {"on": replica}
             listed = httpx.get(url, params={"metadata[on]": replica}, headers=pin, timeout=30).json()["data"]
             assert [c["id"] for c in listed] == [cid]
+            past = httpx.get(url, params={"after": cid, "order": "desc", "limit": 1}, headers=pin, timeout=30)
+            assert past.status_code == 200 and cid not in [c["id"] for c in past.json()["data"]], past.text
+            unknown = httpx.get(url, params={"after": "chatcmpl-never"}, headers=pin, timeout=30)
+            assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "after", unknown.text
             messages = httpx.get(f"{url}/{cid}/messages", headers=pin, timeout=30).json()["data"]
             assert [m["content"] for m in messages] == [ask[0]["content"]]
         other = sessions[next(r for r in sessions if r != replica)]

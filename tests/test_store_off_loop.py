@@ -89,14 +89,14 @@ def _chat_cases(c: TestClient) -> dict:
         "put": lambda: c.post("/v1/chat/completions", json=CHAT),
         "put (stream)": lambda: c.post("/v1/chat/completions", json={**CHAT, "stream": True}),
         "get": lambda: c.get(f"/v1/chat/completions/{made}"),
-        "bodies": lambda: c.get("/v1/chat/completions"),
+        "listing": lambda: c.get("/v1/chat/completions"),
         "update": lambda: c.post(f"/v1/chat/completions/{made}", json={"metadata": {"k": "v"}}),
         "messages": lambda: c.get(f"/v1/chat/completions/{made}/messages"),
         "delete": lambda: c.delete(f"/v1/chat/completions/{made}"),
     }
 
 
-@pytest.mark.parametrize("case", ["put", "put (stream)", "get", "bodies", "update", "messages", "delete"])
+@pytest.mark.parametrize("case", ["put", "put (stream)", "get", "listing", "update", "messages", "delete"])
 def test_a_held_chat_store_call_stalls_no_other_request(llm, case):
     gate = Gate("none yet")  # what _chat_cases stores first is not held
     with TestClient(create_app(llm, MODEL, chat_store=HeldChatStore(gate))) as c:

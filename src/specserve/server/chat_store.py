@@ -10,6 +10,7 @@ completions sent without `store: true` are never kept, so never listed.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import OrderedDict
 
@@ -36,7 +37,7 @@ def stored_message(completion_id: str, index: int, message: dict) -> dict:
 
 
 class ChatCompletionStore:
-    """Stored chat completions by id, in the order they were made (`list`), bounded in size."""
+    """Stored chat completions by id, in the order they were made (`listing`), bounded in size."""
 
     blocking = False  # in memory: the app calls it from its event loop (store_calls.py)
 
@@ -97,18 +98,31 @@ class ChatCompletionStore:
             kept = self._kept.peek(completion_id)
             return kept[0] if kept is not None else self._places.get(completion_id)
 
-    def bodies(
-        self, model: str | None = None, metadata: dict | None = None, after: int | None = None, desc: bool = False
-    ) -> list[dict]:
-        """The kept completions, oldest first, of `model` (any when None) whose metadata holds
-        every pair of `metadata`; with `after` (a `place`), those listed after it: made later, or
-        earlier when the list is read newest first (`desc`)."""
+    def listing(
+        self,
+        model: str | None = None,
+        metadata: dict | None = None,
+        after: str | None = None,
+        count: int = 20,
+        desc: bool = False,
+    ) -> list[dict] | None:
+        """The first `count` kept completions of a list query: oldest first (newest first when `desc`),
+        of `model` (any when None), whose metadata holds every pair of `metadata`, listed after the
+        completion `after` names (kept or dropped since: its `place`). None: `after` names none known
+        here. A page asks for its `limit` + 1, so under Ray only those cross from the store's actor to
+        the replica (it used to move every match, and the replica paged them)."""
         want = (metadata or {}).items()
-        kept = sorted(self._kept.values(), key=lambda k: k[0])
-        return [
-            body
+        with self._kept.lock:
+            start = None if after is None else self.place(after)
+            if after is not None and start is None:
+                return None
+            kept = self._kept.values()
+        matches = (
+            (made, body)
             for made, body, _ in kept
             if (model is None or body.get("model") == model)
             and want <= body["metadata"].items()
-            and (after is None or (made < after if desc else made > after))
-        ]
+            and (start is None or (made < start if desc else made > start))
+        )
+        first = heapq.nlargest if desc else heapq.nsmallest
+        return [body for _, body in first(count, matches, key=lambda m: m[0])]

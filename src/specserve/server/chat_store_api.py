@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from ..engine.stats import RequestOutput
 from .chat_store import ChatCompletionStore
 from .errors import APIError, parse_body
-from .pagination import page
+from .pagination import list_object, page, query, unknown_after
 from .protocol import Prepared, prepare_chat
 from .responses import ChatDialect, ResponseContext
 from .schemas import ChatCompletionUpdateRequest
@@ -119,10 +119,11 @@ def install_chat_store(app: FastAPI, store: ChatCompletionStore, dependencies: l
         order: str | None = None,
         model: str | None = None,
     ):
-        place = None if after is None else await call(store.place, after)
-        bodies = await call(store.bodies, model, _metadata_filter(request), place, order == "desc")
-        missing = "stored chat completion with id {after} in this list"
-        return page(bodies, limit, order, after if place is None else None, default_order="asc", missing=missing)
+        count, order = query(limit, order, default_order="asc")
+        rows = await call(store.listing, model, _metadata_filter(request), after, count + 1, order == "desc")
+        if rows is None:
+            raise unknown_after("stored chat completion with id {after} in this list", after)
+        return list_object(rows, count)
 
     @app.get("/v1/chat/completions/{completion_id}", dependencies=dependencies)
     async def get_chat_completion(completion_id: str):

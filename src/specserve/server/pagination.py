@@ -32,6 +32,28 @@ def _order(raw: str | None, default: str) -> str:
     return raw or default
 
 
+def query(limit: str | None, order: str | None, default_order: str) -> tuple[int, str]:
+    """A list query's `limit` (1..100) and `order` ("asc" or "desc") from their raw values; a 400 naming a bad one."""
+    return _limit(limit), _order(order, default_order)
+
+
+def unknown_after(missing: str, after: str):
+    """The 400 for an `after` that names no item; `missing` says what it failed to find."""
+    return bad_request(f"after: no {missing.format(after=repr(after))}", "after")
+
+
+def list_object(rows: list[dict], limit: int) -> dict:
+    """OpenAI's list object for a page read as up to `limit` + 1 rows (an extra row: there are more)."""
+    data = rows[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(rows) > limit,
+    }
+
+
 def page(
     items: list[dict],
     limit: str | None,
@@ -43,18 +65,11 @@ def page(
 ) -> dict:
     """The list object of one page of `items` (oldest first) for the query's raw values; `missing`
     says what an `after` that names no item failed to find ("input item ... in this response")."""
-    limit, order = _limit(limit), _order(order, default_order)
+    limit, order = query(limit, order, default_order)
     ordered = items if order == "asc" else items[::-1]
     start = 0
     if after is not None:
         start = next((i + 1 for i, item in enumerate(ordered) if item["id"] == after), None)
         if start is None:
-            raise bad_request(f"after: no {missing.format(after=repr(after))}", "after")
-    data = ordered[start : start + limit]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": start + limit < len(ordered),
-    }
+            raise unknown_after(missing, after)
+    return list_object(ordered[start : start + limit + 1], limit)

@@ -483,13 +483,15 @@ class SharedChatStore(_HubClient):
     def delete(self, completion_id: str) -> bool:
         return self._call("delete", completion_id)
 
-    def place(self, completion_id: str) -> int | None:
-        return self._call("place", completion_id)
-
-    def bodies(
-        self, model: str | None = None, metadata: dict | None = None, after: int | None = None, desc: bool = False
-    ) -> list[dict]:
-        return self._call("bodies", model, metadata, after, desc)
+    def listing(
+        self,
+        model: str | None = None,
+        metadata: dict | None = None,
+        after: str | None = None,
+        count: int = 20,
+        desc: bool = False,
+    ) -> list[dict] | None:
+        return self._call("listing", model, metadata, after, count, desc)  # paged in the actor: `count` cross
 
 
 class ReplicaHeader:
