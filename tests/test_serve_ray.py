@@ -12,8 +12,10 @@ The pure helpers (metrics merging, rendezvous order, flag parsing) are tested wi
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
+import types
 
 import httpx
 import openai
@@ -21,7 +23,7 @@ import pytest
 from server_proc import ServerProcess, metric_value
 from tiny import save_tiny
 
-from specserve.server import faults
+from specserve.server import faults, ray_serve
 from specserve.server.ray_serve import (
     ReplicaConfig,
     ScaleConfig,
@@ -165,6 +167,45 @@ def test_a_replicas_metrics_read_the_engine_when_asked():
     own = TestClient(app).get("/metrics/replica").text
     assert metric_value(own, "specserve_queue_depth") == 3
     assert metric_value(server.render_metrics()[0].decode(), "specserve_queue_depth") == 3  # what a replica pushes
+
+
+class _FakeRay:
+    """What ray_serve asks of `ray` to create the app's actors and to remove them, recorded: actors
+    by name and namespace, and the names killed. An actor never created is not found (as in Ray)."""
+
+    def __init__(self):
+        self.created: dict[str, str] = {}  # name -> namespace
+        self.killed: list[str] = []
+        self.serve = types.SimpleNamespace(delete=lambda name: None)
+
+    def remote(self, **resources):
+        return lambda cls: self
+
+    def options(self, name: str, namespace: str, **kw):
+        self.created[name] = namespace
+        return types.SimpleNamespace(remote=lambda *args: name)
+
+    def get_actor(self, name: str, namespace: str) -> str:
+        if self.created.get(name) != namespace:
+            raise ValueError(f"Failed to look up actor {name!r}")
+        return name
+
+    def kill(self, actor: str) -> None:
+        self.killed.append(actor)
+
+
+def test_removing_the_app_kills_every_actor_it_created(monkeypatch):
+    """The stop of `specserve serve --ray` (shutdown -> _remove_app) kills the app's detached actors by
+    name: the metrics hub and both stores, the chat store (`<app>-chat`) included, which had no test
+    of its own. The names are those the hubs are created with. (Ray tests cannot see this kill: the
+    actors also end themselves a few seconds after their app is gone, ray_app_owned.py.)"""
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    for make in (ray_serve.metrics_hub, ray_serve.responses_hub, ray_serve.chat_hub):
+        make("app")
+    assert sorted(fake.created) == ["app-chat", "app-metrics", "app-responses"]
+    ray_serve._remove_app("app", drain=False)
+    assert sorted(fake.killed) == sorted(fake.created)
 
 
 # -- a local Ray cluster ------------------------------------------------------------------------
