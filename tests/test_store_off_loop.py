@@ -6,7 +6,9 @@ Under Ray each replica's app keeps stored chat completions and Responses in the 
 every request of that replica's event loop, streams included. Here the shared stores' calls reach a
 store in this process instead of an actor, and the one call under test waits until it is let go;
 meanwhile another request on the same app (a stream) must be answered in full. Until today it was
-answered only once the held call had given up (the gate's wait ran out: `released` False).
+answered only once the held call had given up (the gate's wait ran out: `released` False). That
+holds for the reads of a Responses request's `previous_response_id` too: they ran on the replica's
+one prep thread, where the stream waited to be prepared.
 """
 
 from __future__ import annotations
@@ -111,13 +113,28 @@ def _responses_cases(c: TestClient) -> dict:
     return {
         "put": lambda: c.post("/v1/responses", json=RESPONSE),
         "put (stream)": lambda: c.post("/v1/responses", json={**RESPONSE, "stream": True}),
+        "messages (previous_response_id)": lambda: c.post(
+            "/v1/responses", json={**RESPONSE, "previous_response_id": made}
+        ),
+        "messages (input_tokens)": lambda: c.post("/v1/responses/input_tokens", json={"previous_response_id": made}),
         "body": lambda: c.get(f"/v1/responses/{made}"),
         "input_items": lambda: c.get(f"/v1/responses/{made}/input_items"),
         "delete": lambda: c.delete(f"/v1/responses/{made}"),
     }
 
 
-@pytest.mark.parametrize("case", ["put", "put (stream)", "body", "input_items", "delete"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "put",
+        "put (stream)",
+        "messages (previous_response_id)",
+        "messages (input_tokens)",
+        "body",
+        "input_items",
+        "delete",
+    ],
+)
 def test_a_held_responses_store_call_stalls_no_other_request(llm, case):
     gate = Gate("none yet")  # what _responses_cases stores first is not held
     with TestClient(create_app(llm, MODEL, response_store=HeldResponseStore(gate))) as c:
@@ -131,3 +148,35 @@ def test_the_in_memory_stores_are_called_in_place():
     """Only a store that waits on another process pays for a worker thread."""
     assert not ChatCompletionStore.blocking and not ResponseStore.blocking
     assert SharedChatStore.blocking and SharedResponseStore.blocking
+
+
+def _chained(c: TestClient) -> dict:
+    """A second turn by previous_response_id that sends the first's output item back by reference,
+    what it lists as input, and what input_tokens counts for a third: ids left out (each app's own)."""
+    greedy = {**RESPONSE, "temperature": 0}
+    first = c.post("/v1/responses", json=greedy).json()
+    refs = [{"type": "item_reference", "id": item["id"]} for item in first["output"]]
+    turn = {**greedy, "previous_response_id": first["id"], "input": [*refs, {"role": "user", "content": "and?"}]}
+    second = c.post("/v1/responses", json=turn).json()
+    listed = c.get(f"/v1/responses/{second['id']}/input_items", params={"order": "asc"}).json()["data"]
+    count = c.post("/v1/responses/input_tokens", json={"previous_response_id": second["id"], "input": "so?"}).json()
+    unknown = c.post("/v1/responses", json={**RESPONSE, "previous_response_id": "resp_none"}).json()["error"]
+    no_item = c.post("/v1/responses", json={**RESPONSE, "input": [{"type": "item_reference", "id": "msg_none"}]})
+    return {
+        "refs": len(refs),
+        "usage": (second["usage"]["input_tokens"], second["usage"]["output_tokens"]),  # cached ones: the llm's own
+        "listed": [{k: v for k, v in item.items() if k != "id"} for item in listed],
+        "count": count,
+        "errors": [(unknown["param"], unknown["code"]), (no_item.status_code, no_item.json()["error"]["param"])],
+    }
+
+
+def test_a_blocking_store_is_read_before_preparing_with_the_same_answers(llm):
+    """Under Ray a Responses request's reads of the store (previous_response_id, item references)
+    are made before it is prepared (responses_api.LookedUp); the answers are those of a store in memory."""
+    with TestClient(create_app(llm, MODEL)) as c:
+        in_memory = _chained(c)
+    with TestClient(create_app(llm, MODEL, response_store=HeldResponseStore(Gate("none")))) as c:
+        shared = _chained(c)
+    assert in_memory["refs"] >= 1 and in_memory["count"]["input_tokens"] > in_memory["usage"][0]
+    assert shared == in_memory

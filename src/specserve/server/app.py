@@ -361,7 +361,8 @@ class Server:
     async def _prepare(self, dialect: Dialect, req) -> Prepared:
         """Tokenize and validate on the prep thread, so long prompts never stall the event loop."""
         try:
-            prepared = await asyncio.get_running_loop().run_in_executor(self.prep, dialect.prepare, req, self.llm)
+            prepare = await dialect.preparer(req)
+            prepared = await asyncio.get_running_loop().run_in_executor(self.prep, prepare, req, self.llm)
             if isinstance(prepared.guide, PendingGuide):  # compiling on the grammar threads, time-limited
                 prepared.guide = await prepared.guide.wait_async()
             return prepared
@@ -546,13 +547,16 @@ class Server:
             yield dialect.done_line
 
     # -- small endpoints ------------------------------------------------------------------------
-    async def tokens(self, request: Request, model_cls, work) -> dict:
-        """/tokenize and /detokenize: parsed and checked here, tokenized on the prep thread."""
+    async def tokens(self, request: Request, model_cls, work, reads=None) -> dict:
+        """/tokenize and /detokenize: parsed and checked here, tokenized on the prep thread. `reads`:
+        an async function of the request whose answer `work` takes as its third argument (what it
+        reads from a store, read before the prep thread runs it: responses_api.looked_up)."""
         req = parse_body(model_cls, await request.body())
         if req.model is not None:
             self.check_model(req.model)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.prep, work, req, self.llm)
+            args = (req, self.llm) if reads is None else (req, self.llm, await reads(req))
+            return await asyncio.get_running_loop().run_in_executor(self.prep, work, *args)
         except Exception as e:  # noqa: BLE001
             raise engine_error(e) from None
 

@@ -97,6 +97,11 @@ class Dialect:
     def prepare(self, req, llm) -> Prepared:
         raise NotImplementedError
 
+    async def preparer(self, req):
+        """What prepares `req` on the prep thread, called as (req, llm): `prepare`, unless preparing
+        reads from another process (then it reads it first, off the loop and the prep thread)."""
+        return self.prepare
+
     def param(self, name: str | None) -> str | None:
         """What this endpoint's request calls a field that an error names (chat's names here)."""
         return name

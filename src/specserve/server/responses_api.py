@@ -23,6 +23,7 @@ background responses and stored prompt templates (`prompt`) are refused.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -37,6 +38,7 @@ from .lru_store import LruStore, json_size
 from .protocol import Prepared, prepare_chat, refusal_text
 from .responses import ChatDialect, Dialect, ResponseContext
 from .schemas import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
+from .store_calls import off_loop
 from .tools import ToolCall, parse_tool_calls
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -426,23 +428,20 @@ def _without_turns(messages: list[dict], k: int) -> list[dict]:
     return [m for i, m in enumerate(messages) if i >= start or m["role"] in ("system", "developer")]
 
 
-def count_input_tokens(store: ResponseStore):
+def count_input_tokens(req: InputTokensRequest, llm, store: ResponseStore) -> dict:
     """`POST /v1/responses/input_tokens`'s work (run on the prep thread): the prompt tokens that a
     Responses request with these fields would bill as `usage.input_tokens`, prepared as one is
-    (so its 400s are a create's, in the Responses fields). Its grammar (a `text.format` schema, a
-    forced tool call) is checked, not compiled: it constrains the answer, not the prompt, and a
-    compilation started here held one of the grammar threads that creates wait for, for nothing."""
-
-    def work(req: InputTokensRequest, llm) -> dict:
-        try:
-            prepared = prepare_responses(req.model_copy(update={"model": req.model or ""}), llm, store, False)
-        except Exception as e:  # noqa: BLE001
-            err = engine_error(e)
-            err.param, err.message = responses_param(err.param), responses_message(err.message)
-            raise err from None
-        return {"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)}
-
-    return work
+    (so its 400s are a create's, in the Responses fields); `store` as `looked_up` gives it. Its
+    grammar (a `text.format` schema, a forced tool call) is checked, not compiled: it constrains the
+    answer, not the prompt, and a compilation started here held one of the grammar threads that
+    creates wait for, for nothing."""
+    try:
+        prepared = prepare_responses(req.model_copy(update={"model": req.model or ""}), llm, store, False)
+    except Exception as e:  # noqa: BLE001
+        err = engine_error(e)
+        err.param, err.message = responses_param(err.param), responses_message(err.message)
+        raise err from None
+    return {"object": "response.input_tokens", "input_tokens": len(prepared.prompt_ids)}
 
 
 def responses_param(param: str | None) -> str | None:
@@ -518,6 +517,44 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         return self._kept.pop(response_id)
+
+
+class LookedUp:
+    """What preparing one request reads from a store, read before it is prepared: the previous
+    response's messages, body and input items, and each item the input references by id. A request
+    is prepared on its replica's one prep thread, and under Ray each store read waits on the store's
+    actor (up to 15 s): read there, one slow read held up every request prepared after it."""
+
+    blocking = False
+
+    def __init__(self, store: ResponseStore, req: ResponsesRequest):
+        self.previous = previous = req.previous_response_id
+        chained = previous is not None and req.store is not False  # its answer lists the previous one's items
+        self._messages = None if previous is None else store.messages(previous)
+        self._body = store.body(previous) if chained else None
+        self._input_items = store.input_items(previous) if chained else None
+        refs = [item.get("id") for item in _input(req) if _kind(item) == "item_reference"]
+        self._items = {ref: store.item(ref) for ref in refs if isinstance(ref, str)}
+
+    def messages(self, response_id: str) -> list[dict] | None:
+        return self._messages if response_id == self.previous else None
+
+    def body(self, response_id: str) -> dict | None:
+        return self._body if response_id == self.previous else None
+
+    def input_items(self, response_id: str) -> list[dict] | None:
+        return self._input_items if response_id == self.previous else None
+
+    def item(self, item_id: str) -> dict | None:
+        return self._items.get(item_id)
+
+
+async def looked_up(store: ResponseStore, req: ResponsesRequest) -> ResponseStore | LookedUp:
+    """The store that preparing `req` reads: `store` itself when it is in memory, else what it holds
+    for `req`, read now on a worker thread (LookedUp)."""
+    if not store.blocking:
+        return store
+    return await off_loop(True, LookedUp, store, req)
 
 
 def _answer_message(items: list[dict]) -> dict:
@@ -611,6 +648,10 @@ class ResponsesDialect(Dialect):
 
     def prepare(self, req, llm) -> Prepared:
         return prepare_responses(req, llm, self.store)
+
+    async def preparer(self, req):
+        """prepare, over what it reads from the store read first when the store blocks (`looked_up`)."""
+        return functools.partial(prepare_responses, store=await looked_up(self.store, req))
 
     def param(self, name: str | None) -> str | None:
         return responses_param(name)

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from .errors import APIError, bad_request
 from .input_items import page
-from .responses_api import ResponseStore, count_input_tokens
+from .responses_api import ResponseStore, count_input_tokens, looked_up
 from .schemas import InputTokensRequest
 from .store_calls import off_loop
 
@@ -60,7 +60,7 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
 
     @app.post("/v1/responses/input_tokens", dependencies=dependencies)
     async def count_input_tokens_route(request: Request):
-        return await server.tokens(request, InputTokensRequest, count_input_tokens(store))
+        return await server.tokens(request, InputTokensRequest, count_input_tokens, lambda req: looked_up(store, req))
 
     @app.get("/v1/responses/{response_id}", dependencies=dependencies)
     async def get_response(response_id: str, stream: str | None = None):

@@ -4,7 +4,8 @@ A store in this process's memory (chat_store.ChatCompletionStore, responses_api.
 answers at once, so it is called in place. A store that waits on another process (the Ray
 replicas' shared stores, ray_serve._HubClient: up to a 15 s wait on the store actor) says so with
 `blocking = True`, and its calls run on a worker thread: called in place, one slow call stalled
-every request of the replica's event loop, streams included.
+every request of the replica's event loop, streams included. (What preparing a Responses request
+reads from its store is read the same way before the prep thread prepares it: responses_api.LookedUp.)
 """
 
 from __future__ import annotations
