@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -206,6 +207,40 @@ def test_removing_the_app_kills_every_actor_it_created(monkeypatch):
     assert sorted(fake.created) == ["app-chat", "app-metrics", "app-responses"]
     ray_serve._remove_app("app", drain=False)
     assert sorted(fake.killed) == sorted(fake.created)
+
+
+def test_the_cluster_metrics_route_finds_its_hub_off_the_event_loop(monkeypatch):
+    """GET /metrics on a replica looks its app's metrics hub up by name (metrics_hub: a blocking
+    call to Ray's GCS, which also creates the hub when it is missing) before it awaits the hub's
+    answer. The lookup ran on the event loop: a slow GCS stalled every request of the replica. Here
+    the lookup waits at a gate while another request on the same app must be answered."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    entered, go, released = threading.Event(), threading.Event(), []
+
+    async def collect():
+        return {}
+
+    def looked_up(*args):
+        entered.set()
+        released.append(go.wait(20))
+        return types.SimpleNamespace(collect=types.SimpleNamespace(remote=collect))
+
+    fake = _FakeRay()
+    fake.options = lambda **kw: types.SimpleNamespace(remote=looked_up)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    app = FastAPI()
+    server = types.SimpleNamespace(render_metrics=lambda: (b"", "text/plain"))
+    ray_serve._serve_cluster_metrics(app, server, "replica-1", "app")
+    app.get("/other")(lambda: {"ok": True})
+    with TestClient(app) as c, ThreadPoolExecutor(1) as pool:
+        metrics = pool.submit(c.get, "/metrics")
+        assert entered.wait(60)
+        assert c.get("/other").json() == {"ok": True}
+        go.set()
+        assert metrics.result(60).status_code == 200
+    assert released == [True], "the other request was answered only after the hub lookup gave up"
 
 
 # -- a local Ray cluster ------------------------------------------------------------------------

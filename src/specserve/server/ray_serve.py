@@ -27,6 +27,7 @@ autoscaling and replacement of dead replicas. Nothing here parses a request.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import hashlib
 import logging
@@ -354,7 +355,8 @@ def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
 
     @app.get("/metrics")
     async def cluster_metrics():
-        texts = await metrics_hub(app_name).collect.remote()
+        hub = await asyncio.to_thread(metrics_hub, app_name)  # found by name: a blocking call to Ray's GCS
+        texts = await hub.collect.remote()
         texts[replica] = server.render_metrics()[0].decode()  # this one, fresh
         return Response(merge_metrics(texts), media_type=CONTENT_TYPE_LATEST)
 
