@@ -249,6 +249,55 @@ def test_every_file_and_test_the_docs_cite_exists(doc):
     assert not missing, missing
 
 
+def doc_sections(path: Path) -> tuple[set[str], list[str]]:
+    """A doc's link anchors (GitHub's slugs of its headings) and its section names: the headings
+    and the bold labels that open a paragraph or item (`**The order of a sequence's cells**`)."""
+    prose = path.read_text(encoding="utf-8")
+    for _, body in fenced(prose):  # a `# comment` in a code block is no heading
+        prose = prose.replace(body, "")
+    headings = re.findall(r"^#+ (.+)$", prose, re.M)
+    anchors = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    return anchors, [h.lower() for h in headings + re.findall(r"\*\*([^*]+)\*\*", prose)]
+
+
+SECTION_REFS = [  # '"Title" in [docs/x.md](...)', '[x.md](x.md), "Title"', 'docs/x.md "Title"', 'x.md, "Title"'
+    re.compile(r"\"(?P<name>[^\"]+)\" in \[[^\]]*\]\((?P<path>[\w/.-]+\.md)\)"),
+    re.compile(r"\[[^\]]*\]\((?P<path>[\w/.-]+\.md)\),? \"(?P<name>[^\"]+)\""),
+    re.compile(r"(?<![\w/(])(?P<path>(?:docs/)?\w+\.md),? \"(?P<name>[^\"]+)\""),
+]
+
+
+def broken_link(here: Path, link: str) -> bool:
+    """A relative link whose file, or whose #anchor in a Markdown file, is not there."""
+    path, _, anchor = link.partition("#")
+    if re.match(r"\w+:", link) or not path:
+        return False
+    target = here / path
+    if not target.exists():
+        return True
+    return bool(anchor) and target.suffix == ".md" and anchor not in doc_sections(target.resolve())[0]
+
+
+def unknown_section(here: Path, path: str, name: str) -> bool:
+    """A section named beside a doc that is none of its headings or bold labels."""
+    target = next((p for p in (here / path, ROOT / path) if p.exists()), None)
+    names = doc_sections(target.resolve())[1] if target else []
+    return not any(n.startswith(name.lower()) or name.lower() in n for n in names)
+
+
+@pytest.mark.parametrize("doc", COMMAND_DOCS)
+def test_every_section_a_doc_points_to_is_there(doc):
+    """A relative link's file and #anchor exist, and a section named in quotes beside a doc
+    ('see "Serving many requests" in docs/server.md') is one of its headings or bold labels."""
+    here, text = (ROOT / doc).parent, read(doc)
+    missing = [link for link in re.findall(r"\]\(([^)\s]+)\)", text) if broken_link(here, link)]
+    for pattern in SECTION_REFS:
+        missing += [
+            f'{m["path"]} "{m["name"]}"' for m in pattern.finditer(text) if unknown_section(here, m["path"], m["name"])
+        ]
+    assert not missing, missing
+
+
 @pytest.fixture(scope="module")
 def client():
     """A tiny model's server app, started once (its lifespan runs once per app)."""
