@@ -143,13 +143,19 @@ def add_parser(subparsers) -> None:
         default=None,
         help=f"comma-separated scenario names (default: all; {QUICK_SCENARIO} with --quick)",
     )
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES + EXTRA_MODES)}")
+    p.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, from {','.join(MODES + EXTRA_MODES)} (default: {','.join(MODES)})",
+    )
     p.add_argument(
         "--peers",
         default=None,
         help=f"peers, from {','.join(PEERS)}; 'none' for none (default: those on the same backend)",
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (--demo: bench-out/demo)")
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}; --demo: bench-out/demo)"
+    )
     p.add_argument("--html", type=Path, default=None, help="also write an HTML token-source report of one run")
     p.add_argument(
         "--html-run",

@@ -57,9 +57,11 @@ def add_parser(sub) -> None:
         help=f"most tokens to write (default {DEFAULT_MAX_TOKENS}, or what the context leaves after the "
         "prompt when that is less; more than it leaves is an error)",
     )
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="sample from the most likely tokens that make up P (default 1: all)"
+    )
+    p.add_argument("--top-k", type=int, default=0, help="sample from the K most likely tokens (default 0: all; -1 too)")
     p.add_argument("--seed", type=int, help="fixes sampling at temperature > 0 (a signed 64-bit integer)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + stats) instead of streaming")

@@ -67,7 +67,7 @@ def add_parser(subparsers) -> None:
         "or measured with --measure-cost)",
     )
     p.add_argument("--measure-cost", action="store_true", help="load the model and measure the cost ratio")
-    p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend for --measure-cost")
+    p.add_argument("--backend", default="auto", choices=BACKENDS, help="backend for --measure-cost (default auto)")
     p.add_argument("--dtype", default=None, help="torch dtype for --measure-cost on transformers")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)

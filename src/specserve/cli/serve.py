@@ -75,7 +75,12 @@ def add_parser(subparsers) -> None:
         "crashes (default: off)",
     )
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's log level (default info)",
+    )
     serve_ray.add_arguments(p)
     p.set_defaults(func=run)
 
