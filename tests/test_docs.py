@@ -218,6 +218,14 @@ def test_readme_lists_every_sampling_param():
     assert listed == {f.name for f in dataclasses.fields(SamplingParams)}
 
 
+def test_the_readme_names_every_make_target():
+    """The README is where a newcomer learns the Makefile: each target it declares (.PHONY) is
+    named there as `make TARGET`."""
+    phony = re.search(r"^\.PHONY:(.*)$", read("Makefile"), re.M).group(1).split()
+    named = set(re.findall(r"\bmake ([a-z][\w-]*)", read("README.md")))
+    assert [t for t in phony if t not in named] == []
+
+
 def test_design_files_table_names_files_that_exist():
     missing = []
     for row in table_rows(section("docs/design.md", "Files (package `src/specserve/`, one concern each)")):
