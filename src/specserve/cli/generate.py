@@ -59,7 +59,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument(
-        "--top-p", type=float, default=1.0, help="sample from the most likely tokens that make up P (default 1: all)"
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="nucleus sampling: the most likely tokens whose probabilities add up to P (default 1: all)",
     )
     p.add_argument("--top-k", type=int, default=0, help="sample from the K most likely tokens (default 0: all; -1 too)")
     p.add_argument("--seed", type=int, help="fixes sampling at temperature > 0 (a signed 64-bit integer)")
