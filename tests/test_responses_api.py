@@ -257,6 +257,56 @@ def test_an_item_reference_without_a_string_id_is_told_so(client, bad):
     assert body["code"] == ("missing_required_parameter" if "id" not in bad else "invalid_type"), body
 
 
+MISSING = object()  # the field left out of the request
+HI = {"role": "user", "content": "hi"}
+
+
+def _with(key: str, value) -> dict:
+    return {} if value is MISSING else {key: value}
+
+
+STRING_FIELDS = {  # a field that must be a string -> (the request's fields with it set to a value, its param)
+    "refusal": (
+        lambda v: {"input": [{"role": "assistant", "content": [{"type": "refusal", **_with("refusal", v)}]}, HI]},
+        "input[0].content[0].refusal",
+    ),
+    "text": (
+        lambda v: {"input": [{"role": "user", "content": [{"type": "input_text", **_with("text", v)}]}]},
+        "input[0].content[0].text",
+    ),
+    "item id": (lambda v: {"input": [{"type": "item_reference", **_with("id", v)}]}, "input[0].id"),
+    "format name": (
+        lambda v: {"text": {"format": {"type": "json_schema", "schema": OK_SCHEMA, **_with("name", v)}}, "input": "hi"},
+        "text.format.name",
+    ),
+}
+
+
+@pytest.mark.parametrize("value", [MISSING, 5], ids=["missing", "not-a-string"])
+@pytest.mark.parametrize("field", list(STRING_FIELDS))
+def test_a_field_that_must_be_a_string_is_told_it_is_missing_or_not_a_string(client, field, value):
+    """Each of these fields is OpenAI's missing_required_parameter when left out and invalid_type
+    when not a string, in the same words (errors.not_a_string)."""
+    fields, param = STRING_FIELDS[field]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, **fields(value))
+    body = e.value.body
+    missing = value is MISSING
+    assert body["param"] == param, body
+    assert body["code"] == ("missing_required_parameter" if missing else "invalid_type"), body
+    assert body["message"] == (f"missing required parameter '{param}'" if missing else f"{param} must be a string")
+
+
+def test_a_chat_refusal_part_without_a_string_refusal_is_told_so(client):
+    """Chat's assistant refusal part is read by the same rule (protocol.refusal_text)."""
+    for value, code in ((MISSING, "missing_required_parameter"), (5, "invalid_type")):
+        part = {"type": "refusal", **_with("refusal", value)}
+        messages = [{"role": "assistant", "content": [part]}, HI]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+        assert (e.value.body["param"], e.value.body["code"]) == ("messages[0].content[0].refusal", code), e.value.body
+
+
 def test_stored_responses_are_read_and_deleted_and_store_false_keeps_nothing(client):
     kw = dict(model=MODEL, input="hi", temperature=0, max_output_tokens=6)
     resp = client.responses.create(**kw)

@@ -37,6 +37,15 @@ def bad_request(message: str, param: str | None = None, code: str | None = "inva
     return APIError(400, message, param=param, code=code)
 
 
+def not_a_string(value, param: str) -> APIError:
+    """The 400 for a field that must be a string and is not: OpenAI's missing_required_parameter
+    when it is left out (None), else invalid_type. One wording for every such field (a content
+    part's text or refusal, an item reference's id, a json_schema format's name)."""
+    if value is None:
+        return bad_request(f"missing required parameter '{param}'", param, "missing_required_parameter")
+    return bad_request(f"{param} must be a string", param, "invalid_type")
+
+
 def unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{param}: {what} is not supported by this server", param=param, code="unsupported_parameter")
 

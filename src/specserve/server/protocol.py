@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from ..config import SamplingParams, SpeculationConfig
 from ..engine.constrain import CompiledGuide, ConstraintError, GrammarSpec, PendingGuide
 from ..errors import ContextLengthError, InvalidRequestError
-from .errors import APIError, bad_request, unsupported
+from .errors import APIError, bad_request, not_a_string, unsupported
 from .schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -81,9 +81,7 @@ def content_text(content: Content | None, param: str, assistant: bool = False) -
         if part.type != "text":
             raise unsupported(f"{param}[{j}]", f"content part type {part.type!r} (only 'text' parts)")
         if part.text is None:  # was "content part type 'text' (only 'text' parts) is not supported"
-            raise bad_request(
-                f"missing required parameter '{param}[{j}].text'", f"{param}[{j}].text", "missing_required_parameter"
-            )
+            raise not_a_string(None, f"{param}[{j}].text")
         texts.append(part.text)
     return "".join(texts)
 
@@ -91,12 +89,7 @@ def content_text(content: Content | None, param: str, assistant: bool = False) -
 def refusal_text(part: dict, param: str) -> str:
     """The text of a `{"type": "refusal", "refusal": ...}` content part."""
     if not isinstance(part.get("refusal"), str):
-        missing = part.get("refusal") is None
-        raise bad_request(
-            f"missing required parameter '{param}.refusal'" if missing else f"{param}.refusal must be a string",
-            f"{param}.refusal",
-            "missing_required_parameter" if missing else "invalid_type",
-        )
+        raise not_a_string(part.get("refusal"), f"{param}.refusal")
     return part["refusal"]
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from ..engine.stats import RequestOutput, TokenLogprob
-from .errors import APIError, bad_request, engine_error, unsupported
+from .errors import APIError, bad_request, engine_error, not_a_string, unsupported
 from .input_items import listed
 from .lru_store import LruStore, json_size
 from .protocol import Prepared, prepare_chat, refusal_text
@@ -89,12 +89,7 @@ def _text(content, param: str, assistant: bool = False) -> str:
         if kind not in TEXT_PARTS:
             raise unsupported(f"{param}[{j}]", f"content part type {kind!r} (only text parts)")
         if not isinstance(part.get("text"), str):  # was "content part type 'input_text' ... is not supported"
-            missing = part.get("text") is None
-            raise bad_request(
-                f"missing required parameter '{param}[{j}].text'" if missing else f"{param}[{j}].text must be a string",
-                f"{param}[{j}].text",
-                "missing_required_parameter" if missing else "invalid_type",
-            )
+            raise not_a_string(part.get("text"), f"{param}[{j}].text")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -113,7 +108,8 @@ def _resolved(items: list[dict], store: ResponseStore) -> list[dict]:
     out = []
     for i, item in enumerate(items):
         if _kind(item) == "item_reference":
-            _check_reference_id(item, i)
+            if not isinstance(item.get("id"), str):  # it was told "no item with id None", as if looked for
+                raise not_a_string(item.get("id"), f"input[{i}].id")
             found = store.item(item["id"])
             if found is None:
                 raise bad_request(
@@ -125,17 +121,6 @@ def _resolved(items: list[dict], store: ResponseStore) -> list[dict]:
             item = found
         out.append(item)
     return out
-
-
-def _check_reference_id(item: dict, i: int) -> None:
-    """An item reference's `id` is a string (it was told "no item with id None", as if looked for)."""
-    if not isinstance(item.get("id"), str):
-        missing = item.get("id") is None
-        raise bad_request(
-            f"missing required parameter 'input[{i}].id'" if missing else f"input[{i}].id must be a string",
-            f"input[{i}].id",
-            "missing_required_parameter" if missing else "invalid_type",
-        )
 
 
 def _input(req: ResponsesRequest) -> list[dict]:
@@ -278,12 +263,7 @@ def _check_json_schema_format(fmt: dict) -> None:
     `response_format.json_schema` requires only the name: a missing schema there is any object,
     which a Responses request without one was served as)."""
     if not isinstance(fmt.get("name"), str):
-        missing = fmt.get("name") is None
-        raise bad_request(
-            "missing required parameter 'text.format.name'" if missing else "text.format.name must be a string",
-            "text.format.name",
-            "missing_required_parameter" if missing else "invalid_type",
-        )
+        raise not_a_string(fmt.get("name"), "text.format.name")
     if fmt.get("schema") is None:
         raise bad_request(
             "missing required parameter 'text.format.schema'", "text.format.schema", "missing_required_parameter"
