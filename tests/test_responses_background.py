@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
-from tiny import tiny_model, tiny_tokenizer
-
-from specserve.llm import LLM
-from specserve.server.app import create_app
+from tiny_sdk import sdk_client, tiny_llm
 
 KW = {"model": "tiny", "input": "hi", "temperature": 0, "max_output_tokens": 3}
 
 
 @pytest.fixture(scope="module")
 def client():
-    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
-    with TestClient(create_app(llm, "tiny")) as http:
-        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+    with sdk_client(tiny_llm()) as sdk:
+        yield sdk
 
 
 def test_a_kept_response_is_refused_as_synchronous_and_stays_as_it_was(client):

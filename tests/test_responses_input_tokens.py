@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
-from tiny import tiny_model, tiny_tokenizer
-
-from specserve.llm import LLM
-from specserve.server.app import create_app
+from tiny_sdk import sdk_client, tiny_llm
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 FORMAT = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
@@ -21,13 +17,13 @@ TOOL = {"type": "function", "name": "weather", "parameters": {"type": "object", 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    return tiny_llm()
 
 
 @pytest.fixture(scope="module")
 def client(llm):
-    with TestClient(create_app(llm, "tiny")) as http:
-        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+    with sdk_client(llm) as sdk:
+        yield sdk
 
 
 @pytest.fixture

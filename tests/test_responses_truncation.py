@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
-from tiny import tiny_model, tiny_tokenizer
-
-from specserve.llm import LLM
-from specserve.server.app import create_app
+from tiny_sdk import sdk_client, tiny_llm
 
 KW = {"model": "tiny", "temperature": 0, "max_output_tokens": 4}
 LONG = "word " * 100  # about 300 tokens: two such turns do not fit in 512, one does
@@ -20,13 +16,13 @@ NEW = [{"role": "user", "content": LONG + "and now?"}]
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    return tiny_llm()
 
 
 @pytest.fixture(scope="module")
 def client(llm):
-    with TestClient(create_app(llm, "tiny")) as http:
-        yield openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
+    with sdk_client(llm) as sdk:
+        yield sdk
 
 
 def test_auto_drops_the_oldest_turns_until_the_input_fits(client):
