@@ -11,6 +11,7 @@ The pure helpers (metrics merging, rendezvous order, flag parsing) are tested wi
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import threading
@@ -241,6 +242,44 @@ def test_the_cluster_metrics_route_finds_its_hub_off_the_event_loop(monkeypatch)
         go.set()
         assert metrics.result(60).status_code == 200
     assert released == [True], "the other request was answered only after the hub lookup gave up"
+
+
+class _Hub:
+    """A store actor's handle for a fake `ray.get`: each call answers (method, args), or raises
+    when the actor is dead."""
+
+    def __init__(self, alive: bool):
+        self.alive = alive
+
+    def __getattr__(self, method: str):
+        def ref(*args):
+            if not self.alive:
+                raise RuntimeError("the actor died")
+            return method, args
+
+        return types.SimpleNamespace(remote=lambda *args: functools.partial(ref, *args))
+
+
+def test_a_store_call_retries_on_the_hub_it_found_though_another_call_drops_it(monkeypatch):
+    """A replica's shared store is called from many threads at once (store_calls.off_loop), and a
+    call that fails drops the client's handle (`_hub = None`) so the next call finds the actor
+    again. A call on its retry found the new actor, and another thread's failed call dropped the
+    handle before it was used: the retry read `_hub` again, called a method of None, and the
+    request got a 500 where the actor was there. Here the drop lands at that moment."""
+
+    class Racing(ray_serve.SharedChatStore):
+        def _find(self):
+            return _Hub(alive=True)
+
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            if name == "_hub" and value is not None and value.alive:  # another thread's failed call, now
+                super().__setattr__("_hub", None)
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(get=lambda ref, timeout: ref()))
+    store = Racing()
+    store._hub = _Hub(alive=False)  # the actor this replica knew has died
+    assert store._call("get", "chatcmpl-1") == ("get", ("chatcmpl-1",))
 
 
 # -- a local Ray cluster ------------------------------------------------------------------------

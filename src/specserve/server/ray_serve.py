@@ -419,13 +419,15 @@ class _HubClient:
         raise NotImplementedError
 
     def _call(self, method: str, *args):
-        """The hub's answer; the hub is looked up again once when the call fails (it was replaced)."""
+        """The hub's answer; the hub is looked up again once when the call fails (it was replaced).
+        Calls run on many threads at once (store_calls.py): each uses the handle it found, which
+        another call's failure may drop from `_hub` meanwhile."""
         import ray
 
         for attempt in (1, 2):
             try:
-                self._hub = self._hub or self._find()
-                return ray.get(getattr(self._hub, method).remote(*args), timeout=STALE_AFTER_S)
+                hub = self._hub = self._hub or self._find()
+                return ray.get(getattr(hub, method).remote(*args), timeout=STALE_AFTER_S)
             except Exception:
                 self._hub = None
                 if attempt == 2:
