@@ -77,3 +77,24 @@ def test_auto_templates_a_long_conversation_a_few_times_not_once_per_turn(client
     cut = client.responses.create(input=[*turns, *NEW], truncation="auto", **KW)
     assert cut.output_text == client.responses.create(input=NEW, **KW).output_text
     assert len(calls) <= 12, len(calls)  # bisection over 40 turns: about 2 + log2(40), and the plain create's 1
+
+
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+OPENINGS = {  # what a conversation may open with before its first user message
+    "an assistant greeting": [{"role": "assistant", "content": LONG}],
+    "a tool call and its output": [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": LONG},
+    ],
+}
+
+
+@pytest.mark.parametrize("opening", list(OPENINGS))
+def test_auto_drops_what_comes_before_the_first_user_message_first(client, opening):
+    """A turn began at a user message, so what a conversation opened with before its first one was
+    in no turn and never dropped: with one user message after it, the 400 of an input over the
+    context, where that last turn alone fits (docs/server.md: only a last turn over the context
+    alone is still the 400). It is now the oldest turn."""
+    cut = client.responses.create(input=[*OPENINGS[opening], *NEW], tools=[TOOL], truncation="auto", **KW)
+    alone = client.responses.create(input=NEW, tools=[TOOL], **KW)
+    assert cut.usage.input_tokens == alone.usage.input_tokens

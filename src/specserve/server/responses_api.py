@@ -381,7 +381,7 @@ def _turns_to_drop(req: ResponsesRequest, messages: list[dict], llm, error: APIE
     """The fewest oldest turns whose dropping makes `messages` fit, found by bisection (dropping
     one at a time templated the whole conversation once per turn); grammars are not compiled
     while looking. Raises `error` (the input over the context) when even the last turn alone does not fit."""
-    fits, lo, hi = None, 1, _user_turns(messages) - 1
+    fits, lo, hi = None, 1, len(_turn_starts(messages)) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
         try:
@@ -396,15 +396,20 @@ def _turns_to_drop(req: ResponsesRequest, messages: list[dict], llm, error: APIE
     return fits
 
 
-def _user_turns(messages: list[dict]) -> int:
-    return sum(m["role"] == "user" for m in messages)
+def _turn_starts(messages: list[dict]) -> list[int]:
+    """Where each turn of the conversation begins: at each user message, and at its first message
+    when it opens with something else (an assistant's greeting, a tool call and its output), which
+    is then its oldest turn (in no turn, it was never dropped). System and developer messages are
+    in none: they stay."""
+    starts = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    opening = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), None)
+    return [opening, *starts] if opening is not None and opening not in starts[:1] else starts
 
 
 def _without_turns(messages: list[dict], k: int) -> list[dict]:
-    """`messages` without their first k turns: everything before the (k+1)th user message but the
-    system and developer messages (a turn's tool calls and results go with it, so no result is left
-    without its call)."""
-    start = [i for i, m in enumerate(messages) if m["role"] == "user"][k]
+    """`messages` without their first k turns (`_turn_starts`), the system and developer messages
+    kept (a turn's tool calls and results go with it, so no result is left without its call)."""
+    start = _turn_starts(messages)[k]
     return [m for i, m in enumerate(messages) if i >= start or m["role"] in ("system", "developer")]
 
 
