@@ -204,3 +204,45 @@ def test_responses_input_tokens_count_what_a_create_would_bill(sdk):
     with pytest.raises(openai.BadRequestError) as e:
         sdk.responses.input_tokens.count(input="hi", previous_response_id="resp_none")
     assert e.value.body["param"] == "previous_response_id"
+
+
+BEGUN = [{"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": "    return"}]
+
+
+def test_an_assistant_prefix_message_is_continued_as_continue_final_message(client):
+    """aider, when a model's metadata says `supports_assistant_prefill` and an answer stops at its
+    length, sends the partial answer back as `{"role": "assistant", "content": ..., "prefix": true}`
+    (DeepSeek's and Mistral's prefix completion; litellm passes it through) and joins the reply to
+    it. The flag was dropped as an unknown field: the assistant turn was closed and a new one
+    answered, so aider joined a fresh answer to the old one."""
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    went_on = client.post("/v1/chat/completions", json={**CHAT, "messages": BEGUN, **extra}).json()
+    prefixed = [BEGUN[0], {**BEGUN[1], "prefix": True}]
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": prefixed})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == went_on["usage"]["prompt_tokens"]
+    assert r.json()["choices"][0]["message"]["content"] == went_on["choices"][0]["message"]["content"]
+    counted = client.post("/tokenize", json={"model": "tiny", "messages": prefixed}).json()
+    assert counted["count"] == went_on["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    "messages, param",
+    [
+        ([{**BEGUN[1], "prefix": True}, BEGUN[0]], "messages[0].prefix"),  # not the last message
+        ([{**BEGUN[0], "prefix": True}], "messages[0].prefix"),  # not an assistant message
+        ([BEGUN[0], {**BEGUN[1], "prefix": "yes"}], "messages[1].prefix"),  # not a boolean
+    ],
+)
+def test_a_prefix_flag_that_cannot_be_continued_is_a_400_naming_it(client, messages, param):
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_a_false_prefix_flag_changes_nothing(client):
+    plain = client.post("/v1/chat/completions", json={**CHAT, "messages": BEGUN}).json()
+    r = client.post("/v1/chat/completions", json={**CHAT, "messages": [BEGUN[0], {**BEGUN[1], "prefix": False}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    assert r.json()["choices"][0]["message"] == plain["choices"][0]["message"]

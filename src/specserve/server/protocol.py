@@ -359,8 +359,9 @@ def chat_prompt_ids(messages: list[ChatMessage], tools: ToolSetup, go_on: bool, 
 def continues_final_message(req: ChatCompletionRequest) -> bool:
     """Whether the model goes on writing the last message (vLLM's `continue_final_message`; the
     template step refuses it after a message that is not the assistant's); `add_generation_prompt`
-    is accepted only where it agrees (no new turn when continuing)."""
-    go_on = bool(req.continue_final_message)
+    is accepted only where it agrees (no new turn when continuing). A last assistant message with
+    `"prefix": true` asks the same (DeepSeek's and Mistral's prefix completion, which aider sends)."""
+    go_on = bool(req.continue_final_message) or prefix_message(req.messages)
     if req.add_generation_prompt is not None and req.add_generation_prompt == go_on:
         raise unsupported(
             "add_generation_prompt",
@@ -368,6 +369,23 @@ def continues_final_message(req: ChatCompletionRequest) -> bool:
             f"continue_final_message={str(go_on).lower()} (exactly one of the two opens the answer)",
         )
     return go_on
+
+
+def prefix_message(messages: list[ChatMessage]) -> bool:
+    """Whether the last message carries `"prefix": true`: an assistant answer begun, which the
+    model continues. The flag elsewhere (an earlier message, a user's) or not a boolean is a 400
+    naming it; dropped as an unknown field, the begun answer was closed and a new one written."""
+    last = len(messages) - 1
+    for i, m in enumerate(messages):
+        flag = (m.model_extra or {}).get("prefix")
+        if flag is None or flag is False:
+            continue
+        param = f"messages[{i}].prefix"
+        if flag is not True:
+            raise bad_request(f"{param} must be a boolean", param, "invalid_type")
+        if i != last or m.role != "assistant":
+            raise bad_request(f"{param}: only the last message, an assistant one, can be continued", param)
+    return last >= 0 and (messages[last].model_extra or {}).get("prefix") is True
 
 
 def _prompts(prompt) -> list:
