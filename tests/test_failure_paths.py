@@ -183,6 +183,30 @@ def test_a_job_larger_than_queue_and_batch_runs_when_nothing_waits():
     assert all(r.finished and r.output.finish_reason == "length" for r in big)
 
 
+def test_while_nothing_waits_a_job_larger_than_the_queue_is_taken_whatever_its_size():
+    """max_queue 2, max_num_seqs 2, the batch full and nothing waiting: a 4-choice job was a 429
+    ("the server is busy (0 requests waiting)") while a 5-choice one, larger than queue and batch
+    together, was taken. Found by the soak's burst with n=5 and n=8 on a full batch. Every job
+    larger than the queue is now taken while nothing waits; one that fits the queue still waits in it."""
+    llm, _ = engine_llm(max_num_seqs=2)
+    core = llm.engine.core
+    for size in (3, 4, 5):
+        worker = EngineWorker(core, max_queue=2)  # never started: the test steps the core itself
+        running = [make(llm, max_tokens=64) for _ in range(2)]
+        worker.submit(running)
+        core.step()
+        assert core.num_running == 2 and core.num_waiting == 0
+        job = [make(llm, max_tokens=2) for _ in range(size)]
+        worker.submit(job)  # was QueueFull for 3 and 4 choices
+        with pytest.raises(QueueFull):
+            worker.submit([make(llm)])  # now something waits: the queue is full
+        for _ in range(300):
+            if all(r.finished for r in running + job):
+                break
+            core.step()
+        assert all(r.finished for r in running + job)
+
+
 def test_a_dead_worker_fails_everything_in_flight_and_refuses_new_requests():
     """The worker thread dies (a BaseException from the backend escapes every handler): the
     running and the waiting request both end with EngineDead, submit refuses at once, and the

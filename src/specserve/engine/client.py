@@ -175,12 +175,15 @@ class EngineWorker:
             return not self._refuses(n)
 
     def _refuses(self, n: int) -> bool:
-        """Whether n more requests would overfill the queue (the caller holds the lock). A job
-        larger than the queue and the batch together (a batch of prompts, n > 1) is taken when
-        nothing waits: refused, it would be told to retry for ever."""
+        """Whether n more requests would overfill the queue (the caller holds the lock). While
+        nothing waits, a job larger than the queue (a batch of prompts, n > 1) is taken: one larger
+        than the queue and the batch together would be refused for ever, and a smaller one was
+        refused while a full batch ran where a larger one was taken. With --max-queue 0 only the
+        first holds: nothing is meant to wait."""
         waiting = self.core.num_waiting
-        never_fits = n > self.max_queue + self.core.limits.max_num_seqs
-        return waiting + n > self.max_queue + self._free_slots() and not (never_fits and not waiting)
+        if not waiting and (n > self.max_queue > 0 or n > self.max_queue + self.core.limits.max_num_seqs):
+            return False
+        return waiting + n > self.max_queue + self._free_slots()
 
     def _free_slots(self) -> int:
         """Requests that would join the batch at once rather than wait."""
