@@ -17,7 +17,7 @@ from specserve.engine.stats import TokenLogprob
 from specserve.llm import LLM
 from specserve.server.logprobs import TokenNamer
 from specserve.server.protocol import prepare_completion
-from specserve.server.responses import COMPLETIONS, ResponseContext
+from specserve.server.responses import CHAT, COMPLETIONS, ResponseContext
 from specserve.server.schemas import CompletionRequest
 
 TEXT = "Le café: 東京 🎉 ok"  # 東, 京 and 🎉 are byte pieces (the corpus below never holds them)
@@ -115,3 +115,41 @@ def test_an_echoed_text_prompt_is_tokenized_once(monkeypatch):
         assert texts == prompts  # each prompt once
         assert job.echo_texts == prompts and job.echo_hidden == hidden
         assert job.prompts == [llm.prompt_ids(p) for p in prompts]
+
+
+def _unescape(name: str) -> bytes:
+    """The bytes a legacy token name stands for: its text, or after "bytes:" its \\xNN escapes."""
+    if not name.startswith("bytes:"):
+        return name.encode("utf-8")
+    return name[len("bytes:") :].encode("latin-1").decode("unicode_escape").encode("latin-1")
+
+
+def test_byte_pieces_of_a_character_keep_distinct_names(smol_tokenizer):
+    """Legacy `top_logprobs` is keyed by token text, and every piece of a split character decoded
+    to "\\ufffd": 🎉's three pieces (SmolLM2's byte-level BPE) collapsed into one key, so fewer than
+    k alternatives came back. OpenAI names such a token by its bytes ("bytes:\\xf0\\x9f"); so do we."""
+    tok = smol_tokenizer
+    pieces = tok.encode(" 🎉", add_special_tokens=False)
+    assert len(pieces) == 3 and tok.decode(pieces) == " 🎉"  # the emoji is split across byte pieces
+    head = tok.encode("🎉", add_special_tokens=False)[0]  # "\xf0\x9f" alone, without the space
+    namer = TokenNamer(tok)
+    ctx = ResponseContext("cmpl-x", "m", namer, logprobs=True)
+    top = [(t, -1.0 - i) for i, t in enumerate([*pieces, head])]
+    out = COMPLETIONS._logprobs(ctx, [TokenLogprob(pieces[1], -2.0, top)])
+    names = list(out["top_logprobs"][0])
+    assert len(names) == 4  # none collide
+    assert names == ["bytes: \\xf0\\x9f", "bytes:\\x8e", "bytes:\\x89", "bytes:\\xf0\\x9f"]
+    assert [_unescape(n) for n in names] == [bytes(namer(t)[1]) for t, _ in top]  # the bytes come back
+    assert out["tokens"] == ["bytes:\\x8e"] and out["top_logprobs"][0]["bytes:\\x8e"] == -2.0
+    (e,) = tok.encode("é", add_special_tokens=False)  # one token of two bytes: a whole character
+    whole = COMPLETIONS._logprobs(ResponseContext("cmpl-y", "m", namer, logprobs=True), [TokenLogprob(e, -0.5, [])])
+    assert whole["tokens"] == ["é"] and whole["top_logprobs"] == [{"é": -0.5}]  # keeps its text
+
+
+def test_chat_logprobs_keep_the_text_and_bytes_of_byte_pieces(smol_tokenizer):
+    """Chat's entries carry `bytes`, as OpenAI's do; their `token` stays the decoded text."""
+    pieces = smol_tokenizer.encode("🎉", add_special_tokens=False)
+    ctx = ResponseContext("chatcmpl-x", "m", TokenNamer(smol_tokenizer), logprobs=True)
+    entry = CHAT.entry(ctx, TokenLogprob(pieces[0], -1.0, [(pieces[0], -1.0), (pieces[1], -2.0)]))
+    assert entry["token"] == "\ufffd" and entry["bytes"] == [0xF0, 0x9F]
+    assert [(t["token"], t["bytes"]) for t in entry["top_logprobs"]] == [("\ufffd", [0xF0, 0x9F]), ("\ufffd", [0x8E])]

@@ -3,6 +3,10 @@
 Byte-level BPE vocabularies (GPT-2, Qwen, Llama 3) spell tokens with GPT-2's printable stand-ins
 for bytes; SentencePiece ones fall back to `<0xNN>` pieces. Both are turned back into raw bytes, so
 a token that is half of a UTF-8 character still reports its true bytes.
+
+The legacy completions shape has no `bytes` and keys `top_logprobs` by name, so there such a token
+is named by its bytes, as OpenAI names it ("bytes:\\xe9\\x80"): the pieces of a split character all
+decode to "\\ufffd" and would otherwise collapse into one key.
 """
 
 from __future__ import annotations
@@ -37,6 +41,16 @@ class TokenNamer:
         if tid not in self.cache:
             self.cache[tid] = self._name(tid)
         return self.cache[tid]
+
+    def legacy(self, tid: int) -> str:
+        """The token's name in the legacy completions shape: its text when its bytes are whole UTF-8,
+        else "bytes:" and its bytes, printable ASCII as is and the rest (and "\\") as \\xNN escapes."""
+        text, raw = self(tid)
+        try:
+            bytes(raw).decode("utf-8")
+            return text
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in raw)
 
     def _name(self, tid: int) -> tuple[str, list[int]]:
         piece = self.tok.convert_ids_to_tokens(tid)

@@ -290,11 +290,11 @@ class CompletionDialect(Dialect):
         ctx: ResponseContext, out: dict, index: int, token_id: int, lp: TokenLogprob | None, written: bool = True
     ) -> None:
         """One token's entry; written: its text is in the choice's text (not a BOS an echoed text leaves out)."""
-        text, raw = ctx.namer(token_id)
-        out["tokens"].append(text)
+        name, raw = ctx.namer.legacy(token_id), ctx.namer(token_id)[1]
+        out["tokens"].append(name)
         out["token_logprobs"].append(lp.logprob if lp else None)
         # the k best, and the token itself when it is not among them (OpenAI: "up to logprobs+1 elements")
-        out["top_logprobs"].append({ctx.namer(t)[0]: v for t, v in lp.top} | {text: lp.logprob} if lp else None)
+        out["top_logprobs"].append({ctx.namer.legacy(t): v for t, v in lp.top} | {name: lp.logprob} if lp else None)
         # where the token starts in the choice's text: a token that holds part of a character
         # (a byte piece) starts at that character, and the character counts once, not once per piece
         chars, decoder = ctx.text_offset.get(index) or (0, codecs.getincrementaldecoder("utf-8")("replace"))
