@@ -134,6 +134,27 @@ def test_generate_refuses_max_tokens_the_context_cannot_hold(tiny_pack, capsys):
     assert len(json.loads(out.out)["token_ids"]) == 256 - n  # exactly what fits, still allowed
 
 
+def test_generate_does_not_say_raise_max_context_at_the_model_s_own_context(tiny_pack, capsys):
+    """At the context the model was trained on (the tiny pack's 512), raising --max-context does
+    nothing (the backends cap it there), yet the error said "(or raise --max-context)"; it names the
+    trained context now. Below it, raising --max-context still helps, and the hint says so."""
+    from specserve.cli.main import main
+
+    prompt = "hello " * 100
+    n = len(tiny_tokenizer().encode(prompt))
+    for ctx in ("512", "4096"):  # asked at, or over, what the model was trained on
+        code = main(["generate", "--model", tiny_pack, "--speculation", "none", "--max-context", ctx, prompt,
+                     "--max-tokens", str(512 - n + 1)])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2 and f"leaves {512 - n}; lower --max-tokens" in err, err
+        assert "raise --max-context" not in err and "trained on 512 tokens" in err, err
+        code = main(["generate", "--model", tiny_pack, "--speculation", "none", "--max-context", ctx, "hello " * 600])
+        err = capsys.readouterr().err
+        assert code == 2 and "no room is left" in err and "raise --max-context" not in err, err
+    code, out = _generate(tiny_pack, capsys, prompt, "--max-tokens", str(256 - n + 1))
+    assert code == 2 and "(or raise --max-context: the model was trained on 512 tokens)" in out.err, out.err
+
+
 def test_generate_s_default_max_tokens_is_capped_to_what_the_context_leaves(tiny_pack, capsys):
     prompt = "hello " * 100
     n = len(tiny_tokenizer().encode(prompt))

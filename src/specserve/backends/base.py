@@ -40,6 +40,7 @@ class Backend(Protocol):
     name: str  # "transformers" | "llama.cpp"
     vocab_size: int  # rows of the output layer (logits width V)
     max_context: int  # longest sequence one cache holds
+    trained_context: int  # the model's own context (GGUF n_ctx_train, max_position_embeddings): max_context's cap
     max_sequences: int  # sequences that may exist at once
     batches_sequences: bool  # one pass for all sequences (llama.cpp), or one pass each (transformers)
 

@@ -286,7 +286,8 @@ class LlamaCppBackend:
         self.vocab_size: int = ll.llama_vocab_n_tokens(vocab)
         self._vocab = vocab
         self._rows = RowBuffers(self.vocab_size)  # logits rows land in reused memory (row_buffers.py)
-        train_ctx = ll.llama_model_n_ctx_train(self._model) or 2048
+        self.trained_context: int = ll.llama_model_n_ctx_train(self._model) or 2048
+        train_ctx = self.trained_context
         self.max_context: int = min(max_context or min(train_ctx, DEFAULT_MAX_CONTEXT), train_ctx)
         self.cache_tokens = cache_tokens or self._default_cells(max_sequences)
         self.max_sequences = max_sequences + prefix_sequences

@@ -41,6 +41,7 @@ class TransformersBackend:
         self.dtype = next(model.parameters()).dtype
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         cfg_ctx = getattr(model.config, "max_position_embeddings", None) or 2048
+        self.trained_context: int = cfg_ctx  # the longest context max_context may be raised to
         self.max_context: int = min(max_context, cfg_ctx) if max_context else cfg_ctx
         self.max_sequences = max_sequences
         self._caches: dict[int, DynamicCache] = {}

@@ -292,7 +292,8 @@ def run(args) -> int:
         prompt_ids = llm.fim_prompt_ids(prompt, suffix)
     else:
         prompt_ids = llm.tokenizer.encode(prompt)
-    params = replace(params, max_tokens=fit_max_tokens(args.max_tokens, len(prompt_ids), llm.max_context))
+    hint = context_hint(llm)
+    params = replace(params, max_tokens=fit_max_tokens(args.max_tokens, len(prompt_ids), llm.max_context, hint))
     gen = llm.stream(prompt_ids, params, prediction=prediction, speculation=spec)
     for event in gen:
         if not args.json:
@@ -318,22 +319,36 @@ def run(args) -> int:
     return 0
 
 
-def fit_max_tokens(asked: int | None, prompt_len: int, context: int) -> int:
+def context_hint(llm) -> str:
+    """What would lift the context, for fit_max_tokens' errors: --max-context below what the model
+    was trained on, and nothing at that (both backends cap --max-context there: "(or raise
+    --max-context)" sent the user to a flag that did nothing). generate's cache holds one full context."""
+    backend = llm.target_backend
+    trained = getattr(backend, "trained_context", None)
+    if trained is None:
+        return "(or raise --max-context)"
+    if backend.max_context < trained:
+        return f"(or raise --max-context: the model was trained on {trained} tokens)"
+    return f"(the model was trained on {trained} tokens: its context cannot be raised)"
+
+
+def fit_max_tokens(asked: int | None, prompt_len: int, context: int, hint: str = "(or raise --max-context)") -> int:
     """--max-tokens against what the context leaves after the prompt, as the server checks
     max_tokens: more than that is an error (it was cut at the context's end without a word, the
-    answer shorter than asked); left out, the default is capped to it."""
+    answer shorter than asked); left out, the default is capped to it. `hint` says what would lift
+    the context (context_hint)."""
     room = context - prompt_len
     if room <= 0:
         raise ContextLengthError(
             f"the prompt has {prompt_len} tokens and the model's context length is {context}: "
-            "no room is left for an answer; shorten the prompt (or raise --max-context)"
+            f"no room is left for an answer; shorten the prompt {hint}"
         )
     if asked is None:
         return min(DEFAULT_MAX_TOKENS, room)
     if asked > room:
         raise ContextLengthError(
             f"--max-tokens {asked} does not fit: the model's context length is {context} tokens and the "
-            f"prompt has {prompt_len}, which leaves {room}; lower --max-tokens (or raise --max-context)"
+            f"prompt has {prompt_len}, which leaves {room}; lower --max-tokens {hint}"
         )
     return asked
 
