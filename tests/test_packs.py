@@ -481,12 +481,23 @@ def test_cli_pull_prints_the_folder(fake, capsys):
 
 
 def test_cli_errors_are_one_line(fake, monkeypatch, capsys):
-    assert cmd_models.main(["pull", "no-such-pack"]) == 1
+    """An unknown pack is an input error: exit 2, as every other bad input (it was 1, as a failed
+    download); a pull that fails its verification stays 1."""
+    assert cmd_models.main(["pull", "no-such-pack"]) == 2
     monkeypatch.setitem(packs.PACKS, NAME, dataclasses.replace(fake.pack, sha256="0" * 64))
     assert cmd_models.main(["pull", NAME, "--quiet"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("specserve: error:") for line in lines)
     assert "Traceback" not in "".join(lines)
+    assert "Traceback" not in "".join(lines)
+
+
+def test_cli_pull_of_an_unknown_pack_exits_2(fake, capsys):
+    from specserve.cli.main import main
+
+    assert main(["models", "pull", "smollm2-135m"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown model pack 'smollm2-135m' (did you mean 'smollm2-135m-instruct'?)" in err
 
 
 def test_a_folder_holding_one_gguf_is_that_file(tmp_path):

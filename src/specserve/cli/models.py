@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
-from specserve.errors import SpecServeError
+from specserve.errors import InvalidRequestError, ModelLoadError, SpecServeError
 
 from ..models import packs
 
@@ -57,7 +57,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    """Pull one pack; print its folder on stdout (progress goes to stderr)."""
+    """Pull one pack; print its folder on stdout (progress goes to stderr). An unknown name is
+    the user's input, so an InvalidRequestError (exit 2), not a failed pull (exit 1)."""
+    try:
+        packs.get_pack(args.name)
+    except ModelLoadError as error:
+        raise InvalidRequestError(str(error)) from error
     print(packs.pull(args.name, progress=not args.quiet, force=args.force))
     return 0
 
@@ -89,14 +94,15 @@ def _cell(row: dict, column: str) -> str:
 
 
 def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Wrap a handler so user-facing failures become one stderr line and a non-zero exit code."""
+    """Wrap a handler so user-facing failures become one stderr line and a non-zero exit code:
+    2 for bad input (an InvalidRequestError, as main() and argparse answer one), 1 for a failure."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
         except SpecServeError as error:
             print(f"specserve: error: {error}", file=sys.stderr)
-            return 1
+            return 2 if isinstance(error, InvalidRequestError) else 1
         except BrokenPipeError:  # stdout's reader left (`models list | head -1`): main() ends quietly
             raise
         except OSError as error:
