@@ -154,7 +154,8 @@ def write_in_place(source: SourceFile, text: str, backup: Path | None = None) ->
 def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> None:
     """Write `data` through a temporary file in the same folder, renamed over the target: never a
     half-written file. A symlink is followed (the file it points to is written, the link stays),
-    and an existing file keeps its permission bits; a new one takes `mode_of`'s (the edited
+    and an existing file keeps its permission bits, owner and group (where the user may give
+    them: root, or a group of the user's); a new one takes `mode_of`'s bits (the edited
     file's: an executable script's edit stays executable). A file with other hard links is
     rewritten where it is instead (a rename would leave the other names holding the old text)."""
     real = path.resolve()
@@ -174,10 +175,25 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            os.fchmod(f.fileno(), mode)
+            if real.exists():
+                _keep_owner(f.fileno(), real.stat())
+            os.fchmod(f.fileno(), mode)  # after the chown, which clears setuid and setgid bits
         os.replace(tmp, real)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _keep_owner(fd: int, old: os.stat_result) -> None:
+    """Give the new file the old one's owner and group: root editing a user's file must not leave
+    the user a file of root's they cannot write. Where the user may not (another user's file in a
+    folder they can write), the new file stays theirs, as an editor's save would leave it."""
+    try:
+        os.fchown(fd, old.st_uid, old.st_gid)
+    except PermissionError:
+        try:
+            os.fchown(fd, -1, old.st_gid)  # the group alone, when it is one of the user's
+        except PermissionError:
+            pass
 
 
 def _umask() -> int:
