@@ -16,7 +16,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,7 +146,7 @@ def write_in_place(source: SourceFile, text: str, backup: Path | None = None) ->
             "(the file keeps your changes: run the edit again)"
         )
     if backup is not None:
-        shutil.copy2(source.path, backup)
+        write_backup(source.path, backup)
     write_atomic(source.path, source.encode(text))
 
 
@@ -168,17 +167,32 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
         return
     like = real if real.exists() else mode_of
     mode = like.stat().st_mode & 0o7777 if like is not None and like.exists() else 0o666 & ~_umask()
+    _replace(real, data, mode, real.stat() if real.exists() else None)
+
+
+def write_backup(path: Path, backup: Path) -> None:
+    """Copy `path` to `backup` as a new file renamed over that name: whatever was at `backup` (an
+    old backup, a symlink, a hard link to another file) is replaced, never written through. The copy
+    keeps the file's bits, owner and times, as shutil.copy2 did."""
+    old = path.stat()
+    _replace(backup, path.read_bytes(), old.st_mode & 0o7777, old)
+    os.utime(backup, ns=(old.st_atime_ns, old.st_mtime_ns), follow_symlinks=False)
+
+
+def _replace(path: Path, data: bytes, mode: int, owner: os.stat_result | None) -> None:
+    """Put `data` at `path` whole or not at all, with `mode` and `owner`'s owner and group: a temporary
+    file in the same folder renamed over `path` (the name itself: a symlink there is replaced)."""
     # a new name each time, made with O_EXCL and mode 0600: a fixed name was written through a
     # symlink left there, and the file's text was readable by all until its mode was set
-    fd, name = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".specserve-tmp", dir=real.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".specserve-tmp", dir=path.parent)
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            if real.exists():
-                _keep_owner(f.fileno(), real.stat())
+            if owner is not None:
+                _keep_owner(f.fileno(), owner)
             os.fchmod(f.fileno(), mode)  # after the chown, which clears setuid and setgid bits
-        os.replace(tmp, real)
+        os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
