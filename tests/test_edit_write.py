@@ -1,10 +1,14 @@
-"""`specserve edit` writing a user's file: who owns it afterwards, and its backup."""
+"""`specserve edit` writing a user's file: who owns it afterwards, its backup, and a crash while writing."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
+
+from specserve.edit import files
+from specserve.engine import atomic
 
 
 def test_in_place_keeps_the_file_s_owner_and_group(server, src, monkeypatch):  # noqa: F811
@@ -41,3 +45,31 @@ def test_the_backup_is_not_written_through_a_link_at_its_name(server, src, tmp_p
     src.write_text(ORIGINAL)
     assert edit_cli(server, src, "--in-place") == 0
     assert other.read_text() == "keep me too\n" and backup.read_text() == ORIGINAL
+
+
+def _record_syncs(monkeypatch) -> list:
+    """Record os.fsync and os.replace calls, in order, and still make them."""
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))
+    )
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("replace", str(a))), real_replace(a, b)))
+    return calls
+
+
+@pytest.mark.parametrize("writer", ["edit", "cache"])
+def test_the_new_text_is_on_disk_before_it_is_renamed_over_the_file(tmp_path, monkeypatch, writer):
+    """The temporary file was renamed over the user's file without an fsync: after a power cut or a
+    kernel crash, a file system that writes the rename before the data (XFS, btrfs, ext4 with
+    noauto_da_alloc) shows an empty file where the user's was. Its data is now synced first."""
+    path = tmp_path / "greet.py"
+    path.write_text(ORIGINAL)
+    calls = _record_syncs(monkeypatch)
+    if writer == "edit":
+        files.write_atomic(path, EDITED)
+    else:
+        atomic.write_atomic(path, [EDITED.encode()])
+    assert path.read_text() == EDITED
+    replaced = [i for i, (what, _) in enumerate(calls) if what == "replace"]
+    assert len(replaced) == 1 and ("fsync", calls[replaced[0]][1]) in calls[: replaced[0]]

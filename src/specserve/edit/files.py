@@ -192,6 +192,8 @@ def _replace(path: Path, data: bytes, mode: int, owner: os.stat_result | None) -
             if owner is not None:
                 _keep_owner(f.fileno(), owner)
             os.fchmod(f.fileno(), mode)  # after the chown, which clears setuid and setgid bits
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash must not leave an empty file
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

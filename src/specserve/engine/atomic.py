@@ -1,8 +1,9 @@
 """Writing a cache file whole or not at all, safely in a folder others can write to.
 
 The host cache and the price cache both write through a temporary file and rename it over the
-real one, so a crash or a concurrent reader sees the old file or the new one. The temporary
-file is made by mkstemp: a random name, created with O_EXCL, so a symbolic link planted at a
+real one, so a crash or a concurrent reader sees the old file or the new one (the data is
+synced before the rename: some file systems write a rename before the data it names). The
+temporary file is made by mkstemp: a random name, created with O_EXCL, so a symbolic link planted at a
 guessable name is never followed and two writers of one file never share a temporary file.
 """
 
@@ -22,6 +23,8 @@ def write_atomic(path: Path, chunks: list[bytes]) -> None:
         with open(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a crash must not leave an empty file
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
