@@ -465,3 +465,14 @@ def test_demo_makes_its_folder_and_checks_its_report_before_a_model_loads(monkey
     bench_cli.apply_demo(args)
     with pytest.raises(ValueError, match="the folder elsewhere does not exist"):
         bench_cli.check_outputs(args)
+
+
+def test_help_says_a_second_run_into_the_same_folder_replaces_the_first_s_results(capsys):
+    """`bench --out DIR` twice replaces the first run's bench.json/md/png, and --html FILE replaces
+    FILE, as a build's output does; --help said neither, so a user comparing runs lost the first
+    without being told. The help now says so, and how to keep both."""
+    assert main(["bench", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "replaces the bench.json, bench.md and bench.png of an earlier run" in text
+    assert "a folder per run keeps each" in text
+    assert "replaces FILE" in text

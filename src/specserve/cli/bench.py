@@ -154,9 +154,20 @@ def add_parser(subparsers) -> None:
         help=f"peers, from {','.join(PEERS)}; 'none' for none (default: those on the same backend)",
     )
     p.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT}; --demo: bench-out/demo)"
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"output folder (default {DEFAULT_OUT}; --demo: bench-out/demo); a run replaces the bench.json, "
+        "bench.md and bench.png of an earlier run there (load.* and session.* for those benches): "
+        "a folder per run keeps each",
     )
-    p.add_argument("--html", type=Path, default=None, help="also write an HTML token-source report of one run")
+    p.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write an HTML token-source report of one run (replaces FILE)",
+    )
     p.add_argument(
         "--html-run",
         default=None,
