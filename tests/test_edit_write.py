@@ -7,6 +7,7 @@ import os
 import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
+from specserve.cli.main import main
 from specserve.edit import files
 from specserve.engine import atomic
 
@@ -73,3 +74,11 @@ def test_the_new_text_is_on_disk_before_it_is_renamed_over_the_file(tmp_path, mo
     assert path.read_text() == EDITED
     replaced = [i for i, (what, _) in enumerate(calls) if what == "replace"]
     assert len(replaced) == 1 and ("fsync", calls[replaced[0]][1]) in calls[: replaced[0]]
+
+
+def test_help_says_the_backup_replaces_an_earlier_one(capsys):
+    """A second `edit --in-place` replaces FILE.bak with the first edit's result: the file as it was
+    before both edits is gone, as with `sed -i.bak`, and --help did not say so."""
+    assert main(["edit", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the original is kept as FILE.bak, replacing an earlier FILE.bak" in text

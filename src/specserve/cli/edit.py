@@ -62,7 +62,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--api-key", default=None, help="API key (default: $OPENAI_API_KEY, or none for local servers)")
     dest = p.add_mutually_exclusive_group()
     dest.add_argument("--output", "-o", type=Path, help="write the edited file here")
-    dest.add_argument("--in-place", action="store_true", help="overwrite FILE (the original is kept as FILE.bak)")
+    dest.add_argument(
+        "--in-place",
+        action="store_true",
+        help="overwrite FILE (the original is kept as FILE.bak, replacing an earlier FILE.bak)",
+    )
     dest.add_argument(
         "--dry-run",
         action="store_true",
