@@ -82,3 +82,12 @@ def test_help_says_the_backup_replaces_an_earlier_one(capsys):
     assert main(["edit", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "the original is kept as FILE.bak, replacing an earlier FILE.bak" in text
+
+
+def test_a_dangling_link_at_the_backup_s_name_does_not_stop_the_edit(server, src, tmp_path):  # noqa: F811
+    """The backup replaces what is at FILE.bak, but the check before the model is asked followed a
+    link there: one to a removed file's folder refused the edit ("the folder ... does not exist")."""
+    backup = tmp_path / "greet.py.bak"
+    backup.symlink_to(tmp_path / "gone" / "greet.py.bak")
+    assert edit_cli(server, src, "--in-place") == 0
+    assert src.read_text() == EDITED and not backup.is_symlink() and backup.read_text() == ORIGINAL

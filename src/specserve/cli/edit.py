@@ -268,7 +268,7 @@ def _preflight(args, original: str) -> Path | None:
     if dest is not None:  # before the model is asked: an answer that cannot be written is minutes lost
         check_writable(dest)
         if args.in_place:
-            check_writable(backup_path(args.file))
+            check_writable(backup_path(args.file), follow=False)
     if args.html:
         kept = [args.file, backup_path(args.file)] + ([dest] if dest is not None else [])
         if any(_same_file(args.html, p) or args.html.resolve() == p.resolve() for p in kept):

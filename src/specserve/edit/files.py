@@ -119,17 +119,21 @@ def read_source(path: Path) -> SourceFile:
     return SourceFile(path, text.replace("\r\n", "\n"), raw, ends, bom)
 
 
-def check_writable(path: Path) -> None:
-    """Fail before the model is asked (minutes on a CPU) when `path` cannot be written."""
-    real = path.resolve()
+def check_writable(path: Path, follow: bool = True) -> None:
+    """Fail before the model is asked (minutes on a CPU) when `path` cannot be written. `follow`:
+    False for a name that is replaced rather than written through (the backup): a link there is
+    checked as the name in its own folder, not as the file it points to."""
+    real = path.resolve() if follow else path.parent.resolve() / path.name
     folder = real.parent
     if not folder.is_dir():
         raise EditError(f"cannot write {path}: the folder {folder} does not exist")
-    if real.is_dir():
+    if real.is_dir() and (follow or not real.is_symlink()):
         raise EditError(f"cannot write {path}: it is a folder")
+    if not follow:  # replaced by a rename: only the folder must be writable
+        real = real if real.exists() and not real.is_symlink() else folder
     if not os.access(folder, os.W_OK) or (real.exists() and not os.access(real, os.W_OK)):
         raise EditError(f"cannot write {path}: permission denied")
-    if real.exists() and not real.stat().st_mode & 0o222:  # root may write it: the user said not to
+    if real.is_file() and not real.stat().st_mode & 0o222:  # root may write it: the user said not to
         raise EditError(f"cannot write {path}: it is read-only (chmod u+w it to let the edit write it)")
 
 
