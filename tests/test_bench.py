@@ -476,3 +476,32 @@ def test_help_says_a_second_run_into_the_same_folder_replaces_the_first_s_result
     assert "replaces the bench.json, bench.md and bench.png of an earlier run" in text
     assert "a folder per run keeps each" in text
     assert "replaces FILE" in text
+
+
+def test_a_report_that_cannot_be_written_whole_leaves_the_earlier_one(tmp_path):
+    """save_report wrote bench.json and bench.md with Path.write_text, which empties the file before
+    writing: a full disk (here a file size limit, which fails the same way) left the earlier run's
+    results truncated and this run's half written. Each file is now written whole or not at all."""
+    import subprocess
+    import textwrap
+
+    (tmp_path / "bench.md").write_text("earlier results\n")
+    (tmp_path / "bench.json").write_text('{"earlier": true}\n')
+    script = textwrap.dedent(
+        f"""
+        import resource, signal
+        from pathlib import Path
+        from specserve.bench.runner import save_report
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+        try:
+            save_report(Path({str(tmp_path)!r}), "bench", {{"x": "y" * 500}}, "runs", [], "z" * 500)
+        except OSError as e:
+            print("failed:", e.strerror)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert "failed:" in done.stdout, done.stderr
+    assert (tmp_path / "bench.md").read_text() == "earlier results\n"
+    assert (tmp_path / "bench.json").read_text() == '{"earlier": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md"]

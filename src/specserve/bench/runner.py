@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -33,6 +34,7 @@ from tqdm import tqdm
 
 from ..config import SamplingParams
 from ..edit import build_messages
+from ..edit.files import write_atomic
 from ..hardware import cpu_info
 from . import pyplot
 from .curves import format_curve
@@ -654,12 +656,22 @@ def save_report(
     <stem>.png in `out` (every bench report: scenarios, load, session)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}
-    paths["json"].write_text(json.dumps({"environment": env, key: [as_dict(r) for r in rows]}, indent=2))
-    paths["markdown"].write_text(markdown)
+    # each whole or not at all (a full disk left the earlier run's report truncated)
+    write_atomic(paths["json"], json.dumps({"environment": env, key: [as_dict(r) for r in rows]}, indent=2))
+    write_atomic(paths["markdown"], markdown)
     if chart is not None:
         paths["chart"] = out / f"{stem}.png"
-        chart(paths["chart"])
+        _save_whole(paths["chart"], chart)
     return paths
+
+
+def _save_whole(path: Path, save) -> None:
+    """`save(p)` into a temporary file, then written whole over `path`: an earlier chart stays whole
+    when saving fails."""
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".chart-") as folder:
+        tmp = Path(folder) / path.name
+        save(tmp)
+        write_atomic(path, tmp.read_bytes())
 
 
 def write_results(runs: list[Run], env: dict, out: Path) -> dict[str, Path]:
