@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
@@ -91,3 +94,25 @@ def test_a_dangling_link_at_the_backup_s_name_does_not_stop_the_edit(server, src
     backup.symlink_to(tmp_path / "gone" / "greet.py.bak")
     assert edit_cli(server, src, "--in-place") == 0
     assert src.read_text() == EDITED and not backup.is_symlink() and backup.read_text() == ORIGINAL
+
+
+def test_an_html_report_that_cannot_be_written_whole_leaves_the_earlier_one(server, src, tmp_path):  # noqa: F811
+    """`edit --html` (and bench's and generate's) wrote the report with Path.write_text, which empties
+    the file first: a full disk (here a file size limit, which fails the same way) left the earlier
+    report truncated. It is now written whole or not at all."""
+    report = tmp_path / "edit.html"
+    report.write_text("<p>earlier report</p>\n")
+    script = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        from specserve.cli.main import main
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+        sys.exit(main(["edit", {str(src)!r}, "-i", "Add type hints to greet", "--base-url", {server.base_url!r},
+                       "--html", {str(report)!r}]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert report.read_text() == "<p>earlier report</p>\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edit.html", "greet.py"]

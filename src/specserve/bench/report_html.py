@@ -15,6 +15,7 @@ import difflib
 import html
 from pathlib import Path
 
+from ..edit.files import write_atomic
 from ..engine.detokenize import IncrementalDetokenizer
 from ..engine.stats import RequestOutput
 
@@ -223,5 +224,5 @@ def render_diff_html(prediction: str, text: str, title: str, summary: dict) -> s
 def write_html(path: str | Path, tokenizer, output: RequestOutput, title: str, extra: dict | None = None) -> Path:
     """Render and write the report; returns the path written (used by generate, bench)."""
     path = Path(path)  # its folder was checked before the run: a typo makes no folders
-    path.write_text(render_html(tokenizer, output, title, extra), encoding="utf-8")
+    write_atomic(path, render_html(tokenizer, output, title, extra))  # whole or not at all: a full disk kept no report
     return path

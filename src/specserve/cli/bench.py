@@ -29,6 +29,7 @@ from ..bench.runner import (
     run_bench,
     write_results,
 )
+from ..edit.files import write_atomic
 from .argtypes import positive_int
 from .generate import (
     add_engine_args,
@@ -266,10 +267,10 @@ def write_no_report(path: Path, why: str) -> Path:
     taken for this bench's."""
     from html import escape
 
-    path.write_text(
+    write_atomic(  # whole or not at all
+        path,
         f'<!doctype html><html lang="en"><meta charset="utf-8"><title>specserve bench</title>'
         f"<p>specserve bench: no report: {escape(why)}</p></html>\n",
-        encoding="utf-8",
     )
     return path
 

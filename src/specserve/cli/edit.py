@@ -232,9 +232,8 @@ def run(args) -> int:
     if args.html:
         from ..bench.report_html import render_diff_html
 
-        args.html.write_text(
-            render_diff_html(original, result.code, f"specserve edit: {args.file.name}", summary(result)),
-            encoding="utf-8",
+        write_atomic(  # whole or not at all: a full disk left an earlier report truncated
+            args.html, render_diff_html(original, result.code, f"specserve edit: {args.file.name}", summary(result))
         )
     for k, v in summary(result).items():
         print(f"{k:28s} {v}", file=sys.stderr)
