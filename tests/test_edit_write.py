@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -116,3 +117,38 @@ def test_an_html_report_that_cannot_be_written_whole_leaves_the_earlier_one(serv
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert report.read_text() == "<p>earlier report</p>\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edit.html", "greet.py"]
+
+
+def test_ctrl_c_while_a_hard_linked_file_is_rewritten_leaves_the_whole_new_text(tmp_path, monkeypatch):
+    """A file with other hard links is rewritten where it is (write, then truncate): a Ctrl-C that
+    landed between the two left the new text followed by the old text's tail. The interrupt now
+    waits until the file holds the new text alone, then stops the command."""
+    path, other = tmp_path / "greet.py", tmp_path / "also_greet.py"
+    path.write_text(ORIGINAL + "# a long tail the edit removes\n" * 5)
+    other.hardlink_to(path)
+    real_open = open
+
+    class Interrupted:
+        """The file, with a Ctrl-C arriving just as the write returns."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def write(self, data):
+            n = self.f.write(data)
+            os.kill(os.getpid(), signal.SIGINT)
+            return n
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(files, "open", lambda *a, **k: Interrupted(real_open(*a, **k)), raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_atomic(path, EDITED)
+    assert path.read_text() == EDITED and other.read_text() == EDITED

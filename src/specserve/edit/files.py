@@ -13,10 +13,13 @@ must not overwrite what the user saved meanwhile).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,9 +168,11 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
     if isinstance(data, str):
         data = data.encode("utf-8")
     if real.exists() and real.stat().st_nlink > 1:
-        with open(real, "r+b") as f:
+        with _interrupt_deferred(), open(real, "r+b") as f:
             f.write(data)
             f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
         return
     like = real if real.exists() else mode_of
     mode = like.stat().st_mode & 0o7777 if like is not None and like.exists() else 0o666 & ~_umask()
@@ -201,6 +206,27 @@ def _replace(path: Path, data: bytes, mode: int, owner: os.stat_result | None) -
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _interrupt_deferred():
+    """Hold a Ctrl-C until the block is done, then raise it: a file rewritten where it is must not
+    be left with the new text followed by the old one's tail. (A signal mask would not do: the
+    process's other threads take the signal.) Only the main thread may set a handler, and only
+    there does Python raise KeyboardInterrupt, so elsewhere there is nothing to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, None)  # the handler the user's Ctrl-C was for: KeyboardInterrupt by default
+    elif caught and previous == signal.SIG_DFL:
+        signal.raise_signal(signal.SIGINT)
 
 
 def _keep_owner(fd: int, old: os.stat_result) -> None:
