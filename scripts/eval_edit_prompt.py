@@ -30,6 +30,9 @@ MAX_LINES). The JSON records the Python and Jinja2 versions and each excerpt's s
 whether it measured the same text. Results are appended to a JSONL cache as they come, so an interrupted
 run resumes where it stopped (--cache). Each line keeps the whole answer, and a rerun judges cached answers
 again by the rules of the day (lines written before answers were kept keep their recorded verdicts).
+A (pair, prompt) whose request is byte for byte one already answered, in this run or the cache, takes
+that answer instead of asking the model again (`reuse_identical`: `file-first-hint` asks for any edit
+but a rename exactly as `file-first` does).
 """
 
 from __future__ import annotations
@@ -618,6 +621,37 @@ def keep(done: dict[tuple[str, str], dict], cache: Path, r: dict) -> None:
         f.write(json.dumps(r) + "\n")
 
 
+def reuse_identical(pair: Pair, code: str, prompts: list[str], done: dict, cache: Path) -> int:
+    """Give each prompt of `prompts` not measured on `pair` the answer of a prompt whose request is
+    byte for byte the same (`edit.ask_for`: messages, opening, prediction), from this run or the
+    cache: `file-first-hint` asks for any edit but a rename exactly as `file-first` does, so its
+    answer is that one (up to llama.cpp's default kernels rounding another batch shape otherwise).
+    The copy names its source (`same_request_as`) and goes to the cache. Returns how many."""
+    from specserve.edit import PROMPTS, ask_for
+
+    answered = [name for (p, name) in done if p == pair.name and name in PROMPTS]
+    reused = 0
+    for name in prompts:
+        if (pair.name, name) in done:
+            continue
+        ask = ask_for(code, pair.instruction, "python", name)
+        source = next((o for o in answered if ask_for(code, pair.instruction, "python", o) == ask), None)
+        if source is not None:
+            first = done[(pair.name, source)]
+            keep(done, cache, {**first, "prompt": name, "same_request_as": first.get("same_request_as", source)})
+            reused += 1
+    return reused
+
+
+def distinct_requests(pair: Pair, code: str, todo: list[str]) -> list[str]:
+    """`todo` without the prompts whose request repeats an earlier one's: those take its answer
+    afterwards (`reuse_identical`)."""
+    from specserve.edit import ask_for
+
+    asks = [ask_for(code, pair.instruction, "python", name) for name in todo]
+    return [name for i, name in enumerate(todo) if asks[i] not in asks[:i]]
+
+
 def run_feedback(llm, pairs: list[Pair], codes: dict[str, str], done: dict[tuple[str, str], dict], cache: Path):
     """`specserve edit`'s second request, for every pair whose default-prompt answer the tool
     refuses: that conversation, the answer and what is wrong with it (`edit.feedback_messages`),
@@ -769,8 +803,10 @@ def main(argv: list[str] | None = None) -> int:
     total, n = len(pairs) * len(prompts), 0
     t0 = time.perf_counter()
     for pair in pairs:
-        todo = [name for name in prompts if (pair.name, name) not in done]
-        n += len(prompts) - len(todo)
+        reuse_identical(pair, codes[pair.name], prompts, done, args.cache)
+        pending = [name for name in prompts if (pair.name, name) not in done]
+        n += len(prompts) - len(pending)
+        todo = distinct_requests(pair, codes[pair.name], pending)
         retry_later = args.retry_when_refused and RETRY_PROMPT in todo and len(prompts) > 1
         if retry_later:
             todo.remove(RETRY_PROMPT)
@@ -778,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         firsts = [done.get((pair.name, name)) for name in prompts if name != RETRY_PROMPT]
         if retry_later and any(r is not None and not written_by_the_tool(r) for r in firsts):
             n += run_pair(llm, pair, codes[pair.name], [RETRY_PROMPT], done, args.cache, (n, total, t0))
+        n += reuse_identical(pair, codes[pair.name], prompts, done, args.cache)
         write_report(args.out, llm, pairs, prompts, codes, done)  # a run stopped early still leaves its figures
 
     if DEFAULT_PROMPT in prompts and RETRY_PROMPT in prompts and not args.no_feedback:

@@ -1,0 +1,45 @@
+"""scripts/eval_edit_prompt.py's reuse of answers: a (pair, prompt) whose request is byte for byte
+one already answered takes that answer instead of asking the model again."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location(
+    "eval_edit_prompt", Path(__file__).resolve().parent.parent / "scripts" / "eval_edit_prompt.py"
+)
+ev = sys.modules.setdefault("eval_edit_prompt", importlib.util.module_from_spec(_SPEC))
+_SPEC.loader.exec_module(ev)  # registered first: its dataclasses look their module up
+
+CODE = "def do_longs(opts):\n    return do_shorts(opts)\n\n\ndef main():\n    return do_longs([])\n"
+RENAME = ev.Pair("r", "stdlib:x.py", "do_longs", "rename", "Rename do_longs to parse_long_options.", "do_longs", "p")
+DOC = ev.Pair("d", "stdlib:x.py", "do_longs", "docstring", "Add a docstring to main.", targets=("main",))
+
+
+def _answered(pair: ev.Pair, prompt: str) -> dict:
+    return {"pair": pair.name, "prompt": prompt, "answer": "```python\n...\n```", "well_formed": False}
+
+
+def test_an_identical_request_takes_the_answer_and_names_its_source(tmp_path):
+    cache = tmp_path / "cache.jsonl"
+    done = {("d", "file-first"): _answered(DOC, "file-first")}
+    assert ev.reuse_identical(DOC, CODE, ["file-first-hint"], done, cache) == 1
+    name = "file-first-hint"
+    assert done[("d", name)] == {**_answered(DOC, "file-first"), "prompt": name, "same_request_as": "file-first"}
+    assert [json.loads(line)["prompt"] for line in cache.read_text().splitlines()] == [name]  # a rerun resumes with it
+
+
+def test_a_request_that_differs_is_left_to_the_model(tmp_path):
+    """A rename's hint makes `file-first-hint` ask otherwise than `file-first`."""
+    done = {("r", "file-first"): _answered(RENAME, "file-first")}
+    assert ev.reuse_identical(RENAME, CODE, ["file-first-hint"], done, tmp_path / "c.jsonl") == 0
+    assert set(done) == {("r", "file-first")}
+
+
+def test_one_batch_asks_each_distinct_request_once():
+    both = ["file-first", "file-first-hint", "example"]
+    assert ev.distinct_requests(DOC, CODE, both) == ["file-first", "example"]
+    assert ev.distinct_requests(RENAME, CODE, both) == both
