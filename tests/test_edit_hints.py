@@ -4,7 +4,7 @@ prompt tells the model."""
 from __future__ import annotations
 
 from specserve.edit import ask_for
-from specserve.edit.hints import MAX_LINES, rename_hint
+from specserve.edit.hints import MAX_LINES, MAX_LOOKALIKES, lookalike_names, rename_hint
 from specserve.edit.names import use_lines
 
 PY = '''import re
@@ -109,3 +109,73 @@ def test_specserve_edit_sends_the_hint_by_default():
     assert hint in ask_for(PY, "Rename greet to hello.", "python").messages[-1]["content"]
     other = "Add a docstring to main."
     assert ask_for(PY, other, "python") == ask_for(PY, other, "python", "file-first")
+
+
+GETOPT = """def gnu_getopt(args, shortopts, longopts=[]):
+    if args[0].startswith('--'):
+        opts, args = do_longs(opts, args[0][2:], longopts, args[1:])
+    else:
+        opts, args = do_shorts(opts, args[0][1:], shortopts, args[1:])
+    return opts, args
+
+
+def do_longs(opts, opt, longopts, args):
+    has_arg, opt = long_has_args(opt, longopts)
+    return opts, args
+"""
+
+
+def test_lookalike_names_share_a_word_with_the_old_or_the_new_name():
+    """`do_shorts` shares "do" with `do_longs` (the 1.5B pack renamed it to `parse_shorts`
+    unasked), `long_has_args` shares "long" with `parse_long_options`; `do_shorts` is named though
+    this file only calls it. Keywords, builtins and the two names themselves are never named."""
+    assert lookalike_names(GETOPT, "do_longs", "parse_long_options", "python") == ["do_shorts", "long_has_args"]
+    code = "def what(f):\n    return whathdr(f)\n\n\ndef whathdr(f):\n    return open(f).read()\n"
+    assert lookalike_names(code, "whathdr", "what_header", "python") == ["what"]
+    assert lookalike_names("def _v(m, hue):\n    return m\nv = _v(1, 2)\n", "_v", "_hue_to_channel", "python") == [
+        "hue",
+        "v",
+    ]
+    assert lookalike_names("import os\nn = len(os.sep)\n", "sep", "sep_len", "python") == []  # `len` is a builtin
+
+
+def test_glue_words_and_other_languages_name_nothing():
+    code = "def rgb_to_hls(r):\n    return _v(r)\n\n\ndef _v(x):\n    return x\n"
+    assert lookalike_names(code, "_v", "to_channel", "python") == []  # "to" joins words, it names nothing
+    assert lookalike_names("function doLongs() {}\ndoShorts();\n", "doLongs", "parseLong", "javascript") == []
+
+
+def test_at_most_max_lookalikes_are_named_in_the_order_the_file_uses_them():
+    code = "".join(f"get_{i} = {i}\n" for i in range(MAX_LOOKALIKES + 3)) + "get = get_0\n"
+    assert lookalike_names(code, "get", "fetch", "python") == [f"get_{i}" for i in range(MAX_LOOKALIKES)]
+
+
+def test_the_hint_with_lookalikes_ends_with_the_names_to_leave_alone():
+    plain = rename_hint(GETOPT, "Rename the function do_longs to parse_long_options.", "python")
+    hint = rename_hint(GETOPT, "Rename the function do_longs to parse_long_options.", "python", lookalikes=True)
+    assert hint == plain + "\n`do_shorts` and `long_has_args` are different names: leave them as they are."
+    one = rename_hint(GETOPT, "Rename long_has_args to has_argument.", "python", lookalikes=True)
+    assert one.endswith(
+        "\nline 10: has_arg, opt = long_has_args(opt, longopts)\n"
+        "`args` and `has_arg` are different names: leave them as they are."
+    )
+    one = rename_hint(GETOPT, "Rename has_arg to has_value.", "python", lookalikes=True)
+    assert one.endswith("\n`long_has_args` is a different name: leave it as it is.")
+    assert rename_hint(PY, "Rename greet to hello.", "python", lookalikes=True) == rename_hint(
+        PY, "Rename greet to hello.", "python"
+    )  # no look-alike: the hint as before
+
+
+def test_the_lookalike_prompt_is_the_hint_prompt_but_for_that_line():
+    """`file-first-hint-others` adds only the look-alike line to `file-first-hint`'s request, so
+    where a file has no look-alike (and for every edit but a rename) the two requests are the same."""
+    instruction = "Rename the function do_longs to parse_long_options."
+    others = ask_for(GETOPT, instruction, "python", "file-first-hint-others")
+    hinted = ask_for(GETOPT, instruction, "python", "file-first-hint")
+    hint = rename_hint(GETOPT, instruction, "python")
+    assert others.messages[-1]["content"] == hinted.messages[-1]["content"].replace(
+        hint, rename_hint(GETOPT, instruction, "python", lookalikes=True)
+    )
+    assert others.messages[-1]["content"] != hinted.messages[-1]["content"]
+    for same in ("Rename greet to hello.", "Add a docstring to main."):
+        assert ask_for(PY, same, "python", "file-first-hint-others") == ask_for(PY, same, "python", "file-first-hint")

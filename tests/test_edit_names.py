@@ -6,7 +6,7 @@ rename is not narrowed to part of the file."""
 from __future__ import annotations
 
 from specserve.edit import check_answer, judge_answer
-from specserve.edit.names import dropped_definitions, new_unbound_names, unbound_names
+from specserve.edit.names import dropped_definitions, identifiers, new_unbound_names, unbound_names
 
 FILE = '''import bisect as _b
 
@@ -197,3 +197,11 @@ def test_names_the_original_already_reads_unbound_are_not_blamed_on_the_answer()
     assert unbound_names(injected) == {"X"}
     assert new_unbound_names(injected, injected.replace("def f", "def h")) == []
     assert new_unbound_names(FILE, "def broken(:\n") == []  # a syntax error is reported as such, not here
+
+
+def test_identifiers_are_the_code_names_in_first_use_order_keywords_aside():
+    """Bound here or not, attributes too; not keywords, comments or strings (the rename hint's
+    look-alike names come from these)."""
+    code = 'import os\n\n\ndef f(path):  # a comment names nothing\n    return os.stat(path).st_size or g("h")\n'
+    assert identifiers(code) == ["os", "f", "path", "stat", "st_size", "g"]
+    assert identifiers("def f(:\n  (") == []  # does not tokenize

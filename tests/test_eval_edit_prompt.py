@@ -26,17 +26,23 @@ def _answered(pair: ev.Pair, prompt: str) -> dict:
 def test_an_identical_request_takes_the_answer_and_names_its_source(tmp_path):
     cache = tmp_path / "cache.jsonl"
     done = {("d", "file-first"): _answered(DOC, "file-first")}
-    assert ev.reuse_identical(DOC, CODE, ["file-first-hint"], done, cache) == 1
-    name = "file-first-hint"
-    assert done[("d", name)] == {**_answered(DOC, "file-first"), "prompt": name, "same_request_as": "file-first"}
-    assert [json.loads(line)["prompt"] for line in cache.read_text().splitlines()] == [name]  # a rerun resumes with it
+    assert ev.reuse_identical(DOC, CODE, ["file-first-hint", "file-first-hint-others"], done, cache) == 2
+    for name in ("file-first-hint", "file-first-hint-others"):
+        assert done[("d", name)] == {**_answered(DOC, "file-first"), "prompt": name, "same_request_as": "file-first"}
+    assert [json.loads(line)["prompt"] for line in cache.read_text().splitlines()] == [
+        "file-first-hint",
+        "file-first-hint-others",
+    ]  # kept, so a rerun resumes with them
 
 
 def test_a_request_that_differs_is_left_to_the_model(tmp_path):
-    """A rename's hint makes `file-first-hint` ask otherwise than `file-first`."""
+    """A rename's hint makes `file-first-hint` ask otherwise than `file-first`, and the look-alike
+    line (`do_shorts`) makes `file-first-hint-others` ask otherwise than `file-first-hint`."""
     done = {("r", "file-first"): _answered(RENAME, "file-first")}
     assert ev.reuse_identical(RENAME, CODE, ["file-first-hint"], done, tmp_path / "c.jsonl") == 0
-    assert set(done) == {("r", "file-first")}
+    done = {("r", "file-first-hint"): _answered(RENAME, "file-first-hint")}
+    assert ev.reuse_identical(RENAME, CODE, ["file-first-hint-others"], done, tmp_path / "c.jsonl") == 0
+    assert set(done) == {("r", "file-first-hint")}
 
 
 def test_one_batch_asks_each_distinct_request_once():

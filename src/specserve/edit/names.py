@@ -20,6 +20,7 @@ import ast
 import builtins
 import functools
 import io
+import keyword
 import re
 import tokenize
 from collections.abc import Iterator
@@ -111,6 +112,18 @@ def _binds(node: ast.AST) -> list[str]:
     if type(node).__name__ in ("TypeVar", "ParamSpec", "TypeVarTuple"):  # def f[T](), Python 3.12+
         return [node.name]
     return []
+
+
+def identifiers(code: str) -> list[str]:
+    """Python: the identifiers `code`'s tokens name (variables, functions, parameters, attributes,
+    whether bound here or not), keywords aside, in the order they first appear; [] when it does
+    not tokenize. The rename hint reads it for the file's names that look like a renamed one."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return []
+    names = (t.string for t in tokens if t.type == tokenize.NAME and not keyword.iskeyword(t.string))
+    return list(dict.fromkeys(names))
 
 
 def _annotation_nodes(tree: ast.AST) -> set[int]:

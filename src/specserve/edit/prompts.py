@@ -31,6 +31,7 @@ class EditPrompt:
     examples: tuple[tuple[str, str, str], ...] = ()  # (instruction, file, updated file)
     opens: bool = False  # whether the answer is begun for the model (`opening`)
     hints: bool = False  # whether a rename's instruction is followed by where the name is used (hints.py)
+    lookalikes: bool = False  # whether that hint also names the file's look-alike names, to leave alone
 
     def messages(self, original_code: str, instruction: str, language: str = "") -> list[dict]:
         shots = []
@@ -42,7 +43,7 @@ class EditPrompt:
                 },
                 {"role": "assistant", "content": f"```python\n{after}```"},
             ]
-        hint = rename_hint(original_code, instruction, language) if self.hints else ""
+        hint = rename_hint(original_code, instruction, language, self.lookalikes) if self.hints else ""
         asked = f"{instruction}\n\n{hint}" if hint else instruction
         return [
             {"role": "system", "content": self.system},
@@ -154,6 +155,17 @@ PROMPTS: dict[str, EditPrompt] = {
             "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
             "after this change, in one ```{language} code block, and nothing else.",
             hints=True,
+        ),
+        # `file-first-hint`, whose hint also names the file's other names that look like the old or
+        # the new one (`hints.lookalike_names`: `do_shorts` beside `do_longs`) as names to leave as
+        # they are; where there are none, the request is byte for byte `file-first-hint`'s.
+        EditPrompt(
+            "file-first-hint-others",
+            "You are a coding assistant that edits source files.",
+            "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\nReply with the whole file "
+            "after this change, in one ```{language} code block, and nothing else.",
+            hints=True,
+            lookalikes=True,
         ),
         # A worked example before the request: whole file back, the change made at every use.
         EditPrompt(
