@@ -45,6 +45,21 @@ def test_dict_prompts_are_vllms_text_and_tokens_prompts():
     assert outs[0].token_ids == by_text.token_ids
 
 
+def test_vllms_sampling_params_and_use_tqdm_keywords_are_taken():
+    """A vLLM script calls generate(prompts, sampling_params=..., use_tqdm=False): both were a
+    TypeError. sampling_params is our params under vLLM's name; use_tqdm changes no output."""
+    few = SamplingParams(max_tokens=3)
+    by_position = llm().generate(PROMPT, few).token_ids
+    assert len(by_position) == 3
+    assert llm().generate(PROMPT, sampling_params=few, use_tqdm=False).token_ids == by_position
+    assert [o.token_ids for o in llm().generate([PROMPT], sampling_params=few, use_tqdm=True)] == [by_position]
+    assert llm().chat(CONV, sampling_params=few, use_tqdm=False).token_ids == llm().chat(CONV, few).token_ids
+    for call in (llm().generate, llm().chat):
+        with pytest.raises(InvalidRequestError, match="sampling_params") as e:
+            call(CONV if call == llm().chat else PROMPT, FEW, sampling_params=few)
+        assert e.value.param == "sampling_params"
+
+
 @pytest.mark.parametrize(
     "prompt,words",
     [

@@ -172,6 +172,16 @@ def _per_prompt(value, n: int, what: str, listed: bool) -> list:
     return list(value)
 
 
+def _vllm_params(params, sampling_params):
+    """`params`, or the same under vLLM's keyword `sampling_params` (a vLLM script's
+    `generate(prompts, sampling_params=sp)` was a TypeError); both at once is ambiguous."""
+    if sampling_params is None:
+        return params
+    if params is not None:
+        raise InvalidRequestError("give params or sampling_params (vLLM's name), not both", "sampling_params")
+    return sampling_params
+
+
 class LLM:
     """A target model, an optional draft model, and the speculative engine over them.
 
@@ -521,11 +531,16 @@ class LLM:
         prediction: str | list[int] | None = None,
         speculation: str | SpeculationConfig | None = None,
         guide: GrammarSpec | CompiledGuide | None = None,
+        *,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | Callable = True,
     ) -> RequestOutput | list[RequestOutput]:
         """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list, run
         together (continuous batching, up to max_num_seqs at once; the rest join as others end).
 
-        params / prediction may also be lists, one per prompt."""
+        params / prediction may also be lists, one per prompt. sampling_params: vLLM's name for
+        params. use_tqdm: vLLM's progress-bar switch, taken and unused (no bar is drawn)."""
+        params = _vllm_params(params, sampling_params)
         if _is_batch(prompts):
             n = len(prompts)
             params_each = _per_prompt(params, n, "params", isinstance(params, (list, tuple)))
@@ -547,6 +562,9 @@ class LLM:
         tools: list[dict] | None = None,
         continue_final_message: bool = False,
         add_generation_prompt: bool | None = None,
+        *,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | Callable = True,
     ) -> RequestOutput | list[RequestOutput]:
         """Apply the target's chat template (with `tools` when given), then generate.
 
@@ -554,7 +572,9 @@ class LLM:
         together as `generate([...])` runs prompts (params / prediction may be lists, one each).
         continue_final_message: go on writing the last (assistant) message rather than answer it.
         add_generation_prompt (vLLM's): accepted where it agrees, as the server takes it: True
-        without continue_final_message, False with it (exactly one of the two opens the answer)."""
+        without continue_final_message, False with it (exactly one of the two opens the answer).
+        sampling_params / use_tqdm: as in `generate`."""
+        params = _vllm_params(params, sampling_params)
         go_on = _continues(continue_final_message, add_generation_prompt)
         if _is_conversations(messages):
             prompts = [self.apply_chat_template(m, tools, go_on) for m in messages]
