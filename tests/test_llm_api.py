@@ -4,6 +4,7 @@ however it ends (an interrupt, close(), a `with` block)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -169,6 +170,23 @@ def test_chat_takes_vllms_add_generation_prompt_where_it_agrees():
         with pytest.raises(InvalidRequestError, match="add_generation_prompt") as e:
             llm().chat(CONV[:3], FEW, **kw)
         assert e.value.param == "add_generation_prompt"
+
+
+def test_chat_template_kwargs_reach_the_template_as_at_vllm():
+    """vLLM's chat(..., chat_template_kwargs={...}) hands extra variables to the template (as
+    enable_thinking): it was a TypeError. Keys that are the renderer's own arguments are refused."""
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = "{% if lang %}[{{ lang }}]{% endif %}" + tok.chat_template
+    model = LLM.from_models(tiny_model(), tok, speculation="none")
+    plain = model.apply_chat_template(CONV)
+    marked = model.apply_chat_template(CONV, chat_template_kwargs={"lang": "py"})
+    assert marked[: len(model.encode("[py]"))] == model.encode("[py]") and marked[len(model.encode("[py]")) :] == plain
+    out = model.chat([CONV, CONV[:2]], FEW, chat_template_kwargs={"lang": "py"})
+    assert out[0].prompt_token_ids == marked
+    for bad, words in (("py", "must be a dict"), ({"tools": []}, "tools"), ({1: 2}, "string keys")):
+        with pytest.raises(InvalidRequestError, match=words) as e:
+            model.chat(CONV, FEW, chat_template_kwargs=bad)
+        assert e.value.param == "chat_template_kwargs"
 
 
 @pytest.mark.parametrize(

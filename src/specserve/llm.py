@@ -172,6 +172,49 @@ def _per_prompt(value, n: int, what: str, listed: bool) -> list:
     return list(value)
 
 
+# apply_chat_template's own arguments: given again in chat_template_kwargs they were a TypeError
+# from transformers ("got multiple values") or overrode what this API sets.
+_RENDERER_ARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def _check_template_kwargs(kwargs) -> dict:
+    """vLLM's chat_template_kwargs: extra variables for the chat template (as enable_thinking), a
+    dict with string keys that are not the renderer's own arguments. {} when None."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise InvalidRequestError(
+            f"chat_template_kwargs must be a dict, got {type(kwargs).__name__}", "chat_template_kwargs"
+        )
+    if not all(isinstance(k, str) for k in kwargs):
+        raise InvalidRequestError("chat_template_kwargs needs string keys", "chat_template_kwargs")
+    clash = sorted(set(kwargs) & _RENDERER_ARGS)
+    if clash:
+        raise InvalidRequestError(
+            f"chat_template_kwargs may not set {', '.join(clash)}: give it as the argument of that name",
+            "chat_template_kwargs",
+        )
+    return dict(kwargs)
+
+
 def _vllm_params(params, sampling_params):
     """`params`, or the same under vLLM's keyword `sampling_params` (a vLLM script's
     `generate(prompts, sampling_params=sp)` was a TypeError); both at once is ambiguous."""
@@ -394,7 +437,11 @@ class LLM:
         return self.prompt_ids(ids)
 
     def apply_chat_template(
-        self, messages: list[dict], tools: list[dict] | None = None, continue_final_message: bool = False
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[int]:
         """The target's chat template with the assistant turn opened, as token ids.
 
@@ -402,7 +449,9 @@ class LLM:
         a system message when the template has no tools support (see chat.py).
         continue_final_message: the last message is an assistant turn the model goes on writing
         (an answer begun for it, as vLLM's parameter of that name): its text is not closed, and
-        no new turn is opened."""
+        no new turn is opened.
+        chat_template_kwargs: extra variables for the template (vLLM's argument of that name)."""
+        extra = _check_template_kwargs(chat_template_kwargs)
         if not messages:
             raise InvalidRequestError("messages must not be empty")
         _check_messages(messages)
@@ -424,6 +473,7 @@ class LLM:
                 add_generation_prompt=not continue_final_message,
                 continue_final_message=continue_final_message,
                 tokenize=False,
+                **extra,
             )
         else:  # base models: plain role-prefixed transcript
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
@@ -562,6 +612,7 @@ class LLM:
         tools: list[dict] | None = None,
         continue_final_message: bool = False,
         add_generation_prompt: bool | None = None,
+        chat_template_kwargs: dict | None = None,
         *,
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool | Callable = True,
@@ -573,11 +624,12 @@ class LLM:
         continue_final_message: go on writing the last (assistant) message rather than answer it.
         add_generation_prompt (vLLM's): accepted where it agrees, as the server takes it: True
         without continue_final_message, False with it (exactly one of the two opens the answer).
+        chat_template_kwargs (vLLM's): extra variables for the chat template.
         sampling_params / use_tqdm: as in `generate`."""
         params = _vllm_params(params, sampling_params)
         go_on = _continues(continue_final_message, add_generation_prompt)
         if _is_conversations(messages):
-            prompts = [self.apply_chat_template(m, tools, go_on) for m in messages]
+            prompts = [self.apply_chat_template(m, tools, go_on, chat_template_kwargs) for m in messages]
             return self.generate(prompts, params, prediction, speculation, guide)
-        prompt = self.apply_chat_template(messages, tools, go_on)
+        prompt = self.apply_chat_template(messages, tools, go_on, chat_template_kwargs)
         return self.generate(prompt, params, prediction, speculation, guide)
