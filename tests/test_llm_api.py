@@ -61,6 +61,15 @@ def test_vllms_sampling_params_and_use_tqdm_keywords_are_taken():
         assert e.value.param == "sampling_params"
 
 
+def test_an_empty_list_of_prompts_is_an_empty_list_of_outputs():
+    """vLLM's generate([]) returns []: ours read the list as one prompt of no token ids and
+    raised "the prompt is empty". A batch built by a filter may well come out empty."""
+    assert llm().generate([], FEW) == []
+    assert llm().generate((), FEW, use_tqdm=False) == []
+    with pytest.raises(InvalidRequestError, match="empty"):
+        llm().generate({"prompt_token_ids": []}, FEW)  # one prompt of no tokens is still refused
+
+
 @pytest.mark.parametrize(
     "prompt,words",
     [

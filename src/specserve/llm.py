@@ -588,9 +588,12 @@ class LLM:
         """One prompt (text or token ids) -> one RequestOutput; a list of prompts -> a list, run
         together (continuous batching, up to max_num_seqs at once; the rest join as others end).
 
-        params / prediction may also be lists, one per prompt. sampling_params: vLLM's name for
+        params / prediction may also be lists, one per prompt; an empty list gives []. sampling_params: vLLM's name for
         params. use_tqdm: vLLM's progress-bar switch, taken and unused (no bar is drawn)."""
         params = _vllm_params(params, sampling_params)
+        if isinstance(prompts, (list, tuple)) and not prompts:  # vLLM's: no prompts, no outputs
+            self._check_open()
+            return []
         if _is_batch(prompts):
             n = len(prompts)
             params_each = _per_prompt(params, n, "params", isinstance(params, (list, tuple)))
