@@ -12,6 +12,7 @@ from tiny import save_tiny, tiny_model, tiny_tokenizer
 from tiny_gguf import write_tiny_gguf
 
 from specserve import LLM, SamplingParams
+from specserve.config import LoadOptions
 from specserve.errors import InvalidRequestError
 
 PROMPT = "def add(a, b):"
@@ -68,6 +69,15 @@ def test_an_empty_list_of_prompts_is_an_empty_list_of_outputs():
     assert llm().generate((), FEW, use_tqdm=False) == []
     with pytest.raises(InvalidRequestError, match="empty"):
         llm().generate({"prompt_token_ids": []}, FEW)  # one prompt of no tokens is still refused
+
+
+def test_vllms_dtype_auto_is_our_default_choice(smol_gguf):
+    """dtype="auto" is vLLM's default and what its scripts write: it was refused as an unknown
+    dtype. It now means what leaving dtype out means (a .gguf file stays on llama.cpp)."""
+    assert LoadOptions(dtype="auto") == LoadOptions()
+    with LLM(model=str(smol_gguf), dtype="auto", speculation="none") as model:
+        assert model.backend_name == "llama.cpp"
+        assert model.generate(PROMPT, SamplingParams(max_tokens=2)).finish_reason == "length"
 
 
 @pytest.mark.parametrize(

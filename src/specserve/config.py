@@ -329,8 +329,8 @@ class LoadOptions:
 
     backend: "auto" (a GGUF pack or .gguf file on llama.cpp unless a torch dtype is asked for;
     HF folders and hub ids on transformers), "llama.cpp" or "transformers".
-    dtype: torch dtype name, transformers only (None: bfloat16 there; llama.cpp runs the GGUF's
-    own weights). default_dtype: the torch dtype when `dtype` is None (it does not steer the
+    dtype: torch dtype name, transformers only (None or vLLM's "auto": bfloat16 there; llama.cpp
+    runs the GGUF's own weights). default_dtype: the torch dtype when `dtype` is None (it does not steer the
     backend choice). threads: llama.cpp CPU threads (None: every core this process may use).
     exact: llama.cpp's batch-invariant kernels, so that greedy speculation reproduces plain
     decoding bit for bit on quantized weights too, at about half the verification throughput
@@ -349,6 +349,8 @@ class LoadOptions:
     gpu_layers: int | None = None
 
     def __post_init__(self) -> None:
+        if self.dtype == "auto":  # vLLM's default, as its scripts spell it: our default choice
+            object.__setattr__(self, "dtype", None)
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.threads is not None and self.threads < 1:
