@@ -80,6 +80,16 @@ def test_vllms_dtype_auto_is_our_default_choice(smol_gguf):
         assert model.generate(PROMPT, SamplingParams(max_tokens=2)).finish_reason == "length"
 
 
+def test_vllms_max_model_len_is_our_max_context(smol_gguf):
+    """LLM(max_model_len=...) is how a vLLM script caps the context: it was a TypeError. It is
+    max_context under vLLM's name; both at once are refused by name."""
+    with LLM(model=str(smol_gguf), max_model_len=512, speculation="none") as model:
+        assert model.max_context == 512
+    with pytest.raises(InvalidRequestError, match="max_model_len") as e:
+        LLM(model=str(smol_gguf), max_model_len=512, max_context=1024, speculation="none")
+    assert e.value.param == "max_model_len"
+
+
 @pytest.mark.parametrize(
     "prompt,words",
     [

@@ -215,6 +215,15 @@ def _check_template_kwargs(kwargs) -> dict:
     return dict(kwargs)
 
 
+def _vllm_context(max_context: int | None, max_model_len: int | None) -> int | None:
+    """max_context, or the same under vLLM's name `max_model_len` (it was a TypeError)."""
+    if max_model_len is None:
+        return max_context
+    if max_context is not None:
+        raise InvalidRequestError("give max_context or max_model_len (vLLM's name), not both", "max_model_len")
+    return max_model_len
+
+
 def _vllm_params(params, sampling_params):
     """`params`, or the same under vLLM's keyword `sampling_params` (a vLLM script's
     `generate(prompts, sampling_params=sp)` was a TypeError); both at once is ambiguous."""
@@ -242,6 +251,7 @@ class LLM:
     they share (see config.EngineLimits); `generate([...])` and the server batch up to that.
     speculative_config: vLLM's dict ({"method": "ngram", "num_speculative_tokens": 5,
     "prompt_lookup_max": 4} or {"model": draft, ...}), instead of draft_model and speculation.
+    max_model_len: vLLM's name for max_context.
     """
 
     def __init__(
@@ -261,8 +271,10 @@ class LLM:
         options: LoadOptions | None = None,
         limits: EngineLimits | None = None,
         speculative_config: dict | None = None,
+        max_model_len: int | None = None,
     ):
         draft_model, speculation = _vllm_speculation(speculative_config, draft_model, speculation)
+        max_context = _vllm_context(max_context, max_model_len)
         options = options or LoadOptions(
             backend=backend,
             dtype=dtype,
