@@ -218,6 +218,18 @@ def test_chat_template_kwargs_reach_the_template_as_at_vllm():
         assert e.value.param == "chat_template_kwargs"
 
 
+def test_chat_template_kwargs_for_a_model_without_a_template_are_refused():
+    """A base model without a chat template gets a plain transcript, which has no variables:
+    its chat_template_kwargs were dropped without a word, so an answer ignored what they asked."""
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = None
+    model = LLM.from_models(tiny_model(), tok, speculation="none")
+    assert model.chat(CONV, FEW).finish_reason == "length"
+    with pytest.raises(InvalidRequestError, match="no chat template") as e:
+        model.chat(CONV, FEW, chat_template_kwargs={"lang": "py"})
+    assert e.value.param == "chat_template_kwargs"
+
+
 @pytest.mark.parametrize(
     "tools,words",
     [

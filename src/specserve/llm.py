@@ -474,6 +474,10 @@ class LLM:
                 "continue_final_message needs the last message to be the assistant's", "continue_final_message"
             )
         template = getattr(self.tokenizer, "chat_template", None)
+        if extra and not template:  # the plain transcript below has no variables to set
+            raise InvalidRequestError(
+                "chat_template_kwargs: this model has no chat template to give them to", "chat_template_kwargs"
+            )
         if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
             messages = template_messages(messages, tools, template)
         native = tools if tools and template and template_supports_tools(template) else None
