@@ -230,6 +230,21 @@ def test_chat_template_kwargs_for_a_model_without_a_template_are_refused():
     assert e.value.param == "chat_template_kwargs"
 
 
+def test_chat_takes_vllms_chat_template_in_place_of_the_models():
+    """vLLM's chat(..., chat_template=...) renders with the template given: it was a TypeError.
+    It also gives a model without a template one; a template that is not text is refused."""
+    joined = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+    out = llm().chat(CONV, FEW, chat_template=joined)
+    assert out.prompt_token_ids == llm().encode("be brief|hi|hello|add two numbers|")
+    tok = copy.deepcopy(tiny_tokenizer())
+    tok.chat_template = None
+    bare = LLM.from_models(tiny_model(), tok, speculation="none")
+    assert bare.chat([CONV], FEW, chat_template=joined)[0].prompt_token_ids == out.prompt_token_ids
+    with pytest.raises(InvalidRequestError, match="chat_template must be") as e:
+        llm().chat(CONV, FEW, chat_template=["x"])
+    assert e.value.param == "chat_template"
+
+
 @pytest.mark.parametrize(
     "tools,words",
     [

@@ -215,6 +215,15 @@ def _check_template_kwargs(kwargs) -> dict:
     return dict(kwargs)
 
 
+def _given_template(template) -> str | None:
+    """vLLM's chat_template argument: a Jinja template in place of the model's (None: the model's)."""
+    if template is None or (isinstance(template, str) and template):
+        return template
+    raise InvalidRequestError(
+        f"chat_template must be a Jinja template (text), got {type(template).__name__}", "chat_template"
+    )
+
+
 def _vllm_context(max_context: int | None, max_model_len: int | None) -> int | None:
     """max_context, or the same under vLLM's name `max_model_len` (it was a TypeError)."""
     if max_model_len is None:
@@ -454,6 +463,7 @@ class LLM:
         tools: list[dict] | None = None,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
+        chat_template: str | None = None,
     ) -> list[int]:
         """The target's chat template with the assistant turn opened, as token ids.
 
@@ -462,7 +472,8 @@ class LLM:
         continue_final_message: the last message is an assistant turn the model goes on writing
         (an answer begun for it, as vLLM's parameter of that name): its text is not closed, and
         no new turn is opened.
-        chat_template_kwargs: extra variables for the template (vLLM's argument of that name)."""
+        chat_template_kwargs: extra variables for the template (vLLM's argument of that name).
+        chat_template: a Jinja template used in place of the model's (vLLM's argument)."""
         extra = _check_template_kwargs(chat_template_kwargs)
         if not messages:
             raise InvalidRequestError("messages must not be empty")
@@ -473,7 +484,7 @@ class LLM:
             raise InvalidRequestError(
                 "continue_final_message needs the last message to be the assistant's", "continue_final_message"
             )
-        template = getattr(self.tokenizer, "chat_template", None)
+        template = _given_template(chat_template) or getattr(self.tokenizer, "chat_template", None)
         if extra and not template:  # the plain transcript below has no variables to set
             raise InvalidRequestError(
                 "chat_template_kwargs: this model has no chat template to give them to", "chat_template_kwargs"
@@ -489,6 +500,7 @@ class LLM:
                 add_generation_prompt=not continue_final_message,
                 continue_final_message=continue_final_message,
                 tokenize=False,
+                chat_template=template,
                 **extra,
             )
         else:  # base models: plain role-prefixed transcript
@@ -632,6 +644,7 @@ class LLM:
         continue_final_message: bool = False,
         add_generation_prompt: bool | None = None,
         chat_template_kwargs: dict | None = None,
+        chat_template: str | None = None,
         *,
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool | Callable = True,
@@ -644,11 +657,12 @@ class LLM:
         add_generation_prompt (vLLM's): accepted where it agrees, as the server takes it: True
         without continue_final_message, False with it (exactly one of the two opens the answer).
         chat_template_kwargs (vLLM's): extra variables for the chat template.
+        chat_template (vLLM's): a Jinja template used in place of the model's.
         sampling_params / use_tqdm: as in `generate`."""
         params = _vllm_params(params, sampling_params)
         go_on = _continues(continue_final_message, add_generation_prompt)
         if _is_conversations(messages):
-            prompts = [self.apply_chat_template(m, tools, go_on, chat_template_kwargs) for m in messages]
+            prompts = [self.apply_chat_template(m, tools, go_on, chat_template_kwargs, chat_template) for m in messages]
             return self.generate(prompts, params, prediction, speculation, guide)
-        prompt = self.apply_chat_template(messages, tools, go_on, chat_template_kwargs)
+        prompt = self.apply_chat_template(messages, tools, go_on, chat_template_kwargs, chat_template)
         return self.generate(prompt, params, prediction, speculation, guide)
