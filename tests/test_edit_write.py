@@ -152,3 +152,22 @@ def test_ctrl_c_while_a_hard_linked_file_is_rewritten_leaves_the_whole_new_text(
     with pytest.raises(KeyboardInterrupt):
         files.write_atomic(path, EDITED)
     assert path.read_text() == EDITED and other.read_text() == EDITED
+
+
+@pytest.mark.parametrize("where", [["--in-place"], ["--output", "NEW"]])
+def test_a_write_that_fails_names_the_file_it_could_not_write(server, src, tmp_path, monkeypatch, capsys, where):  # noqa: F811
+    """A full disk while the edit was written said only "[Errno 28] No space left on device": the
+    user could not tell which file, nor that theirs was left as it was. The one line names the file
+    that could not be written and the reason; the user's file keeps its text."""
+    dest = tmp_path / "greet_new.py"
+    args = [str(dest) if a == "NEW" else a for a in where]
+
+    def full_disk(path, data, mode, owner):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "_replace", full_disk)
+    assert edit_cli(server, src, *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    target = src if where == ["--in-place"] else dest
+    assert err.startswith("specserve: error: cannot write ") and str(target.name) in err, err
+    assert "No space left on device" in err and src.read_text() == ORIGINAL

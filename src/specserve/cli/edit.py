@@ -312,11 +312,16 @@ def _refuse_unless_usable(args, result: EditResult, verdict: Verdict | None, pro
 
 
 def _write(args, source, code: str, dest: Path) -> None:
-    """Write the edit: in place with a backup, over FILE itself (--output FILE), or to a new file."""
-    if args.in_place:
-        write_in_place(source, code, backup_path(args.file))
-    elif _same_file(dest, args.file):  # --output FILE itself: what the user saved meanwhile still wins
-        write_in_place(source, code)
-    else:
-        write_atomic(dest, source.encode(code), mode_of=args.file)
+    """Write the edit: in place with a backup, over FILE itself (--output FILE), or to a new file.
+    A write the system refuses (a full disk) is one line naming the file: the bare OS error said
+    neither which file nor why the edit stopped."""
+    try:
+        if args.in_place:
+            write_in_place(source, code, backup_path(args.file))
+        elif _same_file(dest, args.file):  # --output FILE itself: what the user saved meanwhile still wins
+            write_in_place(source, code)
+        else:
+            write_atomic(dest, source.encode(code), mode_of=args.file)
+    except OSError as e:
+        raise EditError(f"cannot write {e.filename or dest}: {e.strerror or e}") from None
     print(f"wrote {dest}" + (f" (backup: {backup_path(args.file).name})" if args.in_place else ""), file=sys.stderr)
