@@ -510,8 +510,6 @@ class LookedUp:
     is prepared on its replica's one prep thread, and under Ray each store read waits on the store's
     actor (up to 15 s): read there, one slow read held up every request prepared after it."""
 
-    blocking = False
-
     def __init__(self, store: ResponseStore, req: ResponsesRequest):
         self.previous = previous = req.previous_response_id
         chained = previous is not None and req.store is not False  # its answer lists the previous one's items
@@ -631,11 +629,9 @@ class ResponsesDialect(Dialect):
         self.store = store or ResponseStore()
         self.blocking = self.store.blocking  # response() and finish_chunks() put the answer there
 
-    def prepare(self, req, llm) -> Prepared:
-        return prepare_responses(req, llm, self.store)
-
     async def preparer(self, req):
-        """prepare, over what it reads from the store read first when the store blocks (`looked_up`)."""
+        """`prepare_responses`, over what it reads from the store read first when the store blocks
+        (`looked_up`); there is no `prepare` here, as every store read goes through this."""
         return functools.partial(prepare_responses, store=await looked_up(self.store, req))
 
     def param(self, name: str | None) -> str | None:
