@@ -224,23 +224,15 @@ def _given_template(template) -> str | None:
     )
 
 
-def _vllm_context(max_context: int | None, max_model_len: int | None) -> int | None:
-    """max_context, or the same under vLLM's name `max_model_len` (it was a TypeError)."""
-    if max_model_len is None:
-        return max_context
-    if max_context is not None:
-        raise InvalidRequestError("give max_context or max_model_len (vLLM's name), not both", "max_model_len")
-    return max_model_len
-
-
-def _vllm_params(params, sampling_params):
-    """`params`, or the same under vLLM's keyword `sampling_params` (a vLLM script's
-    `generate(prompts, sampling_params=sp)` was a TypeError); both at once is ambiguous."""
-    if sampling_params is None:
-        return params
-    if params is not None:
-        raise InvalidRequestError("give params or sampling_params (vLLM's name), not both", "sampling_params")
-    return sampling_params
+def _vllm_alias(ours, theirs, our_name: str, their_name: str):
+    """An argument given under our name or under vLLM's (`max_model_len` for max_context,
+    `sampling_params` for params: a vLLM script's keyword was a TypeError); both at once is
+    ambiguous, an error naming vLLM's."""
+    if theirs is None:
+        return ours
+    if ours is not None:
+        raise InvalidRequestError(f"give {our_name} or {their_name} (vLLM's name), not both", their_name)
+    return theirs
 
 
 class LLM:
@@ -283,7 +275,7 @@ class LLM:
         max_model_len: int | None = None,
     ):
         draft_model, speculation = _vllm_speculation(speculative_config, draft_model, speculation)
-        max_context = _vllm_context(max_context, max_model_len)
+        max_context = _vllm_alias(max_context, max_model_len, "max_context", "max_model_len")
         options = options or LoadOptions(
             backend=backend,
             dtype=dtype,
@@ -618,7 +610,7 @@ class LLM:
 
         params / prediction may also be lists, one per prompt; an empty list gives []. sampling_params: vLLM's name for
         params. use_tqdm: vLLM's progress-bar switch, taken and unused (no bar is drawn)."""
-        params = _vllm_params(params, sampling_params)
+        params = _vllm_alias(params, sampling_params, "params", "sampling_params")
         if isinstance(prompts, (list, tuple)) and not prompts:  # vLLM's: no prompts, no outputs
             self._check_open()
             return []
@@ -659,7 +651,7 @@ class LLM:
         chat_template_kwargs (vLLM's): extra variables for the chat template.
         chat_template (vLLM's): a Jinja template used in place of the model's.
         sampling_params / use_tqdm: as in `generate`."""
-        params = _vllm_params(params, sampling_params)
+        params = _vllm_alias(params, sampling_params, "params", "sampling_params")
         go_on = _continues(continue_final_message, add_generation_prompt)
         if _is_conversations(messages):
             prompts = [self.apply_chat_template(m, tools, go_on, chat_template_kwargs, chat_template) for m in messages]
