@@ -533,7 +533,7 @@ class Server:
         except APIError as e:  # headers are sent: the error travels as an SSE event
             if job.settle(e.status) == 499:
                 return
-            yield dialect.sse(dialect.error_event(ctx, e))
+            yield dialect.sse(await off_loop(dialect.blocking, dialect.error_event, ctx, e))  # it may store it
             yield dialect.done_line
         except ClientGone:
             job.settle(499)
@@ -543,7 +543,7 @@ class Server:
             if job.settle(500) == 499:
                 return
             bug = APIError(500, f"internal error: {type(e).__name__}", "server_error", code="internal_error")
-            yield dialect.sse(dialect.error_event(ctx, bug))
+            yield dialect.sse(await off_loop(dialect.blocking, dialect.error_event, ctx, bug))
             yield dialect.done_line
 
     # -- small endpoints ------------------------------------------------------------------------

@@ -90,8 +90,8 @@ class Dialect:
     name = ""
     request_model: type[_Common]
     id_prefix = ""
-    # whether response() and finish_chunks() may wait on another process (a store shared by the Ray
-    # replicas): the app then builds a finished answer off its event loop (store_calls.py)
+    # whether response(), finish_chunks() and error_event() may wait on another process (a store shared
+    # by the Ray replicas): the app then builds a finished or failed answer off its event loop (store_calls.py)
     blocking = False
 
     def prepare(self, req, llm) -> Prepared:

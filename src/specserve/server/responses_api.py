@@ -12,10 +12,11 @@ usage as `input_tokens` / `output_tokens`. Streams are typed server-sent events
 (`response.created` ... `response.output_text.delta` ... `response.completed`), each with its
 `sequence_number`, and no `[DONE]` line.
 
-Finished responses are kept in memory (`ResponseStore`, least recently used first out, bounded
-in size) unless `store` is false: `previous_response_id` continues one (its conversation, not
-its instructions, as OpenAI does), an `item_reference` input item sends one of its output items
-back by id, and `GET` / `DELETE /v1/responses/{id}` read or drop one.
+Finished responses, and a stream's response that failed (as its `response.failed` showed it), are
+kept in memory (`ResponseStore`, least recently used first out, bounded in size) unless `store` is
+false: `previous_response_id` continues one (its conversation, not its instructions, as OpenAI
+does), an `item_reference` input item sends one of its output items back by id, and `GET` /
+`DELETE /v1/responses/{id}` read or drop one.
 They live in one server process (the Ray replicas share one, ray_serve.SharedResponseStore) and
 are gone after a restart; `conversation` objects,
 background responses and stored prompt templates (`prompt`) are refused.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ from .schemas import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
 from .store_calls import off_loop
 from .tools import ToolCall, parse_tool_calls
 
+log = logging.getLogger("specserve.server.responses_api")
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the `include` entry that asks for output_text logprobs
 # OpenAI's `include` values (the SDK's ResponseIncludable); all but the logprobs name items this server never writes
@@ -627,7 +630,7 @@ class ResponsesDialect(Dialect):
 
     def __init__(self, store: ResponseStore | None = None):
         self.store = store or ResponseStore()
-        self.blocking = self.store.blocking  # response() and finish_chunks() put the answer there
+        self.blocking = self.store.blocking  # response(), finish_chunks() and error_event() put the answer there
 
     async def preparer(self, req):
         """`prepare_responses`, over what it reads from the store read first when the store blocks
@@ -702,9 +705,15 @@ class ResponsesDialect(Dialect):
     def error_event(self, ctx: ResponsesContext, e: APIError) -> dict:
         """A failure after the first event: `response.failed`, the response with status "failed",
         its `error` and the text streamed so far, as OpenAI ends a stream whose response failed
-        (the SDK's stream helper and agents wait for that lifecycle event, not a bare `error`)."""
+        (the SDK's stream helper and agents wait for that lifecycle event, not a bare `error`).
+        That response is kept as sent (unless store is false), as OpenAI keeps a failed one: the
+        client saw its id in `response.created`, and GET or previous_response_id find it."""
         items = [_message(ctx, ctx.text, "incomplete")] if ctx.opened else []
         body = {**self.body(ctx, None, items), "status": "failed", "error": _response_error(e)}
+        try:
+            self._remember(ctx, body)
+        except Exception:  # noqa: BLE001 - a store that fails too (a Ray actor gone) must not lose this event
+            log.exception("the failed response %s could not be kept", ctx.id)
         return ctx.event("response.failed", response=body)
 
     def opening_chunks(self, ctx) -> list[dict]:
