@@ -4,6 +4,11 @@ A stream whose response fails after `response.created` (an engine fault here) en
 `response.failed`, and with `store` on that response is kept as its last event showed it: status
 `failed`, its `error` and the text streamed so far, so that the id the client saw is found by
 `GET /v1/responses/{id}` (it was a 404) and can be continued. With `store: false` nothing is kept.
+
+A stream its client hung up on is stopped (the engine drops it) and not kept, as at OpenAI, where
+closing a stream that is not `background` ends its generation and a later GET of its id is a 404
+(community.openai.com/t/responses-api-reconnect-to-a-streaming-response/1362217); only a
+`background` response survives its client, and this server refuses those.
 In-process on a tiny model whose target backend can be made to fail (server/faults.py).
 """
 
@@ -16,6 +21,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 from openai.types.responses import Response
+from server_proc import metric_value
+from starlette.requests import ClientDisconnect
 from tiny import tiny_model, tiny_tokenizer
 
 from specserve.backends.transformers import TransformersBackend
@@ -125,3 +132,48 @@ def test_a_store_that_fails_too_still_lets_the_stream_end_with_response_failed()
         failed = failed_stream(client, backend)[-1]["response"]
         assert failed["status"] == "failed" and "injected" in failed["error"]["message"]
         assert store.puts_on_loop == [False]
+
+
+async def _asgi(app, method: str, path: str, body: dict | None, hang_up: asyncio.Event | None = None) -> list[dict]:
+    """One request through the app's ASGI interface: what it sent. `hang_up`: the client leaves
+    once that is set (and nothing it is sent from then on reaches it)."""
+    sent, request = [], [{"type": "http.request", "body": json.dumps(body).encode() if body else b""}]
+
+    async def receive() -> dict:
+        if request:
+            return request.pop()
+        await (hang_up.wait() if hang_up else asyncio.Event().wait())
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        if hang_up is not None and hang_up.is_set():
+            raise OSError("the client is gone")
+        sent.append(message)
+        if hang_up is not None and b"response.output_text.delta" in message.get("body", b""):
+            hang_up.set()  # it read the first text, then hung up
+
+    headers = [(b"content-type", b"application/json")]
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": method, "path": path}
+    with contextlib.suppress(OSError, ClientDisconnect):  # what Starlette raises when a send fails
+        await app({**scope, "headers": headers, "query_string": b""}, receive, send)
+    return sent
+
+
+def test_a_stream_its_client_hung_up_on_is_not_kept():
+    backend = FaultyBackend(TransformersBackend(tiny_model("qwen2", 0), max_sequences=3))
+    app = create_app(LLM.from_backends(backend, tiny_tokenizer(), name=MODEL, speculation="none"), MODEL)
+
+    async def run() -> tuple[str, int]:
+        app.state.server.start()  # what the app's lifespan does
+        try:
+            body = {**STREAM, "max_output_tokens": 400, "ignore_eos": True}
+            sent = await _asgi(app, "POST", "/v1/responses", body, asyncio.Event())
+            created = json.loads(sent[1]["body"].split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]
+            got = await _asgi(app, "GET", f"/v1/responses/{created['id']}", None)
+            return created["status"], got[0]["status"]
+        finally:
+            app.state.server.stop()
+
+    assert asyncio.run(run()) == ("in_progress", 404)
+    text = app.state.server.metrics.render()[0].decode()
+    assert metric_value(text, "specserve_requests_total", endpoint="responses", status="499") == 1  # it hung up

@@ -14,9 +14,10 @@ usage as `input_tokens` / `output_tokens`. Streams are typed server-sent events
 
 Finished responses, and a stream's response that failed (as its `response.failed` showed it), are
 kept in memory (`ResponseStore`, least recently used first out, bounded in size) unless `store` is
-false: `previous_response_id` continues one (its conversation, not its instructions, as OpenAI
-does), an `item_reference` input item sends one of its output items back by id, and `GET` /
-`DELETE /v1/responses/{id}` read or drop one.
+false (a stream its client hung up on is not, nor is it at OpenAI): `previous_response_id`
+continues one (its conversation, not its instructions, as OpenAI does), an `item_reference` input
+item sends one of its output items back by id, and `GET` / `DELETE /v1/responses/{id}` read or
+drop one.
 They live in one server process (the Ray replicas share one, ray_serve.SharedResponseStore) and
 are gone after a restart; `conversation` objects,
 background responses and stored prompt templates (`prompt`) are refused.
