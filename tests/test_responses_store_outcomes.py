@@ -105,6 +105,19 @@ def test_a_failed_stream_sent_with_store_false_is_not_kept(served):
     assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found"
 
 
+def test_a_finished_stream_sent_with_store_false_is_not_kept(served):
+    """Nor can it be continued: previous_response_id on it is the 400 of an unknown id."""
+    client, _ = served
+    with client.stream("POST", "/v1/responses", json={**STREAM, "max_output_tokens": 4, "store": False}) as r:
+        lines = list(r.iter_lines())
+    done = json.loads(next(line for line in reversed(lines) if line.startswith("data: "))[len("data: ") :])
+    assert done["type"] in ("response.completed", "response.incomplete") and done["response"]["store"] is False
+    assert client.get(f"/v1/responses/{done['response']['id']}").status_code == 404
+    more = {"model": MODEL, "input": "go on", "previous_response_id": done["response"]["id"]}
+    r = client.post("/v1/responses", json=more)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
+
+
 def test_a_failed_response_is_continued_with_what_it_had_written(served):
     """previous_response_id names it: the conversation goes on from the text it had streamed,
     and its input items list that text as its answer."""
