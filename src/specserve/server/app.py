@@ -354,6 +354,7 @@ class Server:
         watcher = asyncio.create_task(self._watch_disconnect(request, job))
         ctx = dialect.context(self.model_name, self.namer, prepared)
         ctx.fingerprint = self.fingerprint
+        ctx.end_ids = frozenset() if prepared.params.ignore_eos else frozenset(self.llm.engine.eos_token_ids)
         if prepared.stream:
             return await self._start_stream(dialect, ctx, job, watcher, t0)
         return await self._complete(dialect, ctx, job, watcher, t0)
@@ -513,9 +514,10 @@ class Server:
                         req = job.requests[index]
                         for chunk in dialect.echo_chunks(ctx, index, req.prompt_ids, req.prompt_logprobs or ()):
                             yield dialect.sse(chunk)
-                    if event.text or (ctx.logprobs and event.logprobs):
+                    lps = ctx.listed(event.logprobs)
+                    if event.text or (ctx.logprobs and lps):
                         stream.ttft = stream.ttft if stream.ttft is not None else time.monotonic() - t0
-                        for chunk in dialect.delta_chunks(ctx, event.text, event.logprobs, index):
+                        for chunk in dialect.delta_chunks(ctx, event.text, lps, index):
                             yield dialect.sse(chunk)
                 elif kind == "error":
                     raise request_error(payload)

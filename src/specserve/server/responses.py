@@ -79,6 +79,15 @@ class ResponseContext:
     n: int = 1
     splitters: dict = field(default_factory=dict)  # choice index -> ToolStreamSplitter
     fingerprint: str | None = None  # system_fingerprint: the server's configuration (server/fingerprint.py)
+    end_ids: frozenset[int] = frozenset()  # the tokens that end an answer (none with ignore_eos): see listed
+
+    def listed(self, lps: list[TokenLogprob] | None) -> list[TokenLogprob] | None:
+        """The logprobs an answer shows: all but that of the end-of-text token that ended it. OpenAI
+        lists none for that token (vLLM does): its text is not in the answer, so the entries would not
+        spell the text. It is only ever the last one, and usage's completion_tokens still counts it."""
+        if lps and lps[-1].token_id in self.end_ids:
+            return lps[:-1]
+        return lps
 
     def splitter(self, index: int) -> ToolStreamSplitter:
         return self.splitters.setdefault(index, ToolStreamSplitter(self.tools.names if self.tools else ()))
@@ -241,7 +250,7 @@ class ChatDialect(Dialect):
         return {
             "index": index,
             "message": message,
-            "logprobs": self._logprobs(ctx, output.logprobs),
+            "logprobs": self._logprobs(ctx, ctx.listed(output.logprobs)),
             "finish_reason": self._reason(ctx, output, calls),
         }
 
@@ -341,7 +350,10 @@ class CompletionDialect(Dialect):
                 "index": i,
                 "text": (ctx.echo_texts[i // ctx.n] if echo else "") + ("" if scored else o.text),
                 "logprobs": self._logprobs(
-                    ctx, [] if scored else o.logprobs, i, (o.prompt_token_ids, o.prompt_logprobs) if echo else None
+                    ctx,
+                    [] if scored else ctx.listed(o.logprobs),
+                    i,
+                    (o.prompt_token_ids, o.prompt_logprobs) if echo else None,
                 ),
                 "finish_reason": "length" if scored else finish_reason(o),
             }

@@ -687,7 +687,7 @@ class ResponsesDialect(Dialect):
         output = outputs[0] if isinstance(outputs, list) else outputs
         content, calls = self._calls(ctx, output.text)
         done = "incomplete" if output.finish_reason == "length" else "completed"
-        items = [_message(ctx, content, done, _logprobs(ctx, output.logprobs))] if content else []
+        items = [_message(ctx, content, done, _logprobs(ctx, ctx.listed(output.logprobs)))] if content else []
         items += [_function_call(c, "completed") for c in calls]
         return self._remember(ctx, self.body(ctx, output, items))
 
