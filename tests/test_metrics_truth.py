@@ -308,3 +308,24 @@ def test_lookups_agree_in_health_and_metrics_after_hang_ups_faults_and_n(monkeyp
         got = _series(client, *names)
     assert (health["lookups"], health["tokens_queried"]) == (4, 4 * prompt) and health["hits"] >= 2
     assert got == dict(zip(names, (health[k] for k in ("lookups", "hits", "tokens_queried", "tokens_saved"))))
+
+
+def test_host_restored_tokens_is_a_counter_that_only_grows():
+    """specserve_prefix_cache_host_restored_tokens was a gauge set to the host tier's running total:
+    a total is a counter (`_total`, `# TYPE ... counter`), so rate() and resets read right. It
+    now grows by what the host tier restored since the last scrape, and never falls."""
+    from specserve.server.metrics import Metrics
+
+    metrics, name = Metrics(), "specserve_prefix_cache_host_restored_tokens"
+
+    def scrape(restored: int | None) -> str:
+        host = None if restored is None else {"bytes": 64, "tokens_restored": restored}
+        metrics.set_engine_state(0, 0, 0.0, 0, host)
+        return metrics.render()[0].decode()
+
+    text = scrape(5)
+    assert f"# TYPE {name}_total counter" in text.splitlines()
+    seen = [metric_value(text, f"{name}_total")]
+    for restored in (12, 12, None, 30):
+        seen.append(metric_value(scrape(restored), f"{name}_total"))
+    assert seen == [5, 12, 12, 12, 30]

@@ -565,7 +565,7 @@ def test_server_reports_cached_tokens(tmp_path):
         assert metric_value(metrics, "specserve_prompt_tokens_cached_total") == health["tokens_saved"]
         assert metric_value(metrics, "specserve_prefix_cache_cells") > 0  # read when scraped
         assert metric_value(metrics, "specserve_prefix_cache_host_bytes") == health["host"]["bytes"]
-        assert metric_value(metrics, "specserve_prefix_cache_host_restored_tokens") >= r1.usage.prompt_tokens - 1
+        assert metric_value(metrics, "specserve_prefix_cache_host_restored_tokens_total") >= r1.usage.prompt_tokens - 1
 
 
 def settled_views(srv, tries: int = 50) -> tuple[dict, str]:

@@ -39,8 +39,8 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self._reuse_lock = threading.Lock()
-        self._reuse_seen = dict.fromkeys(REUSE, 0)  # the prefix cache's totals, as last counted
+        self._totals_lock = threading.Lock()
+        self._totals_seen: dict[str, int] = {}  # the engine's running totals, as last counted
         self.requests = Counter(
             "specserve_requests",
             "Requests by endpoint and outcome status (499: client went away, 504: timed out)",
@@ -101,9 +101,9 @@ class Metrics:
             "Host memory held by cached prefixes saved out of the KV cache (restored when a prompt starts like one)",
             registry=r,
         )
-        self.host_restored = Gauge(
+        self.host_restored = Counter(
             "specserve_prefix_cache_host_restored_tokens",
-            "Prompt tokens restored from host memory instead of prefilled, since start (a total)",
+            "Prompt tokens restored from host memory instead of prefilled",
             registry=r,
         )
         self.completion_tokens = Counter("specserve_completion_tokens", "Output tokens generated", registry=r)
@@ -169,7 +169,8 @@ class Metrics:
         self.kv_usage.set(cache_used)
         self.prefix_cells.set(cached_cells)
         self.host_bytes.set(host["bytes"] if host else 0)
-        self.host_restored.set(host["tokens_restored"] if host else 0)
+        if host:
+            self._count_total(self.host_restored, "host_tokens_restored", host["tokens_restored"])
 
     def request(self, endpoint: str, status: int | str) -> None:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
@@ -191,10 +192,16 @@ class Metrics:
         own. stats: None when off."""
         if stats is None:
             return
-        with self._reuse_lock:  # scrapes and Ray's push thread may read at once: each delta once
-            for key, counter in zip(REUSE, self._reuse_counters(), strict=True):
-                counter.inc(max(0, stats[key] - self._reuse_seen[key]))
-                self._reuse_seen[key] = max(stats[key], self._reuse_seen[key])
+        for key, counter in zip(REUSE, self._reuse_counters(), strict=True):
+            self._count_total(counter, key, stats[key])
+
+    def _count_total(self, counter: Counter, key: str, total: int) -> None:
+        """Advance `counter` to the engine's running total `total` (named `key`): by what it grew
+        since last read, never back. Scrapes and Ray's push thread may read at once: each delta once."""
+        with self._totals_lock:
+            seen = self._totals_seen.get(key, 0)
+            counter.inc(max(0, total - seen))
+            self._totals_seen[key] = max(total, seen)
 
     def _reuse_counters(self) -> tuple[Counter, ...]:
         """The counters of the prefix cache's totals, in REUSE's order."""
