@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from tiny import tiny_model, tiny_tokenizer
 
 from specserve.llm import LLM
-from specserve.server.app import create_app
+from specserve.server.app import ServerOptions, create_app
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
 RESPONSE = {"model": "tiny", "input": "hi", "max_output_tokens": 3, "temperature": 0}
@@ -186,6 +186,29 @@ def test_responses_compaction_is_refused_as_an_unknown_url(sdk):
     with pytest.raises(openai.NotFoundError) as e:
         sdk.responses.compact(model="tiny", input="hi")
     assert e.value.body["message"] == "Invalid URL (POST /v1/responses/compact)"
+
+
+def test_with_an_api_key_an_unserved_url_is_a_404_to_the_keyed_and_a_401_to_the_rest():
+    """With --api-key, `POST /v1/responses/compact` (a route of ours that only answers 404) checks
+    the key first: the right key gets OpenAI's 404 for an unknown URL, as any unknown URL gets it;
+    no key or a wrong one gets the 401 (checked: nothing to fix, pinned here)."""
+    llm = LLM.from_models(tiny_model(), tiny_tokenizer(), speculation="none")
+    with TestClient(create_app(llm, "tiny", ServerOptions(api_key="k"))) as http:
+        keyed = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=http, max_retries=0)
+        with pytest.raises(openai.NotFoundError) as e:
+            keyed.responses.compact(model="tiny", input="hi")
+        assert e.value.body == {
+            "message": "Invalid URL (POST /v1/responses/compact)",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+        for path in ("/v1/responses/compact", "/v1/nothing"):
+            r = http.post(path, json=RESPONSE, headers={"Authorization": "Bearer k"})
+            assert r.status_code == 404 and r.json()["error"]["message"] == f"Invalid URL (POST {path})"
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = http.post("/v1/responses/compact", json=RESPONSE, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
 
 
 def test_responses_input_tokens_count_what_a_create_would_bill(sdk):
