@@ -27,7 +27,7 @@ from .pagination import list_object, page, query, unknown_after
 from .protocol import Prepared, prepare_chat
 from .responses import ChatDialect, ResponseContext
 from .schemas import ChatCompletionUpdateRequest
-from .store_calls import off_loop
+from .store_calls import store_caller
 
 
 @dataclass
@@ -108,8 +108,7 @@ def _metadata_filter(request: Request) -> dict[str, str]:
 def install_chat_store(app: FastAPI, store: ChatCompletionStore, dependencies: list) -> None:
     """The stored chat completions' routes, behind the app's `dependencies` (its API key)."""
 
-    async def call(method, *args):
-        return await off_loop(store.blocking, method, *args)  # the Ray replicas' store waits on an actor
+    call = store_caller(store)
 
     @app.get("/v1/chat/completions", dependencies=dependencies)
     async def list_chat_completions(

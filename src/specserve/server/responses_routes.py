@@ -20,7 +20,7 @@ from .errors import APIError, bad_request
 from .input_items import page
 from .responses_api import ResponseStore, count_input_tokens, looked_up
 from .schemas import InputTokensRequest
-from .store_calls import off_loop
+from .store_calls import store_caller
 
 
 def no_response(response_id: str) -> APIError:
@@ -55,8 +55,7 @@ def install_responses_store(app: FastAPI, server, store: ResponseStore, dependen
     """The routes, behind the app's `dependencies` (its API key); `server` (app.Server) counts
     input tokens on its prep thread, as /tokenize does."""
 
-    async def call(method, *args):
-        return await off_loop(store.blocking, method, *args)  # the Ray replicas' store waits on an actor
+    call = store_caller(store)
 
     @app.post("/v1/responses/input_tokens", dependencies=dependencies)
     async def count_input_tokens_route(request: Request):

@@ -11,7 +11,7 @@ reads from its store is read the same way before the prep thread prepares it: re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -20,3 +20,14 @@ async def off_loop(blocking: bool, fn: Callable[..., Any], *args: Any) -> Any:
     if blocking:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
+
+
+def store_caller(store) -> Callable[..., Awaitable[Any]]:
+    """`call(method, *args)` for the routes over `store` (a stored response's, a stored chat
+    completion's): `method(*args)` where the store's calls run, in place or on a worker thread
+    when the store waits on another process (`store.blocking`: the Ray replicas' store actor)."""
+
+    async def call(method: Callable[..., Any], *args: Any) -> Any:
+        return await off_loop(store.blocking, method, *args)
+
+    return call
