@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import openai
 import pytest
-from tiny_sdk import sdk_client, tiny_llm
+from tiny_sdk import sdk_fixtures
 
 KW = {"model": "tiny", "input": "hi", "temperature": 0, "max_output_tokens": 3}
 
 
-@pytest.fixture(scope="module")
-def client():
-    with sdk_client(tiny_llm()) as sdk:
-        yield sdk
+llm, client = sdk_fixtures()
 
 
 def test_an_unknown_include_is_a_400_naming_it(client):

@@ -8,22 +8,14 @@ from __future__ import annotations
 
 import openai
 import pytest
-from tiny_sdk import sdk_client, tiny_llm
+from tiny_sdk import sdk_fixtures
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 FORMAT = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA}}
 TOOL = {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {}}}
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return tiny_llm()
-
-
-@pytest.fixture(scope="module")
-def client(llm):
-    with sdk_client(llm) as sdk:
-        yield sdk
+llm, client = sdk_fixtures()
 
 
 @pytest.fixture

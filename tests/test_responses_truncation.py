@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from tiny_sdk import sdk_client, tiny_llm
+from tiny_sdk import sdk_fixtures
 
 KW = {"model": "tiny", "temperature": 0, "max_output_tokens": 4}
 LONG = "word " * 100  # about 300 tokens: two such turns do not fit in 512, one does
@@ -14,15 +14,7 @@ OLD = [{"role": "user", "content": LONG}, {"role": "assistant", "content": "ok"}
 NEW = [{"role": "user", "content": LONG + "and now?"}]
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return tiny_llm()
-
-
-@pytest.fixture(scope="module")
-def client(llm):
-    with sdk_client(llm) as sdk:
-        yield sdk
+llm, client = sdk_fixtures()
 
 
 def test_auto_drops_the_oldest_turns_until_the_input_fits(client):
