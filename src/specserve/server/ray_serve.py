@@ -261,11 +261,16 @@ class MetricsHub:
     """A Ray actor holding the latest metrics text of every live replica; on shutdown, also what
     tells the replicas to drain (Ray Serve's own stop gives a user hook only after its drain, and
     kills a replica whose streams outlast graceful_shutdown_timeout_s: their clients saw a cut
-    connection, not the error event and [DONE] a single server sends)."""
+    connection, not the error event and [DONE] a single server sends).
+
+    Every replica calls it at once (a threaded actor, HUB_ACTOR_OPTIONS), so each method holds
+    `_lock`: collect rebuilt `latest` while a push wrote to it, losing that replica's push or
+    failing with "dictionary changed size during iteration"."""
 
     def __init__(self, app_name: str = APP_NAME):
         from .ray_app_owned import end_with_app
 
+        self._lock = threading.Lock()
         self.latest: dict[str, tuple[float, str]] = {}
         self.busy: dict[str, int] = {}  # requests each replica had in flight at its last push
         self.draining_since: float | None = None
@@ -273,23 +278,31 @@ class MetricsHub:
 
     def push(self, replica: str, text: str, busy: int = 0) -> bool:
         """Record a replica's metrics and load; answer whether it should drain."""
-        self.latest[replica] = (time.time(), text)
-        self.busy[replica] = busy
-        return self.draining_since is not None
+        with self._lock:
+            self.latest[replica] = (time.time(), text)
+            self.busy[replica] = busy
+            return self.draining_since is not None
 
     def drain(self) -> None:
         """Shutdown has begun: every replica's next push is told to drain (server.drain)."""
-        if self.draining_since is None:
-            self.draining_since = time.time()
-            self.busy = {}  # only pushes from now on say a replica is idle
+        with self._lock:
+            if self.draining_since is None:
+                self.draining_since = time.time()
+                self.busy = {}  # only pushes from now on say a replica is idle
 
     def drained(self) -> bool:
         """Whether every live replica has pushed since the drain began, with nothing in flight."""
-        live = self.collect()
-        return self.draining_since is not None and all(self.busy.get(r, 1) == 0 for r in live)
+        with self._lock:
+            live = self._live()
+            return self.draining_since is not None and all(self.busy.get(r, 1) == 0 for r in live)
 
     def collect(self) -> dict[str, str]:
         """Texts of replicas heard from in the last STALE_AFTER_S seconds."""
+        with self._lock:
+            return self._live()
+
+    def _live(self) -> dict[str, str]:
+        """collect's answer, the lock held: stale replicas dropped."""
         now = time.time()
         self.latest = {r: (t, x) for r, (t, x) in self.latest.items() if now - t < STALE_AFTER_S}
         return {r: x for r, (_, x) in self.latest.items()}
