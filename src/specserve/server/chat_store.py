@@ -53,7 +53,9 @@ class ChatCompletionStore:
     def put(self, body: dict, messages: list[dict], metadata: dict | None) -> None:
         """Keep a finished completion (its body, the request's messages as sent, its metadata)."""
         listed = [stored_message(body["id"], i, m) for i, m in enumerate(messages)]
-        self._keep(next(self._made), {**body, "metadata": metadata or {}}, listed)
+        body = {**body, "metadata": metadata or {}}
+        with self._kept.lock:  # numbered as it is kept: a list walk cannot pass it while it is not there yet
+            self._keep(next(self._made), body, listed)
 
     def _keep(self, made: int, body: dict, listed: list[dict]) -> None:
         with self._kept.lock:
