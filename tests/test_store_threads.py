@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import threading
 
+from specserve.server import chat_store, responses_api
 from specserve.server.chat_store import ChatCompletionStore
+from specserve.server.responses_api import ResponseStore
 
 ASK = [{"role": "user", "content": "hi"}]
 
@@ -54,3 +56,62 @@ def test_a_list_walk_misses_no_completion_stored_at_the_same_time():
     store._made.thread.join()
     seen.extend(b["id"] for b in store.listing(after=seen[-1]))
     assert sorted(seen) == ["chatcmpl-a", "chatcmpl-b"]
+
+
+def _sizing_checked(monkeypatch, module, store) -> list[bool]:
+    """Patch `module.json_size` to record, each time it sizes an entry, whether another thread
+    could take `store`'s lock at that moment (a non-blocking try: True when it is free)."""
+    free, size = [], module.json_size
+
+    def try_lock():
+        got = store._kept.lock.acquire(blocking=False)
+        if got:
+            store._kept.lock.release()
+        free.append(got)
+
+    def checked(*objects):
+        other = threading.Thread(target=try_lock)
+        other.start()
+        other.join()
+        return size(*objects)
+
+    monkeypatch.setattr(module, "json_size", checked)
+    return free
+
+
+def test_an_entry_is_sized_without_the_store_s_lock(monkeypatch):
+    """Sizing an entry (its JSON encoded, to bound the store) ran with the store's lock held: a big
+    response or completion being stored held up every other call on its store meanwhile."""
+    chats = ChatCompletionStore()
+    chats_free = _sizing_checked(monkeypatch, chat_store, chats)
+    chats.put(chat_body("chatcmpl-a"), ASK, None)
+    chats.update("chatcmpl-a", {"k": "v"})
+    responses = ResponseStore()
+    responses_free = _sizing_checked(monkeypatch, responses_api, responses)
+    responses.put("resp_a", ASK, {"id": "resp_a", "output": []})
+    assert chats_free == [True, True] and responses_free == [True]
+    assert chats.get("chatcmpl-a")["metadata"] == {"k": "v"} and responses.body("resp_a")["id"] == "resp_a"
+
+
+def test_an_update_while_another_client_deletes_or_updates_keeps_the_store_s_order(monkeypatch):
+    """update sizes the new body without the lock, so another call may land meanwhile: a delete
+    stays a delete (the update answers None, not a completion brought back), and an update that
+    landed first is replaced by this one, as if the two had run one after the other."""
+    store = ChatCompletionStore()
+    store.put(chat_body("chatcmpl-a"), ASK, None)
+    store.put(chat_body("chatcmpl-b"), ASK, None)
+    midway = {"chatcmpl-a": lambda: store.delete("chatcmpl-a"), "chatcmpl-b": lambda: store.update("chatcmpl-b", {})}
+    size = chat_store.json_size
+
+    def other_call_first(body, listed):
+        other = midway.pop(body["id"], None)
+        if other is not None:
+            other()
+        return size(body, listed)
+
+    monkeypatch.setattr(chat_store, "json_size", other_call_first)
+    assert store.update("chatcmpl-a", {"k": "v"}) is None
+    assert store.get("chatcmpl-a") is None
+    assert store.update("chatcmpl-b", {"k": "v"})["metadata"] == {"k": "v"}
+    assert store.get("chatcmpl-b")["metadata"] == {"k": "v"}
+    assert [b["id"] for b in store.listing()] == ["chatcmpl-b"]

@@ -54,13 +54,14 @@ class ChatCompletionStore:
         """Keep a finished completion (its body, the request's messages as sent, its metadata)."""
         listed = [stored_message(body["id"], i, m) for i, m in enumerate(messages)]
         body = {**body, "metadata": metadata or {}}
+        size = json_size(body, listed)  # before the lock: encoding a big one held up every other call
         with self._kept.lock:  # numbered as it is kept: a list walk cannot pass it while it is not there yet
-            self._keep(next(self._made), body, listed)
+            self._keep(next(self._made), body, listed, size)
 
-    def _keep(self, made: int, body: dict, listed: list[dict]) -> None:
-        with self._kept.lock:
-            self._kept.put(body["id"], (made, body, listed), json_size(body, listed))
-            self._places.pop(body["id"], None)  # kept (an update replaces it): not a dropped one to remember
+    def _keep(self, made: int, body: dict, listed: list[dict], size: int) -> None:
+        """Keep an entry of `size` bytes (json_size of body and listed), the lock held."""
+        self._kept.put(body["id"], (made, body, listed), size)
+        self._places.pop(body["id"], None)  # kept (an update replaces it): not a dropped one to remember
 
     def get(self, completion_id: str) -> dict | None:
         kept = self._kept.get(completion_id)
@@ -71,15 +72,20 @@ class ChatCompletionStore:
         return None if kept is None else kept[2]
 
     def update(self, completion_id: str, metadata: dict | None) -> dict | None:
-        """Replace a kept completion's metadata (the one thing OpenAI lets change); its new body."""
-        with self._kept.lock:
+        """Replace a kept completion's metadata (the one thing OpenAI lets change); its new body.
+        Sized without the lock, and kept only if the completion did not change meanwhile (else
+        read again): a delete in between stays a delete."""
+        while True:
             kept = self._kept.get(completion_id)
             if kept is None:
                 return None
             made, body, listed = kept
             body = {**body, "metadata": metadata or {}}
-            self._keep(made, body, listed)
-            return body
+            size = json_size(body, listed)
+            with self._kept.lock:
+                if self._kept.peek(completion_id) is kept:  # else updated or dropped since it was read
+                    self._keep(made, body, listed, size)
+                    return body
 
     def delete(self, completion_id: str) -> bool:
         return self._kept.pop(completion_id)

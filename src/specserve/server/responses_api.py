@@ -474,8 +474,9 @@ class ResponseStore:
     def put(self, response_id: str, messages: list[dict], body: dict, input_items: list[dict] | None = None) -> None:
         """Keep a response: its conversation, its body and its listed input items."""
         input_items = input_items or []
+        size = json_size(messages, body, input_items)  # before the lock: encoding a big one held up every other call
         with self._kept.lock:
-            self._kept.put(response_id, (messages, body, input_items), json_size(messages, body, input_items))
+            self._kept.put(response_id, (messages, body, input_items), size)
             self._owners |= {item["id"]: response_id for item in body.get("output", ()) if item.get("id")}
 
     def _forget_items(self, response_id: str, kept: tuple) -> None:
