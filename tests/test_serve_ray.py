@@ -178,9 +178,11 @@ class _FakeRay:
     def __init__(self):
         self.created: dict[str, str] = {}  # name -> namespace
         self.killed: list[str] = []
+        self.actor_options: list[dict] = []  # ray.remote's options, one per actor class made
         self.serve = types.SimpleNamespace(delete=lambda name: None)
 
-    def remote(self, **resources):
+    def remote(self, **options):
+        self.actor_options.append(options)
         return lambda cls: self
 
     def options(self, name: str, namespace: str, **kw):
@@ -208,6 +210,19 @@ def test_removing_the_app_kills_every_actor_it_created(monkeypatch):
     assert sorted(fake.created) == ["app-chat", "app-metrics", "app-responses"]
     ray_serve._remove_app("app", drain=False)
     assert sorted(fake.killed) == sorted(fake.created)
+
+
+def test_every_actor_of_the_app_runs_calls_from_many_replicas_at_once(monkeypatch):
+    """The metrics hub and both stores were plain actors: one call at a time, so one slow call (a
+    large chat list, a big response stored) queued every other replica's store call behind it.
+    Each is now a threaded actor with room for HUB_CONCURRENCY calls, and reserves no CPU.
+    (test_ray_hub_concurrency shows two calls overlapping in a real actor.)"""
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    for make in (ray_serve.metrics_hub, ray_serve.responses_hub, ray_serve.chat_hub):
+        make("app")
+    assert fake.actor_options == [{"num_cpus": 0, "max_concurrency": ray_serve.HUB_CONCURRENCY}] * 3
+    assert ray_serve.HUB_CONCURRENCY > 1
 
 
 def test_the_cluster_metrics_route_finds_its_hub_off_the_event_loop(monkeypatch):

@@ -115,3 +115,29 @@ def test_an_update_while_another_client_deletes_or_updates_keeps_the_store_s_ord
     assert store.update("chatcmpl-b", {"k": "v"})["metadata"] == {"k": "v"}
     assert store.get("chatcmpl-b")["metadata"] == {"k": "v"}
     assert [b["id"] for b in store.listing()] == ["chatcmpl-b"]
+
+
+def test_many_threads_storing_and_deleting_at_once_lose_nothing():
+    """8 threads each store 100 completions and 100 responses and delete every other one, at once:
+    the stores then hold exactly the other halves (by count, by listing and by id), and their
+    sizes add up to what they hold."""
+    chats, responses = ChatCompletionStore(), ResponseStore()
+
+    def work(k: int):
+        for i in range(100):
+            chats.put(chat_body(f"chatcmpl-{k}-{i}"), ASK, {"k": str(k)})
+            responses.put(f"resp_{k}_{i}", ASK, {"id": f"resp_{k}_{i}", "output": [{"id": f"msg_{k}_{i}"}]})
+            if i % 2:
+                assert chats.delete(f"chatcmpl-{k}-{i}") and responses.delete(f"resp_{k}_{i}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kept = {f"{k}-{i}" for k in range(8) for i in range(0, 100, 2)}
+    assert {b["id"].removeprefix("chatcmpl-") for b in chats.listing(count=10_000)} == kept
+    assert all(responses.item(f"msg_{key.replace('-', '_')}") is not None for key in kept)
+    assert len(chats._kept._entries) == len(responses._kept._entries) == len(kept) == 400
+    for store in (chats, responses):
+        assert store._kept.size == sum(size for _, size in store._kept._entries.values())

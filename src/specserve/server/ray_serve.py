@@ -52,6 +52,9 @@ APP_NAME = "specserve"
 DEPLOYMENT = "SpecServe"
 HUB_NAMESPACE = "specserve"
 PUSH_INTERVAL_S = 2.0
+# Calls each of the app's actors (metrics hub, Responses store, chat store) runs at once, on as many
+# threads: every replica's store calls come from several threads of its own (store_calls.py).
+HUB_CONCURRENCY = 32
 STALE_AFTER_S = 15.0  # a replica that stopped pushing (dead) drops out of /metrics
 DRAIN_STEP_S = 10.0  # after the drain's grace, how long ending the last requests may take (an engine step)
 NO_TIMEOUT_SHUTDOWN_WAIT_S = 3600.0  # with --request-timeout 0, how long a stopped replica's requests may still run
@@ -263,7 +266,7 @@ class MetricsHub:
     kills a replica whose streams outlast graceful_shutdown_timeout_s: their clients saw a cut
     connection, not the error event and [DONE] a single server sends).
 
-    Every replica calls it at once (a threaded actor, HUB_ACTOR_OPTIONS), so each method holds
+    Every replica calls it at once (a threaded actor, hub_actor), so each method holds
     `_lock`: collect rebuilt `latest` while a push wrote to it, losing that replica's push or
     failing with "dictionary changed size during iteration"."""
 
@@ -308,15 +311,28 @@ class MetricsHub:
         return {r: x for r, (_, x) in self.latest.items()}
 
 
+def hub_actor(cls: type):
+    """`cls` as one of the app's actors: no CPU reserved, and a threaded actor running up to
+    HUB_CONCURRENCY calls at once. A plain actor ran one call at a time, so one slow call (a large
+    chat list, a big response stored, a push) queued every other replica's call behind it, each
+    waiting up to STALE_AFTER_S. Threads, not an async actor: the hubs' methods are plain Python
+    that never awaits, so on an event loop a slow one would still hold up the rest; a thread gives
+    way to the others (the GIL switches every few ms). Each hub keeps its data consistent under its
+    own lock (MetricsHub._lock, lru_store.LruStore.lock), held only for short reads and writes; the
+    calls of one caller still run in its order, since each waits for its answer (_HubClient._call)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_concurrency=HUB_CONCURRENCY)(cls)
+
+
 def metrics_hub(app_name: str = APP_NAME):
     """The app's hub actor, created by whoever asks first (detached: it outlives any replica, and
     ends itself once the app is gone)."""
-    import ray
-
-    hub = ray.remote(num_cpus=0)(MetricsHub)
-    return hub.options(
-        name=f"{app_name}-metrics", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote(app_name)
+    return (
+        hub_actor(MetricsHub)
+        .options(name=f"{app_name}-metrics", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True)
+        .remote(app_name)
+    )
 
 
 def _push_forever(server, replica: str, app_name: str) -> None:
@@ -396,12 +412,11 @@ def chat_hub(app_name: str = APP_NAME):
 
 def _store_hub(app_name: str, kind: str, store_class: type):
     """The app's actor `<app>-<kind>` running `store_class`, created by whoever asks first."""
-    import ray
-
-    hub = ray.remote(num_cpus=0)(_app_owned(store_class))
-    return hub.options(
-        name=f"{app_name}-{kind}", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True
-    ).remote(app_name)
+    return (
+        hub_actor(_app_owned(store_class))
+        .options(name=f"{app_name}-{kind}", namespace=HUB_NAMESPACE, lifetime="detached", get_if_exists=True)
+        .remote(app_name)
+    )
 
 
 @functools.cache
