@@ -352,12 +352,14 @@ def _verify(
 
 
 def _logprobs(logits: torch.Tensor, new: list[int], top_n: int) -> list[TokenLogprob]:
-    """Log-probabilities of the committed tokens under the (penalised) target logits."""
+    """Log-probabilities of the committed tokens under the (penalised) target logits, with each
+    token's rank: 1 + the tokens more probable than it (vLLM's rank; ties share the better one)."""
     lp = torch.log_softmax(logits[: len(new)].float(), dim=-1)  # [n, V]
     out = []
     for i, tok in enumerate(new):
         top = torch.topk(lp[i], top_n) if top_n else None
         pairs = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
         pairs = [(t, v) for t, v in pairs if v != float("-inf")]  # tokens a grammar masked out
-        out.append(TokenLogprob(tok, float(lp[i, tok]), pairs))
+        chosen = lp[i, tok]
+        out.append(TokenLogprob(tok, float(chosen), pairs, int((lp[i] > chosen).sum()) + 1))
     return out

@@ -123,9 +123,15 @@ class SpecStats(_Acceptance):
 
 @dataclass
 class TokenLogprob:
+    """One token's log-probability, with the top alternatives where asked.
+
+    rank: the token's place in the vocabulary by probability, 1 for the most probable (vLLM's
+    Logprob.rank); None only where the engine did not compute it (outputs made by hand)."""
+
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token_id, logprob), best first
+    rank: int | None = None
 
 
 @dataclass
