@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specserve import LLM, SamplingParams
+from specserve import LLM, CompletionOutput, SamplingParams
 
 PROMPT = "def add(a, b):"
 
@@ -30,3 +30,28 @@ def test_each_logprob_carries_the_tokens_rank_in_the_vocabulary(smol):
     assert any(lp.rank > 1 for lp in sampled.logprobs)  # a hot sample leaves the top token somewhere
     scored = smol.generate(PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=1))
     assert scored.prompt_logprobs[0] is None and all(lp.rank >= 1 for lp in scored.prompt_logprobs[1:])
+
+
+def test_outputs_is_vllms_view_of_the_flat_fields(smol):
+    """`out.outputs[0]` was an AttributeError: a ported vLLM script failed on its first read."""
+    out = smol.generate([PROMPT], SamplingParams(max_tokens=8, logprobs=2))[0]
+    (one,) = out.outputs
+    assert (one.index, one.text, one.token_ids, one.finish_reason) == (0, out.text, out.token_ids, "length")
+    assert isinstance(one, CompletionOutput) and one.finished()
+    assert out.outputs is out.outputs  # one view, as vLLM's list is one list
+    assert one.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in out.logprobs))
+    assert len(one.logprobs) == len(one.token_ids)
+    for token, ours, theirs in zip(one.token_ids, out.logprobs, one.logprobs):
+        assert next(iter(theirs)) == token  # vLLM lists the chosen token first, then the top ones
+        assert set(theirs) == {token} | {t for t, _ in ours.top}
+        assert (theirs[token].logprob, theirs[token].rank) == (ours.logprob, ours.rank)
+        for rank, (t, value) in enumerate(ours.top, 1):
+            assert theirs[t].logprob == value and (theirs[t].rank == rank or t == token)
+        assert all(lp.decoded_token == smol.tokenizer.decode([t]) for t, lp in theirs.items())
+
+
+def test_without_logprobs_the_view_has_none_as_vllm_has(smol):
+    (one,) = smol.generate(PROMPT, SamplingParams(max_tokens=4)).outputs
+    assert one.logprobs is None and one.cumulative_logprob is None and len(one.token_ids) == 4
+    (chosen,) = smol.generate(PROMPT, SamplingParams(max_tokens=4, logprobs=0)).outputs
+    assert [list(d) for d in chosen.logprobs] == [[t] for t in chosen.token_ids]  # logprobs=0: the token alone

@@ -16,6 +16,7 @@ _EXPORTS = {
     "SamplingParams": ".config",
     "SpeculationConfig": ".config",
     "RequestOutput": ".engine.stats",
+    "CompletionOutput": ".engine.completion",
     "SpecStats": ".engine.stats",
     "StepEvent": ".engine.stats",
     "SpecServeError": ".errors",

@@ -622,8 +622,15 @@ class LLM:
                 self.request(p, sp, pr, speculation, guide=guide)
                 for p, sp, pr in zip(prompts, params_each, predictions)
             ]
-            return self.engine.run(reqs)
-        return self.engine.run([self.request(prompts, params, prediction, speculation, guide=guide)])[0]
+            return [self._finished(out) for out in self.engine.run(reqs)]
+        return self._finished(self.engine.run([self.request(prompts, params, prediction, speculation, guide=guide)])[0])
+
+    def _finished(self, out: RequestOutput) -> RequestOutput:
+        """`out` with what its vLLM view needs from the tokenizer: the text of each token its
+        logprobs name (vLLM's Logprob.decoded_token)."""
+        named = {lp.token_id for lp in out.logprobs or ()} | {t for lp in out.logprobs or () for t, _ in lp.top}
+        out.token_text.update((t, self.tokenizer.decode([t])) for t in named)
+        return out
 
     def chat(
         self,

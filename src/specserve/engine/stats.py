@@ -7,8 +7,11 @@ accepted + 1 tokens (the recovered or bonus token).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+
+from .completion import CompletionOutput, completion_output
 
 SOURCES = ("prediction", "prompt", "ngram", "draft", "none")  # "none": a step with no draft at all
 
@@ -156,7 +159,10 @@ class StepEvent:
 
 @dataclass
 class RequestOutput:
-    """The final result of one request."""
+    """The final result of one request.
+
+    Flat: `text`, `token_ids`, `finish_reason`, `logprobs` are the answer's own. `outputs` is
+    vLLM's view of the same answer (a list of one CompletionOutput), for code ported from vLLM."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -167,6 +173,14 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     steps: list[dict] = field(default_factory=list)  # per-step timeline: source, proposed, accepted, time
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first)
+    # the text of each token the logprobs name, decoded alone (LLM fills it): outputs' decoded_token
+    token_text: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @functools.cached_property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's `RequestOutput.outputs`: this answer as one CompletionOutput (index 0). Built once,
+        on first read, from the fields above; SamplingParams has no `n`, so there is never more."""
+        return [completion_output(self)]
 
     @property
     def cached_tokens(self) -> int:
