@@ -55,3 +55,20 @@ def test_without_logprobs_the_view_has_none_as_vllm_has(smol):
     assert one.logprobs is None and one.cumulative_logprob is None and len(one.token_ids) == 4
     (chosen,) = smol.generate(PROMPT, SamplingParams(max_tokens=4, logprobs=0)).outputs
     assert [list(d) for d in chosen.logprobs] == [[t] for t in chosen.token_ids]  # logprobs=0: the token alone
+
+
+CONV = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "add two numbers"}]
+
+
+def test_request_level_fields_are_vllms(smol):
+    """prompt, request_id, finished and num_cached_tokens were AttributeErrors. As in vLLM: prompt
+    is the text given (None for token ids), the rendered template for chat; ids are distinct strings."""
+    ids = smol.prompt_ids(PROMPT)
+    outs = smol.generate([PROMPT, {"prompt": "class Stack:"}, {"prompt_token_ids": ids}], SamplingParams(max_tokens=3))
+    assert [o.prompt for o in outs] == [PROMPT, "class Stack:", None]
+    assert all(isinstance(o.request_id, str) and o.finished for o in outs)
+    assert len({o.request_id for o in outs}) == 3
+    assert [o.num_cached_tokens for o in outs] == [o.cached_tokens for o in outs]
+    assert smol.generate(PROMPT, SamplingParams(max_tokens=3)).prompt == PROMPT
+    for out in (smol.chat(CONV, SamplingParams(max_tokens=3)), smol.chat([CONV], SamplingParams(max_tokens=3))[0]):
+        assert "add two numbers" in out.prompt and smol.encode(out.prompt) == out.prompt_token_ids

@@ -622,12 +622,16 @@ class LLM:
                 self.request(p, sp, pr, speculation, guide=guide)
                 for p, sp, pr in zip(prompts, params_each, predictions)
             ]
-            return [self._finished(out) for out in self.engine.run(reqs)]
-        return self._finished(self.engine.run([self.request(prompts, params, prediction, speculation, guide=guide)])[0])
+            return [self._finished(out, p) for out, p in zip(self.engine.run(reqs), prompts)]
+        req = self.request(prompts, params, prediction, speculation, guide=guide)
+        return self._finished(self.engine.run([req])[0], prompts)
 
-    def _finished(self, out: RequestOutput) -> RequestOutput:
-        """`out` with what its vLLM view needs from the tokenizer: the text of each token its
-        logprobs name (vLLM's Logprob.decoded_token)."""
+    def _finished(self, out: RequestOutput, prompt) -> RequestOutput:
+        """`out` with vLLM's fields that need the caller's prompt or the tokenizer: `prompt` (the
+        text given, None for token ids) and the text of each token its logprobs name (vLLM's
+        Logprob.decoded_token)."""
+        prompt = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+        out.prompt = prompt if isinstance(prompt, str) else None
         named = {lp.token_id for lp in out.logprobs or ()} | {t for lp in out.logprobs or () for t, _ in lp.top}
         out.token_text.update((t, self.tokenizer.decode([t])) for t in named)
         return out
@@ -662,6 +666,12 @@ class LLM:
         go_on = _continues(continue_final_message, add_generation_prompt)
         if _is_conversations(messages):
             prompts = [self.apply_chat_template(m, tools, go_on, chat_template_kwargs, chat_template) for m in messages]
-            return self.generate(prompts, params, prediction, speculation, guide)
+            return [self._rendered(out) for out in self.generate(prompts, params, prediction, speculation, guide)]
         prompt = self.apply_chat_template(messages, tools, go_on, chat_template_kwargs, chat_template)
-        return self.generate(prompt, params, prediction, speculation, guide)
+        return self._rendered(self.generate(prompt, params, prediction, speculation, guide))
+
+    def _rendered(self, out: RequestOutput) -> RequestOutput:
+        """A chat answer's `prompt`: the rendered template, as vLLM's chat reports it (decoded
+        from the prompt's tokens, control tokens spelled out)."""
+        out.prompt = self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+        return out

@@ -297,7 +297,9 @@ class Request:
             return
         if self.phase == WAITING:  # never admitted: nothing was decoded
             self.phase = FINISHED
-            self.output = RequestOutput(self.prompt_ids, [], "", "abort", SpecStats(len(self.prompt_ids)))
+            self.output = RequestOutput(
+                self.prompt_ids, [], "", "abort", SpecStats(len(self.prompt_ids)), request_id=str(self.id)
+            )
             self._deliver(StepEvent([], [], "", None, "abort"))
             return
         self.builder.finish("abort")
@@ -327,6 +329,7 @@ class Request:
                 None if self.logprobs is None else self.logprobs[:kept],
                 self.timeline,
                 self.prompt_logprobs,
+                request_id=str(self.id),
             )
             self.phase = FINISHED
         self._deliver(event)

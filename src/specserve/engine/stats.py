@@ -175,6 +175,18 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first)
     # the text of each token the logprobs name, decoded alone (LLM fills it): outputs' decoded_token
     token_text: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
+    request_id: str = ""  # the engine's id for the request, as vLLM's (a string)
+    prompt: str | None = None  # vLLM's: the text given (LLM fills it), None for token ids
+
+    @property
+    def finished(self) -> bool:
+        """vLLM's flag: a RequestOutput is only made when its request ends (an abort too)."""
+        return self.finish_reason is not None
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """vLLM's name for cached_tokens."""
+        return self.cached_tokens
 
     @functools.cached_property
     def outputs(self) -> list[CompletionOutput]:
