@@ -72,3 +72,14 @@ def test_request_level_fields_are_vllms(smol):
     assert smol.generate(PROMPT, SamplingParams(max_tokens=3)).prompt == PROMPT
     for out in (smol.chat(CONV, SamplingParams(max_tokens=3)), smol.chat([CONV], SamplingParams(max_tokens=3))[0]):
         assert "add two numbers" in out.prompt and smol.encode(out.prompt) == out.prompt_token_ids
+
+
+def test_stop_reason_names_the_stop_string_that_ended_the_answer(smol):
+    """vLLM's stop_reason is the stop string matched (None at EOS or length); ours had none, so a
+    script could not tell which of its stop strings ended an answer."""
+    whole = smol.generate(PROMPT, SamplingParams(max_tokens=16))
+    assert whole.stop_reason is None and whole.outputs[0].stop_reason is None  # length
+    stop = whole.text[6:8]
+    out = smol.generate(PROMPT, SamplingParams(max_tokens=16, stop=["never-there", stop]))
+    assert (out.finish_reason, out.stop_reason, out.outputs[0].stop_reason) == ("stop", stop, stop)
+    assert out.text == whole.text[: whole.text.index(stop)]

@@ -34,7 +34,8 @@ class CompletionOutput:
     (vLLM's shape); None when the request asked for none. cumulative_logprob: the chosen tokens'
     logprobs summed, None without logprobs (as vLLM's engine). Where ours differs: after a stop
     string, token_ids and logprobs leave out the tokens wholly inside the cut stop string (vLLM
-    lists every token through the one that completed it), so both cover `text` only."""
+    lists every token through the one that completed it), so both cover `text` only. stop_reason:
+    the stop string that ended the answer, None at EOS or length (vLLM's; there are no stop token ids)."""
 
     index: int
     text: str
@@ -70,4 +71,5 @@ def completion_output(out: RequestOutput, index: int = 0) -> CompletionOutput:
         cumulative_logprob=None if lps is None else sum(lp.logprob for lp in lps),
         logprobs=None if lps is None else vllm_logprobs(lps, out.token_text),
         finish_reason=out.finish_reason,
+        stop_reason=out.stop_reason,
     )

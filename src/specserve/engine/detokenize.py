@@ -117,6 +117,7 @@ class OutputBuilder:
         self.finish_reason: str | None = None
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.hit_stop_string = False
+        self.stop_reason: str | None = None  # the stop string that ended the text (vLLM's stop_reason)
         self.starts: list[int] = []  # where each token's text starts in `text` (before any cut)
 
     @property
@@ -158,10 +159,11 @@ class OutputBuilder:
         return False
 
     def _cut_at_stop(self, start: int) -> bool:
-        hits = [i for i in (self.text.find(s, start) for s in self.params.stop) if i >= 0]
+        hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
+        cut, self.stop_reason = min(hits, key=lambda hit: hit[0])  # the earliest; the first listed at a tie
+        self.text = self.text[:cut]
         self.finish_reason = "stop"
         self.hit_stop_string = True
         return True

@@ -330,6 +330,7 @@ class Request:
                 self.timeline,
                 self.prompt_logprobs,
                 request_id=str(self.id),
+                stop_reason=self.builder.stop_reason,
             )
             self.phase = FINISHED
         self._deliver(event)

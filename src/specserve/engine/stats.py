@@ -177,6 +177,7 @@ class RequestOutput:
     token_text: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
     request_id: str = ""  # the engine's id for the request, as vLLM's (a string)
     prompt: str | None = None  # vLLM's: the text given (LLM fills it), None for token ids
+    stop_reason: str | None = None  # the stop string that ended the answer (vLLM's); None at EOS or length
 
     @property
     def finished(self) -> bool:
