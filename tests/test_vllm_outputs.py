@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from specserve import LLM, CompletionOutput, SamplingParams
+from specserve import LLM, CompletionOutput, InvalidRequestError, SamplingParams
 
 PROMPT = "def add(a, b):"
 
 
 @pytest.fixture(scope="module")
 def smol(smol_gguf):
-    with LLM(model=str(smol_gguf), speculation="none", max_model_len=512) as model:
+    """exact: a seeded sample alone repeats its run in a batch (by default llama.cpp rounds by batch)."""
+    with LLM(model=str(smol_gguf), speculation="none", max_model_len=512, exact=True) as model:
         yield model
 
 
@@ -83,3 +84,29 @@ def test_stop_reason_names_the_stop_string_that_ended_the_answer(smol):
     out = smol.generate(PROMPT, SamplingParams(max_tokens=16, stop=["never-there", stop]))
     assert (out.finish_reason, out.stop_reason, out.outputs[0].stop_reason) == ("stop", stop, stop)
     assert out.text == whole.text[: whole.text.index(stop)]
+
+
+def test_n_samples_fill_outputs_each_with_its_own_text(smol):
+    """vLLM's SamplingParams(n=3) gives three CompletionOutputs per prompt. Ours had no `n` (a
+    TypeError), so a ported script had to be rewritten; it must never quietly give one."""
+    hot = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=8)
+    outs = smol.generate([PROMPT, "class Stack:"], hot)
+    assert [len(o.outputs) for o in outs] == [3, 3]
+    for out in outs:
+        assert [s.index for s in out.outputs] == [0, 1, 2] and len({s.text for s in out.outputs}) > 1
+        first = out.outputs[0]
+        assert (out.text, out.token_ids, out.finish_reason) == (first.text, first.token_ids, first.finish_reason)
+    again = smol.generate(PROMPT, hot)  # seeded: the same samples, alone as in a batch
+    assert [s.token_ids for s in again.outputs] == [s.token_ids for s in outs[0].outputs]
+    (chat,) = smol.chat([CONV], SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=4, logprobs=1))
+    assert len(chat.outputs) == 2 and all(len(s.logprobs) == len(s.token_ids) for s in chat.outputs)
+
+
+def test_n_other_than_a_count_of_samples_is_refused_by_name(smol):
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="n must be"):
+            SamplingParams(n=bad)
+    with pytest.raises(InvalidRequestError, match="n=2") as e:  # a stream is one sample
+        smol.stream(PROMPT, SamplingParams(n=2))
+    assert e.value.param == "n"
+    assert len(smol.generate(PROMPT, SamplingParams(n=1, max_tokens=2)).outputs) == 1

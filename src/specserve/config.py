@@ -6,10 +6,11 @@ to get there faster. Neither changes the output distribution: speculation is los
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 METHODS = ("auto", "none", "prediction", "ngram", "draft")
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # seeds: a signed 64-bit integer, as OpenAI documents
@@ -46,6 +47,9 @@ class SamplingParams:
     # alternatives (vLLM's prompt_logprobs; None: not computed). Such a prompt is prefilled in
     # full, never taken from the prefix cache, whose cells hold no logits.
     prompt_logprobs: int | None = None
+    # Samples per prompt (vLLM's n): LLM.generate and chat run n requests, seeds derived from `seed`
+    # (per_sample), and give them as one RequestOutput's `outputs`. The engine runs one at a time.
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -88,6 +92,8 @@ class SamplingParams:
         """Wrong types fail here, in one line, not inside an engine step (`seed=1.5` was an
         EngineFault there, which the server answers with a 500). Integers: `is_integer`."""
 
+        if not is_integer(self.n) or self.n < 1:  # n=0 or 1.5 would silently give one sample, or none
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         for name in ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if not (is_integer(value) or (value is None and name in ("seed", "logprobs", "prompt_logprobs"))):
@@ -104,6 +110,16 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):  # ignore_eos="false" was taken as True
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
+    def per_sample(self, n: int | None = None) -> list[SamplingParams]:
+        """One SamplingParams (n=1) for each of n samples (default: self.n). With a seed, sample i
+        gets a seed derived from (seed, i), so samples differ and a call repeats; one sample keeps
+        the seed as given. The server's n choices and LLM.generate's n samples both come from here."""
+        n = self.n if n is None else n
+        one = replace(self, n=1) if self.n != 1 else self
+        if n == 1 or self.seed is None:
+            return [one] * n
+        return [replace(one, seed=_derived_seed(self.seed, i)) for i in range(n)]
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -111,6 +127,11 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _derived_seed(seed: int, index: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: a valid torch seed
 
 
 def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:

@@ -560,6 +560,8 @@ class LLM:
         self._check_open()
         if params is not None and not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params is not None and params.n != 1:  # generate and chat split n; one request is one sample
+            raise InvalidRequestError(f"n={params.n}: one request (a stream) is one sample; use generate or chat", "n")
         if prediction is not None and not isinstance(prediction, (str, list, tuple)):
             raise InvalidRequestError(f"prediction must be text or token ids, got {type(prediction).__name__}")
         if prediction is not None and not isinstance(prediction, str):  # True was token 1, numpy ids refused
@@ -609,7 +611,8 @@ class LLM:
         together (continuous batching, up to max_num_seqs at once; the rest join as others end).
 
         params / prediction may also be lists, one per prompt; an empty list gives []. sampling_params: vLLM's name for
-        params. use_tqdm: vLLM's progress-bar switch, taken and unused (no bar is drawn)."""
+        params. use_tqdm: vLLM's progress-bar switch, taken and unused (no bar is drawn).
+        SamplingParams(n=k): k samples of a prompt, run together, in its RequestOutput's `outputs`."""
         params = _vllm_alias(params, sampling_params, "params", "sampling_params")
         if isinstance(prompts, (list, tuple)) and not prompts:  # vLLM's: no prompts, no outputs
             self._check_open()
@@ -618,23 +621,33 @@ class LLM:
             n = len(prompts)
             params_each = _per_prompt(params, n, "params", isinstance(params, (list, tuple)))
             predictions = _per_prompt(prediction, n, "prediction", _is_batch(prediction))
-            reqs = [
-                self.request(p, sp, pr, speculation, guide=guide)
-                for p, sp, pr in zip(prompts, params_each, predictions)
-            ]
-            return [self._finished(out, p) for out, p in zip(self.engine.run(reqs), prompts)]
-        req = self.request(prompts, params, prediction, speculation, guide=guide)
-        return self._finished(self.engine.run([req])[0], prompts)
+            return self._run(prompts, params_each, predictions, speculation, guide)
+        return self._run([prompts], [params], [prediction], speculation, guide)[0]
 
-    def _finished(self, out: RequestOutput, prompt) -> RequestOutput:
-        """`out` with vLLM's fields that need the caller's prompt or the tokenizer: `prompt` (the
-        text given, None for token ids) and the text of each token its logprobs name (vLLM's
-        Logprob.decoded_token)."""
+    def _run(self, prompts: list, params_each: list, predictions: list, speculation, guide) -> list[RequestOutput]:
+        """Run the prompts together, SamplingParams(n=k) as k requests of its prompt (seeds derived
+        by per_sample), and give one RequestOutput per prompt, its samples in `outputs`."""
+        samples = [sp.per_sample() if isinstance(sp, SamplingParams) else [sp] for sp in params_each]
+        reqs = [
+            self.request(p, each, pr, speculation, guide=guide)
+            for p, group, pr in zip(prompts, samples, predictions)
+            for each in group
+        ]
+        outs = iter(self.engine.run(reqs))
+        return [self._finished([next(outs) for _ in group], p) for group, p in zip(samples, prompts)]
+
+    def _finished(self, samples: list[RequestOutput], prompt) -> RequestOutput:
+        """One prompt's output (sample 0, the others in other_samples) with vLLM's fields that need
+        the caller's prompt or the tokenizer: `prompt` (the text given, None for token ids) and the
+        text of each token the logprobs name (vLLM's Logprob.decoded_token)."""
         prompt = prompt.get("prompt") if isinstance(prompt, dict) else prompt
-        out.prompt = prompt if isinstance(prompt, str) else None
-        named = {lp.token_id for lp in out.logprobs or ()} | {t for lp in out.logprobs or () for t, _ in lp.top}
-        out.token_text.update((t, self.tokenizer.decode([t])) for t in named)
-        return out
+        for out in samples:
+            out.prompt = prompt if isinstance(prompt, str) else None
+            lps = out.logprobs or ()
+            named = {lp.token_id for lp in lps} | {t for lp in lps for t, _ in lp.top}
+            out.token_text.update((t, self.tokenizer.decode([t])) for t in named)
+        samples[0].other_samples = samples[1:]
+        return samples[0]
 
     def chat(
         self,
@@ -671,7 +684,9 @@ class LLM:
         return self._rendered(self.generate(prompt, params, prediction, speculation, guide))
 
     def _rendered(self, out: RequestOutput) -> RequestOutput:
-        """A chat answer's `prompt`: the rendered template, as vLLM's chat reports it (decoded
-        from the prompt's tokens, control tokens spelled out)."""
-        out.prompt = self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+        """A chat answer's `prompt` (its samples' too): the rendered template, as vLLM's chat
+        reports it (decoded from the prompt's tokens, control tokens spelled out)."""
+        text = self.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+        for sample in (out, *out.other_samples):
+            sample.prompt = text
         return out

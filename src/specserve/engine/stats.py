@@ -162,7 +162,8 @@ class RequestOutput:
     """The final result of one request.
 
     Flat: `text`, `token_ids`, `finish_reason`, `logprobs` are the answer's own. `outputs` is
-    vLLM's view of the same answer (a list of one CompletionOutput), for code ported from vLLM."""
+    vLLM's view of the same answer (a list of CompletionOutputs), for code ported from vLLM; with
+    SamplingParams(n > 1) it lists every sample, and the flat fields and stats are sample 0's."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -178,6 +179,8 @@ class RequestOutput:
     request_id: str = ""  # the engine's id for the request, as vLLM's (a string)
     prompt: str | None = None  # vLLM's: the text given (LLM fills it), None for token ids
     stop_reason: str | None = None  # the stop string that ended the answer (vLLM's); None at EOS or length
+    # samples 1..n-1 of SamplingParams(n=...) through LLM.generate / chat: this output is sample 0
+    other_samples: list[RequestOutput] = field(default_factory=list, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -191,9 +194,9 @@ class RequestOutput:
 
     @functools.cached_property
     def outputs(self) -> list[CompletionOutput]:
-        """vLLM's `RequestOutput.outputs`: this answer as one CompletionOutput (index 0). Built once,
-        on first read, from the fields above; SamplingParams has no `n`, so there is never more."""
-        return [completion_output(self)]
+        """vLLM's `RequestOutput.outputs`: this answer as a CompletionOutput (index 0), then one for
+        each of other_samples (SamplingParams.n). Built once, on first read, from the flat fields."""
+        return [completion_output(out, i) for i, out in enumerate([self, *self.other_samples])]
 
     @property
     def cached_tokens(self) -> int:

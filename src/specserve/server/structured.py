@@ -16,7 +16,6 @@ it into a 400).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, replace
@@ -188,13 +187,6 @@ def check_n(n: int | None) -> int:
 
 
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """One SamplingParams per choice. With a seed, choice i gets a seed derived from (seed, i),
-    so a request is reproducible and its choices differ; n=1 keeps the seed as given."""
-    if n == 1 or params.seed is None:
-        return [params] * n
-    return [replace(params, seed=_derived_seed(params.seed, i)) for i in range(n)]
-
-
-def _derived_seed(seed: int, index: int) -> int:
-    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: a valid torch seed
+    """One SamplingParams per choice (SamplingParams.per_sample): with a seed, choice i gets a seed
+    derived from (seed, i), so a request is reproducible and its choices differ; n=1 keeps the seed."""
+    return params.per_sample(n)
