@@ -110,3 +110,43 @@ def test_n_other_than_a_count_of_samples_is_refused_by_name(smol):
         smol.stream(PROMPT, SamplingParams(n=2))
     assert e.value.param == "n"
     assert len(smol.generate(PROMPT, SamplingParams(n=1, max_tokens=2)).outputs) == 1
+
+
+# A script written for vLLM, as its docs show it; only the import line names us.
+VLLM_SCRIPT = """
+from specserve import LLM, SamplingParams
+
+llm = LLM(model=MODEL, max_model_len=1024, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+prompts = ["def add(a, b):", "The capital of France is"]
+sampling_params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12, seed=0, n=2, logprobs=2, stop=["\\n\\n"])
+outputs = llm.generate(prompts, sampling_params, use_tqdm=False)
+conversation = [{"role": "user", "content": "Write a haiku about tests."}]
+outputs += llm.chat([conversation], sampling_params=SamplingParams(max_tokens=8, temperature=0))
+for output in outputs:
+    print(f"{output.request_id} {output.prompt!r} {len(output.prompt_token_ids)} {output.finished}")
+    for completion in output.outputs:
+        print(completion.index, repr(completion.text), completion.token_ids, completion.finish_reason,
+              completion.stop_reason, completion.cumulative_logprob)
+        for position in completion.logprobs or []:
+            for token_id, logprob in position.items():
+                print(" ", token_id, logprob.logprob, logprob.rank, repr(logprob.decoded_token))
+llm.close()
+"""
+
+
+def test_a_vllm_script_runs_unchanged(smol_gguf, capsys):
+    namespace = {"MODEL": str(smol_gguf)}
+    exec(VLLM_SCRIPT, namespace)
+    outputs = namespace["outputs"]
+    printed = capsys.readouterr().out
+    assert [len(o.outputs) for o in outputs] == [2, 2, 1]
+    assert [o.prompt for o in outputs[:2]] == ["def add(a, b):", "The capital of France is"]
+    assert "Write a haiku about tests." in outputs[2].prompt
+    for out in outputs:
+        assert f"{out.request_id} {out.prompt!r} {len(out.prompt_token_ids)} True" in printed
+        for c in out.outputs:
+            assert f"{c.index} {c.text!r} {c.token_ids} {c.finish_reason} {c.stop_reason}" in printed
+            assert c.finish_reason in ("stop", "length") and c.text.find("\n\n") == -1
+    sampled = [c for o in outputs[:2] for c in o.outputs]
+    assert all(len(c.logprobs) == len(c.token_ids) and c.cumulative_logprob <= 0 for c in sampled)
+    assert outputs[2].outputs[0].logprobs is None and outputs[2].outputs[0].cumulative_logprob is None
