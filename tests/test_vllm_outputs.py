@@ -121,7 +121,7 @@ prompts = ["def add(a, b):", "The capital of France is"]
 sampling_params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=12, seed=0, n=2, logprobs=2, stop=["\\n\\n"])
 outputs = llm.generate(prompts, sampling_params, use_tqdm=False)
 conversation = [{"role": "user", "content": "Write a haiku about tests."}]
-outputs += llm.chat([conversation], sampling_params=SamplingParams(max_tokens=8, temperature=0))
+outputs += llm.chat(conversation, sampling_params=SamplingParams(max_tokens=8, temperature=0))
 for output in outputs:
     print(f"{output.request_id} {output.prompt!r} {len(output.prompt_token_ids)} {output.finished}")
     for completion in output.outputs:
@@ -150,3 +150,14 @@ def test_a_vllm_script_runs_unchanged(smol_gguf, capsys):
     sampled = [c for o in outputs[:2] for c in o.outputs]
     assert all(len(c.logprobs) == len(c.token_ids) and c.cumulative_logprob <= 0 for c in sampled)
     assert outputs[2].outputs[0].logprobs is None and outputs[2].outputs[0].cumulative_logprob is None
+
+
+def test_one_prompts_output_reads_as_vllms_list_of_one(smol):
+    """vLLM's generate and chat return a list even for one prompt or conversation, so a port reads
+    `out[0].outputs[0].text`: ours gave the RequestOutput alone ("not subscriptable"). It is now also
+    a list of one (itself), and `out.text` reads as before."""
+    for out in (smol.generate(PROMPT, SamplingParams(max_tokens=3)), smol.chat(CONV, SamplingParams(max_tokens=3))):
+        assert out[0] is out and out[-1] is out and len(out) == 1 and list(out) == [out]
+        assert out[0].outputs[0].text == out.text
+        with pytest.raises(IndexError, match="one prompt"):
+            out[1]

@@ -182,6 +182,19 @@ class RequestOutput:
     # samples 1..n-1 of SamplingParams(n=...) through LLM.generate / chat: this output is sample 0
     other_samples: list[RequestOutput] = field(default_factory=list, repr=False)
 
+    # vLLM's generate and chat return a list even for one prompt, so ported code reads out[0]:
+    # an output is also a list of one, itself (ours returns it alone; out.text reads as before).
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> RequestOutput:
+        if index not in (0, -1):
+            raise IndexError(f"index {index}: the output of one prompt is a list of one (as vLLM's)")
+        return self
+
+    def __iter__(self):
+        yield self
+
     @property
     def finished(self) -> bool:
         """vLLM's flag: a RequestOutput is only made when its request ends (an abort too)."""
