@@ -5,6 +5,7 @@ llm = LLM()                                   # default Qwen2.5-Coder 1.5B + 0.5
 out = llm.generate("def fib(n):", SamplingParams(max_tokens=64))
 out = llm.chat([{"role": "user", "content": "..."}], params, prediction=old_code)
 print(out.text, out.stats.acceptance_rate, out.stats.by_source["prediction"].accepted)
+print(out[0].outputs[0].text)                 # vLLM's shapes read too (engine/completion.py)
 """
 
 from __future__ import annotations
