@@ -171,3 +171,32 @@ def test_a_write_that_fails_names_the_file_it_could_not_write(server, src, tmp_p
     target = src if where == ["--in-place"] else dest
     assert err.startswith("specserve: error: cannot write ") and str(target.name) in err, err
     assert "No space left on device" in err and src.read_text() == ORIGINAL
+
+
+def test_a_read_only_file_system_is_named_as_the_reason(server, src, monkeypatch, capsys):  # noqa: F811
+    """A file on a read-only file system (a mount, a remount after disk errors) was refused with
+    "permission denied", which no chmod fixes. The one line now says why, before the model is asked.
+    (A real read-only mount needs privileges the tests may not have: os.access and os.statvfs answer
+    as they do on one.)"""
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False)
+    monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((4096,) * 8 + (os.ST_RDONLY, 255)))
+    assert edit_cli(server, src, "--in-place") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"specserve: error: cannot write {src}: read-only file system", err
+    assert src.read_text() == ORIGINAL and server.requests == []
+
+
+def test_a_temporary_file_that_cannot_be_made_names_the_file_being_written(server, src, monkeypatch, capsys):  # noqa: F811
+    """When the folder stopped taking new files after the check (remounted read-only while the model
+    answered), the error named the temporary file, a hidden name the user never gave
+    ("cannot write .../.greet.py.k2j3.specserve-tmp"). It names the file the edit was writing (here
+    the backup, written first)."""
+
+    def read_only(prefix, suffix, dir):
+        raise OSError(30, "Read-only file system", f"{dir}/{prefix}x1y2z3{suffix}")
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
+    assert edit_cli(server, src, "--in-place") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"specserve: error: cannot write {src}.bak: Read-only file system", err
+    assert src.read_text() == ORIGINAL and sorted(p.name for p in src.parent.iterdir()) == ["greet.py"]

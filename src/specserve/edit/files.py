@@ -135,9 +135,18 @@ def check_writable(path: Path, follow: bool = True) -> None:
     if not follow:  # replaced by a rename: only the folder must be writable
         real = real if real.exists() and not real.is_symlink() else folder
     if not os.access(folder, os.W_OK) or (real.exists() and not os.access(real, os.W_OK)):
-        raise EditError(f"cannot write {path}: permission denied")
+        raise EditError(f"cannot write {path}: {_why_not_writable(folder)}")
     if real.is_file() and not real.stat().st_mode & 0o222:  # root may write it: the user said not to
         raise EditError(f"cannot write {path}: it is read-only (chmod u+w it to let the edit write it)")
+
+
+def _why_not_writable(folder: Path) -> str:
+    """Why os.access refused: a read-only file system (which no chmod fixes) or the permission bits."""
+    try:
+        read_only = os.statvfs(folder).f_flag & os.ST_RDONLY
+    except OSError:
+        read_only = False
+    return "read-only file system" if read_only else "permission denied"
 
 
 def write_in_place(source: SourceFile, text: str, backup: Path | None = None) -> None:
@@ -193,7 +202,10 @@ def _replace(path: Path, data: bytes, mode: int, owner: os.stat_result | None) -
     file in the same folder renamed over `path` (the name itself: a symlink there is replaced)."""
     # a new name each time, made with O_EXCL and mode 0600: a fixed name was written through a
     # symlink left there, and the file's text was readable by all until its mode was set
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".specserve-tmp", dir=path.parent)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".specserve-tmp", dir=path.parent)
+    except OSError as e:  # the error named the temporary file, a name the user never gave
+        raise OSError(e.errno, e.strerror, str(path)) from None
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
