@@ -3,7 +3,8 @@ without losing anything the user had.
 
 A file is read as UTF-8 (a byte-order mark and CRLF or lone-CR line ends are set aside, so the
 model, the diff and the splice see plain '\n' lines) and written back the way it was: through a
-symlink to the file it points to, with its permission bits, BOM and line ends (each line the
+symlink to the file it points to, with its permission bits, extended attributes (edit/xattrs.py:
+ACL, SELinux label, user.*), BOM and line ends (each line the
 edit kept keeps its own, so a file that mixes CRLF and LF keeps its mix; a new line takes the
 file's most common one; a file the edit left as it was is the same bytes),
 atomically (a temporary file, made afresh with O_EXCL and mode 0600, renamed over it), and
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from ..inputs import decode_text, read_bytes
 from .client import EditError
+from .xattrs import copy_xattrs
 
 LANGUAGES = {
     ".py": "python",
@@ -169,8 +171,8 @@ def write_in_place(source: SourceFile, text: str, backup: Path | None = None) ->
 def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> None:
     """Write `data` through a temporary file in the same folder, renamed over the target: never a
     half-written file. A symlink is followed (the file it points to is written, the link stays),
-    and an existing file keeps its permission bits, owner and group (where the user may give
-    them: root, or a group of the user's); a new one takes `mode_of`'s bits (the edited
+    and an existing file keeps its permission bits, extended attributes, owner and group (where the
+    user may give them: root, or a group of the user's); a new one takes `mode_of`'s bits (the edited
     file's: an executable script's edit stays executable). A file with other hard links is
     rewritten where it is instead (a rename would leave the other names holding the old text)."""
     real = path.resolve()
@@ -185,21 +187,23 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
         return
     like = real if real.exists() else mode_of
     mode = like.stat().st_mode & 0o7777 if like is not None and like.exists() else 0o666 & ~_umask()
-    _replace(real, data, mode, real.stat() if real.exists() else None)
+    _replace(real, data, mode, real if real.exists() else None)
 
 
 def write_backup(path: Path, backup: Path) -> None:
     """Copy `path` to `backup` as a new file renamed over that name: whatever was at `backup` (an
     old backup, a symlink, a hard link to another file) is replaced, never written through. The copy
-    keeps the file's bits, owner and times, as shutil.copy2 did."""
+    keeps the file's bits, owner, times and extended attributes (ACL and SELinux label included):
+    a backup is the user's file, to be put back with `mv`, and it must not grant more than the file did."""
     old = path.stat()
-    _replace(backup, path.read_bytes(), old.st_mode & 0o7777, old)
+    _replace(backup, path.read_bytes(), old.st_mode & 0o7777, path)
     os.utime(backup, ns=(old.st_atime_ns, old.st_mtime_ns), follow_symlinks=False)
 
 
-def _replace(path: Path, data: bytes, mode: int, owner: os.stat_result | None) -> None:
-    """Put `data` at `path` whole or not at all, with `mode` and `owner`'s owner and group: a temporary
-    file in the same folder renamed over `path` (the name itself: a symlink there is replaced)."""
+def _replace(path: Path, data: bytes, mode: int, like: Path | None) -> None:
+    """Put `data` at `path` whole or not at all, with `mode` and the owner, group and extended
+    attributes of the file `like` (None: a new file of the user's): a temporary file in the same
+    folder renamed over `path` (the name itself: a symlink there is replaced)."""
     # a new name each time, made with O_EXCL and mode 0600: a fixed name was written through a
     # symlink left there, and the file's text was readable by all until its mode was set
     try:
@@ -210,10 +214,11 @@ def _replace(path: Path, data: bytes, mode: int, owner: os.stat_result | None) -
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            if owner is not None:
-                _keep_owner(f.fileno(), owner)
+            f.flush()  # before the owner, attributes and mode: a write clears setuid bits and file capabilities
+            if like is not None:
+                _keep_owner(f.fileno(), like.stat())
+                copy_xattrs(like, f.fileno(), path)  # after the chown, which clears file capabilities
             os.fchmod(f.fileno(), mode)  # after the chown, which clears setuid and setgid bits
-            f.flush()
             os.fsync(f.fileno())  # on disk before the rename: a crash must not leave an empty file
         os.replace(tmp, path)
     finally:
