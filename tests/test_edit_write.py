@@ -192,10 +192,10 @@ def test_a_temporary_file_that_cannot_be_made_names_the_file_being_written(serve
     ("cannot write .../.greet.py.k2j3.specserve-tmp"). It names the file the edit was writing (here
     the backup, written first)."""
 
-    def read_only(prefix, suffix, dir):
-        raise OSError(30, "Read-only file system", f"{dir}/{prefix}x1y2z3{suffix}")
+    def read_only(target):
+        raise OSError(30, "Read-only file system", f"{target.parent}/.{target.name}.x1y2z3.tmp")
 
-    monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(files, "make_temp", read_only)
     assert edit_cli(server, src, "--in-place") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == f"specserve: error: cannot write {src}.bak: Read-only file system", err

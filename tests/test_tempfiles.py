@@ -1,0 +1,119 @@
+"""The temporary file a write renames over the user's file: named for what it is, and removed by
+the next write when a killed writer left it (tempfiles.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
+
+from specserve.edit import files
+from specserve.engine import atomic
+
+HOST = socket.gethostname()
+
+
+def _dead_pid() -> int:
+    """The id of a process that has ended (and been reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def _killed_while_writing(path) -> str:
+    """Run a write of `path` in another process and SIGKILL it once the temporary file holds the
+    new text, before the rename: what `kill -9` during an edit leaves. The leftover's name."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from pathlib import Path
+        from specserve.edit import files
+        def stop(fd):
+            print(os.readlink(f"/proc/self/fd/{{fd}}"), flush=True)
+            time.sleep(60)
+        os.fsync = stop
+        files.write_atomic(Path({str(path)!r}), {EDITED!r})
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    leftover = writer.stdout.readline().strip()
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    writer.stdout.close()
+    return os.path.basename(leftover)
+
+
+def test_a_temporary_file_left_by_kill_9_is_named_for_what_it_is_and_removed_by_the_next_edit(server, src, capsys):  # noqa: F811
+    """`kill -9` during a write left `.greet.py.k2j3x9aa.specserve-tmp` beside the file for good: a
+    hidden copy of the text that nothing ever removed. Its name now says whose it is, and the next
+    edit of the file removes it, saying so; the user's file was never touched."""
+    leftover = _killed_while_writing(src)
+    assert re.fullmatch(rf"\.greet\.py\.specserve-{re.escape(HOST)}-\d+\.[a-z0-9_]{{8}}\.tmp", leftover), leftover
+    assert (src.parent / leftover).exists() and src.read_text() == ORIGINAL
+    assert edit_cli(server, src, "--in-place") == 0
+    assert sorted(p.name for p in src.parent.iterdir()) == ["greet.py", "greet.py.bak"]
+    assert f"removed {src.parent / leftover}, left by specserve process" in capsys.readouterr().err
+
+
+def test_only_a_dead_writer_s_own_leftovers_are_removed(server, src):  # noqa: F811
+    """A running writer's temporary file (another edit of the same file, under way), another
+    machine's (a shared folder: its process ids are not ours), another file's, a link or a folder
+    with a leftover's name, and the names of older versions are all kept."""
+    dead, folder = _dead_pid(), src.parent
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        gone = [
+            f".greet.py.specserve-{HOST}-{dead}.abcd_123.tmp",
+            f".greet.py.bak.specserve-{HOST}-{dead}.zzzzzzzz.tmp",
+        ]
+        kept = [
+            f".greet.py.specserve-{HOST}-{live.pid}.abcd_123.tmp",
+            f".greet.py.specserve-other-{HOST}-{dead}.abcd_123.tmp",
+            f".greet.pyc.specserve-{HOST}-{dead}.abcd_123.tmp",
+            f".greet.py.specserve-{HOST}-{dead}.abcd_123.tmp~",
+            f"greet.py.specserve-{HOST}-{dead}.abcd_123.tmp",
+            ".greet.py.k2j3x9aa.specserve-tmp",
+            "notes.txt",
+        ]
+        for name in gone + kept:
+            (folder / name).write_text("x\n")
+        link = folder / f".greet.py.specserve-{HOST}-{dead}.linklink.tmp"
+        link.symlink_to(folder / "notes.txt")
+        (folder / f".greet.py.specserve-{HOST}-{dead}.a_folder.tmp").mkdir()
+        assert edit_cli(server, src, "--in-place") == 0
+    finally:
+        live.kill()
+        live.wait()
+    names = {p.name for p in folder.iterdir()}
+    assert not names & set(gone)
+    assert names == set(kept) | {
+        "greet.py",
+        "greet.py.bak",
+        link.name,
+        f".greet.py.specserve-{HOST}-{dead}.a_folder.tmp",
+    }
+    assert src.read_text() == EDITED and (folder / "notes.txt").read_text() == "x\n"
+
+
+def test_the_cache_writer_names_and_removes_its_leftovers_too(tmp_path):
+    """The host cache and the price cache write the same way: a server killed while it wrote a
+    KV entry (gigabytes) left `entry.kv.k2j3x9aa.tmp` for good."""
+    dead, entry = _dead_pid(), tmp_path / "entry.kv"
+    left = tmp_path / f".entry.kv.specserve-{HOST}-{dead}.abcdefgh.tmp"
+    left.write_bytes(b"half an entry")
+    atomic.write_atomic(entry, [b"whole entry"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.kv"] and entry.read_bytes() == b"whole entry"
+
+
+def test_the_file_being_written_is_never_taken_for_a_leftover(tmp_path, monkeypatch):
+    """This process's own temporary file, of a write under way in another thread, is kept."""
+    path = tmp_path / "greet.py"
+    mine = tmp_path / f".greet.py.specserve-{HOST}-{os.getpid()}.abcdefgh.tmp"
+    mine.write_text("another thread's write\n")
+    files.write_atomic(path, EDITED)
+    assert mine.exists() and path.read_text() == EDITED
