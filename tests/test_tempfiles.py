@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
 from specserve.edit import files
@@ -117,3 +118,28 @@ def test_the_file_being_written_is_never_taken_for_a_leftover(tmp_path, monkeypa
     mine.write_text("another thread's write\n")
     files.write_atomic(path, EDITED)
     assert mine.exists() and path.read_text() == EDITED
+
+
+@pytest.mark.parametrize("length", [230, 251])
+def test_a_long_file_name_is_edited(server, tmp_path, length):  # noqa: F811
+    """A file whose name fits the 255-byte limit could not be written once the model had answered
+    (minutes lost): its temporary file's name, the name and a suffix, did not fit ("cannot write
+    ...: File name too long"). The name in the temporary file's is cut to fit, and a killed edit's
+    leftover is still found by the next."""
+    path = tmp_path / ("g" * (length - 3) + ".py")
+    path.write_text(ORIGINAL)
+    assert len(_killed_while_writing(path)) <= 255
+    assert edit_cli(server, path, "--in-place") == 0
+    assert path.read_text() == EDITED and path.with_name(path.name + ".bak").read_text() == ORIGINAL
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".bak"]
+
+
+def test_a_name_too_long_for_its_backup_is_refused_in_one_line(server, tmp_path, capsys):  # noqa: F811
+    """FILE.bak of a 253-byte name is longer than the file system allows: the check before the model
+    was asked stopped on Python's "[Errno 36] File name too long: '...'". It is the usual one line."""
+    path = tmp_path / ("g" * 250 + ".py")
+    path.write_text(ORIGINAL)
+    assert edit_cli(server, path, "--in-place") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"specserve: error: cannot write {path}.bak: File name too long", err
+    assert path.read_text() == ORIGINAL and server.requests == []

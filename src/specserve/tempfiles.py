@@ -5,7 +5,8 @@ A file is written whole by writing a temporary file next to it and renaming that
 temporary file there for good: a hidden copy of a user's text beside their file, or a cache entry
 of gigabytes. So its name says what it is and whose: `.NAME.specserve-HOST-PID.XXXXXXXX.tmp`
 (HOST: this machine's name, so a folder shared with another machine or container is not judged
-by this one's processes; XXXXXXXX: mkstemp's random part, the file made with O_EXCL and mode 0600).
+by this one's processes; XXXXXXXX: mkstemp's random part, the file made with O_EXCL and mode 0600;
+NAME cut short where the whole would pass the file system's limit on a name).
 The next write of NAME removes the ones of this host whose process is gone: only regular files
 named exactly so, for that NAME, in that folder; never a running writer's, never anything else.
 """
@@ -24,9 +25,22 @@ _RANDOM = r"[a-z0-9_]{8}"  # tempfile's random part: 8 of "abcdefghijklmnopqrstu
 
 def make_temp(target: Path) -> tuple[int, Path]:
     """A new temporary file for `target`, in its folder: (open descriptor, path)."""
-    prefix = f".{target.name}.specserve-{socket.gethostname()}-{os.getpid()}."
+    prefix = f".{_short_name(target)}.specserve-{socket.gethostname()}-{os.getpid()}."
     fd, name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
     return fd, Path(name)
+
+
+def _short_name(target: Path) -> str:
+    """`target`'s name, cut so the temporary file's name fits the file system's limit (255 bytes
+    on most): a file whose own name fits must not fail to be written for its temporary file's."""
+    try:
+        limit = os.pathconf(target.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    # the longest process id (ten digits), not this one's: every writer of NAME cuts it alike
+    extra = len(os.fsencode(f"..specserve-{socket.gethostname()}-{'9' * 10}.{'x' * 8}.tmp"))
+    name = os.fsencode(target.name)
+    return target.name if len(name) <= limit - extra else os.fsdecode(name[: max(limit - extra, 1)])
 
 
 def remove_leftovers(target: Path) -> list[tuple[Path, int]]:
@@ -34,7 +48,7 @@ def remove_leftovers(target: Path) -> list[tuple[Path, int]]:
     (path, its process id) for each one removed. A folder that cannot be listed, or a file that
     cannot be removed, is left as it is: the write that follows is what matters."""
     pattern = re.compile(
-        rf"\.{re.escape(target.name)}\.specserve-{re.escape(socket.gethostname())}-(\d+)\.{_RANDOM}\.tmp"
+        rf"\.{re.escape(_short_name(target))}\.specserve-{re.escape(socket.gethostname())}-(\d+)\.{_RANDOM}\.tmp"
     )
     removed = []
     try:

@@ -129,7 +129,15 @@ def read_source(path: Path) -> SourceFile:
 def check_writable(path: Path, follow: bool = True) -> None:
     """Fail before the model is asked (minutes on a CPU) when `path` cannot be written. `follow`:
     False for a name that is replaced rather than written through (the backup): a link there is
-    checked as the name in its own folder, not as the file it points to."""
+    checked as the name in its own folder, not as the file it points to. A name the system refuses
+    (longer than its limit: FILE.bak of a 252-byte name) is the same one line."""
+    try:
+        _check_writable(path, follow)
+    except OSError as e:
+        raise EditError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _check_writable(path: Path, follow: bool) -> None:
     real = path.resolve() if follow else path.parent.resolve() / path.name
     folder = real.parent
     if not folder.is_dir():
