@@ -200,3 +200,28 @@ def test_a_temporary_file_that_cannot_be_made_names_the_file_being_written(serve
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == f"specserve: error: cannot write {src}.bak: Read-only file system", err
     assert src.read_text() == ORIGINAL and sorted(p.name for p in src.parent.iterdir()) == ["greet.py"]
+
+
+@pytest.mark.parametrize("where", [["--in-place"], ["--output", "FILE"]])
+def test_a_hard_linked_file_that_cannot_be_written_whole_keeps_its_text(server, src, tmp_path, where):  # noqa: F811
+    """A file with other hard links is rewritten where it is. A write that failed part way (a full
+    disk; here a file size limit, which fails the same way) left the first bytes of the new text and
+    lost the rest of the old, in the file and its other names, while the error said only "cannot
+    write": with --output FILE there was no backup at all. The old text is put back."""
+    other = tmp_path / "also_greet.py"
+    other.hardlink_to(src)
+    args = [str(src) if a == "FILE" else a for a in where]
+    script = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        from specserve.cli.main import main
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({len(ORIGINAL) + 5}, {len(ORIGINAL) + 5}))
+        sys.exit(main(["edit", {str(src)!r}, "-i", "Add type hints to greet", "--base-url", {server.base_url!r},
+                       *{args!r}]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"specserve: error: cannot write {src}: File too large"
+    assert src.read_text() == ORIGINAL and other.read_text() == ORIGINAL

@@ -189,15 +189,39 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
     if isinstance(data, str):
         data = data.encode("utf-8")
     if real.exists() and real.stat().st_nlink > 1:
-        with _interrupt_deferred(), open(real, "r+b") as f:
-            f.write(data)
-            f.truncate()
-            f.flush()
-            os.fsync(f.fileno())
+        _rewrite_where_it_is(real, data)
         return
     like = real if real.exists() else mode_of
     mode = like.stat().st_mode & 0o7777 if like is not None and like.exists() else 0o666 & ~_umask()
     _replace(real, data, mode, real if real.exists() else None)
+
+
+def _rewrite_where_it_is(path: Path, data: bytes) -> None:
+    """Write `data` over the file at `path` itself (its other hard links see it). Not atomic: a
+    write that fails part way (a full disk) puts the old bytes back, which fit where they were,
+    before the error is raised; a Ctrl-C waits until the file holds the new text alone."""
+    with _interrupt_deferred(), open(path, "r+b", buffering=0) as f:
+        old = f.read()
+        try:
+            _overwrite(f, data)
+        except OSError as e:
+            try:
+                _overwrite(f, old)
+            except OSError as again:
+                raise OSError(
+                    e.errno, f"{e.strerror}, and its old text could not be put back ({again.strerror})", str(path)
+                ) from None
+            raise
+
+
+def _overwrite(f, data: bytes) -> None:
+    """Make the unbuffered file `f` hold `data` alone, on disk."""
+    f.seek(0)
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view) :]  # a raw write may take only part
+    f.truncate()
+    os.fsync(f.fileno())
 
 
 def write_backup(path: Path, backup: Path) -> None:
