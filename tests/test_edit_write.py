@@ -225,3 +225,16 @@ def test_a_hard_linked_file_that_cannot_be_written_whole_keeps_its_text(server, 
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"specserve: error: cannot write {src}: File too large"
     assert src.read_text() == ORIGINAL and other.read_text() == ORIGINAL
+
+
+def test_a_file_that_is_a_link_to_its_own_backup_name_is_refused(server, tmp_path, capsys):  # noqa: F811
+    """greet.py a link to greet.py.bak: the backup replaced greet.py.bak with the original, then the
+    edit was written through the link into that same greet.py.bak. The original was gone while the
+    tool said "backup: greet.py.bak". Refused before the model is asked; nothing changes."""
+    real, link = tmp_path / "greet.py.bak", tmp_path / "greet.py"
+    real.write_text(ORIGINAL)
+    link.symlink_to("greet.py.bak")
+    assert edit_cli(server, link, "--in-place") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"specserve: error: cannot keep a backup of {link}: ") and "\n" not in err, err
+    assert real.read_text() == ORIGINAL and link.is_symlink() and server.requests == []

@@ -267,13 +267,25 @@ def _preflight(args, original: str) -> Path | None:
     if dest is not None:  # before the model is asked: an answer that cannot be written is minutes lost
         check_writable(dest)
         if args.in_place:
-            check_writable(backup_path(args.file), follow=False)
+            _check_backup(args.file)
     if args.html:
         kept = [args.file, backup_path(args.file)] + ([dest] if dest is not None else [])
         if any(_same_file(args.html, p) or args.html.resolve() == p.resolve() for p in kept):
             raise EditError(f"--html {args.html} names a file the edit keeps; give the report a path of its own")
         check_writable(args.html)
     return dest
+
+
+def _check_backup(path: Path) -> None:
+    """FILE.bak can be written, and is not the file the edit writes: with FILE a link to FILE.bak,
+    the backup was replaced by the edit itself, and the original was gone."""
+    backup = backup_path(path)
+    check_writable(backup, follow=False)
+    if backup.parent.resolve() / backup.name == path.resolve():
+        raise EditError(
+            f"cannot keep a backup of {path}: it is a link to {backup.name}, which the edit would overwrite; "
+            "nothing sent (--output writes the edit elsewhere)"
+        )
 
 
 def _best_answer(args, original: str) -> tuple[EditResult, Verdict | None]:
