@@ -14,6 +14,7 @@ import textwrap
 import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
+from specserve import tempfiles
 from specserve.edit import files
 from specserve.engine import atomic
 
@@ -143,3 +144,17 @@ def test_a_name_too_long_for_its_backup_is_refused_in_one_line(server, tmp_path,
     err = capsys.readouterr().err.strip()
     assert err == f"specserve: error: cannot write {path}.bak: File name too long", err
     assert path.read_text() == ORIGINAL and server.requests == []
+
+
+def test_on_windows_no_process_is_signalled_and_nothing_removed(tmp_path, monkeypatch):
+    """os.kill(pid, 0) tests a process on POSIX, but on Windows signal 0 is CTRL_C_EVENT: asking
+    whether a leftover's writer still ran would have sent a Ctrl-C to whatever process has that id
+    now. There, leftovers are kept and no process is signalled."""
+    dead, path = _dead_pid(), tmp_path / "greet.py"
+    left = tmp_path / f".greet.py.specserve-{HOST}-{dead}.abcdefgh.tmp"
+    left.write_text("x\n")
+    signalled = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signalled.append((pid, sig)))
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert tempfiles.remove_leftovers(path) == []
+    assert left.exists() and signalled == []

@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def _is_plain_file(entry: os.DirEntry) -> bool:
 
 def _running(pid: int) -> bool:
     """Whether process `pid` exists (another user's included); unsure counts as running."""
-    if pid <= 0:
+    if pid <= 0 or sys.platform == "win32":  # on Windows signal 0 is CTRL_C_EVENT: it would interrupt the process
         return True
     try:
         os.kill(pid, 0)
