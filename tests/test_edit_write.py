@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import traceback
+from pathlib import Path
 
 import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
-from specserve.cli.main import main
+from specserve.cli.main import build_parser, main
 from specserve.edit import files
 from specserve.engine import atomic
 
@@ -106,7 +111,7 @@ def test_an_html_report_that_cannot_be_written_whole_leaves_the_earlier_one(serv
     script = textwrap.dedent(
         f"""
         import resource, signal, sys
-        from specserve.cli.main import main
+        from specserve.cli.main import build_parser, main
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
         sys.exit(main(["edit", {str(src)!r}, "-i", "Add type hints to greet", "--base-url", {server.base_url!r},
@@ -214,7 +219,7 @@ def test_a_hard_linked_file_that_cannot_be_written_whole_keeps_its_text(server, 
     script = textwrap.dedent(
         f"""
         import resource, signal, sys
-        from specserve.cli.main import main
+        from specserve.cli.main import build_parser, main
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, ({len(ORIGINAL) + 5}, {len(ORIGINAL) + 5}))
         sys.exit(main(["edit", {str(src)!r}, "-i", "Add type hints to greet", "--base-url", {server.base_url!r},
@@ -238,3 +243,55 @@ def test_a_file_that_is_a_link_to_its_own_backup_name_is_refused(server, tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"specserve: error: cannot keep a backup of {link}: ") and "\n" not in err, err
     assert real.read_text() == ORIGINAL and link.is_symlink() and server.requests == []
+
+
+def _edit_as_a_user(server, path, *extra) -> tuple[int, str]:  # noqa: F811
+    """`edit_cli` with the permissions of a user who is not root (root may write any folder): run
+    as is when the tests are not root, else in a forked child that has become `nobody` (the code is
+    already loaded: nobody may not read this Python's files). (exit code, stderr)."""
+    if os.geteuid() != 0:
+        with tempfile.TemporaryFile("w+") as err, contextlib.redirect_stderr(err):
+            code = edit_cli(server, path, *extra)
+            err.seek(0)
+            return code, err.read()
+    build_parser()  # every module the command line loads, loaded while this Python's files may be read
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never return into pytest
+        code = 70
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            with tempfile.TemporaryFile("w+", dir="/dev/shm") as err, contextlib.redirect_stderr(err):
+                code = edit_cli(server, path, *extra)
+                err.seek(0)
+                os.write(write_end, err.read().encode())
+        except Exception:  # noqa: BLE001  (any failure in the child is shown in the parent's assertion)
+            os.write(write_end, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        err = f.read()
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), err
+
+
+def test_a_folder_the_user_may_not_write_is_refused_before_the_model_is_asked(server):  # noqa: F811
+    """`--in-place` replaces the file by a new one in its folder: in a folder the user may not write
+    (0555, theirs), the temporary file cannot be made. One line, exit 2, nothing sent, nothing lost."""
+    folder = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    try:
+        path = folder / "greet.py"
+        path.write_text(ORIGINAL)
+        if os.geteuid() == 0:
+            os.chown(folder, 65534, 65534)
+            os.chown(path, 65534, 65534)
+        folder.chmod(0o555)
+        code, err = _edit_as_a_user(server, path, "--in-place")
+        assert code == 2 and err.strip() == f"specserve: error: cannot write {path}: permission denied", err
+        assert path.read_text() == ORIGINAL and sorted(p.name for p in folder.iterdir()) == ["greet.py"]
+        assert server.requests == []
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
