@@ -5,6 +5,8 @@ SDK talks to the app through the test client (an httpx client)."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -269,3 +271,62 @@ def test_a_false_prefix_flag_changes_nothing(client):
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
     assert r.json()["choices"][0]["message"] == plain["choices"][0]["message"]
+
+
+FORCED = {
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}],
+    "tool_choice": "required",
+}
+
+
+def _streamed(client, body: dict) -> tuple[str, list[dict], str]:
+    """A streamed chat answer as (its content joined, its tool-call deltas, its finish reason)."""
+    content, deltas, reason = "", [], None
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    content += choice["delta"].get("content") or ""
+                    deltas += choice["delta"].get("tool_calls") or []
+                    reason = choice["finish_reason"] or reason
+    return content, deltas, reason
+
+
+@pytest.mark.parametrize("max_tokens", [4, 12, 16, 30, 40])
+def test_a_tool_call_cut_by_max_tokens_is_a_call_not_its_markup(client, max_tokens):
+    """A call cut off by `max_tokens` comes back as OpenAI's does: `finish_reason: "length"` with
+    the call (its arguments as far as they got, maybe none), never the server's `<tool_call>`
+    markup as content, which agents showed as the answer or sent back in the history (the tiny
+    model's forced call at 30 tokens was the content '<tool_call>\\n{"name": "f", "arg'). A
+    block cut before its name is complete is no call, and no content either."""
+    body = {**CHAT, **FORCED, "max_tokens": max_tokens}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    calls = choice["message"].get("tool_calls") or []
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("length", None)
+    assert [c["function"]["name"] for c in calls] in ([], ["f"])
+    content, deltas, reason = _streamed(client, body)
+    assert (content or None, reason) == (choice["message"]["content"], "length")
+    assert [d["function"].get("name") for d in deltas if "id" in d] == [c["function"]["name"] for c in calls]
+    streamed_args = "".join(d["function"]["arguments"] for d in deltas)
+    assert streamed_args == "".join(c["function"]["arguments"] for c in calls)
+    flat = {**RESPONSE, **FORCED, "tools": [_flat(FORCED)], "max_output_tokens": max_tokens}
+    items = client.post("/v1/responses", json=flat).json()["output"]
+    assert [i for i in items if i["type"] == "message"] == []
+    assert [(i["name"], i["status"]) for i in items if i["type"] == "function_call"] == [
+        ("f", "incomplete") for _ in calls
+    ]
+
+
+@pytest.mark.parametrize("max_tokens, arguments", [(16, None), (30, ""), (40, "{")])
+def test_a_cut_call_is_returned_once_its_name_is_written(client, max_tokens, arguments):
+    """The tiny model's forced call, cut: at 16 tokens '{"na' (no call), at 30 the name written
+    and no arguments yet, at 40 the arguments' first brace."""
+    body = {**CHAT, **FORCED, "max_tokens": max_tokens}
+    message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert message["content"] is None
+    written = [c["function"]["arguments"] for c in message.get("tool_calls") or []]
+    assert written == ([] if arguments is None else [arguments])
+
+
+def _flat(forced: dict) -> dict:
+    return {"type": "function", **forced["tools"][0]["function"]}

@@ -582,3 +582,24 @@ def test_a_streamed_chat_answer_with_tools_joins_to_the_whole_answer(text, reaso
     assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
     assert choice["finish_reason"] == ("length" if reason == "length" else "tool_calls" if whole else "stop")
     assert text not in WITH_UNDECLARED or (content, whole) == (text, [])  # a call nobody declared is content
+
+
+CUT = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1'
+
+
+def test_a_block_cut_by_the_length_limit_is_a_cut_call_after_the_content():
+    content, [call] = parse_tool_calls(CUT, {"f"}, cut=True)
+    assert (content, call.name, call.arguments, call.cut) == ("Sure.", "f", '{"a": 1', True)
+
+
+@pytest.mark.parametrize(
+    "text, names, cut",
+    [
+        (CUT, {"f"}, False),  # not cut: an unclosed, unparsable block stays text
+        (CUT, {"g"}, True),  # a function the request did not declare
+        ("a < b", {"f"}, True),  # no block
+        ('<tool_call>\n{"nom": "f"', {"f"}, True),  # not a call's beginning
+    ],
+)
+def test_text_that_is_no_cut_call_stays_content(text, names, cut):
+    assert parse_tool_calls(text, names, cut=cut) == (text, [])

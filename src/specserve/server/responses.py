@@ -218,7 +218,7 @@ class ChatDialect(Dialect):
         """Held-back content, then one delta per tool call (id + name, then its arguments), then the finish."""
         chunks, calls = [], []
         if ctx.tools is not None:
-            rest, calls = ctx.splitter(index).finish()
+            rest, calls = ctx.splitter(index).finish(cut=output.finish_reason == "length")
             calls = ctx.tools.kept(calls)
             if rest:
                 chunks.append(self._delta(ctx, index, {"content": rest}))
@@ -242,7 +242,7 @@ class ChatDialect(Dialect):
     def _choice(self, ctx, index: int, output: RequestOutput) -> dict:
         content, calls = output.text, []
         if ctx.tools is not None:  # no text is null content, as its stream has (opening_chunks)
-            content, calls = parse_tool_calls(output.text, ctx.tools.names)
+            content, calls = parse_tool_calls(output.text, ctx.tools.names, cut=output.finish_reason == "length")
             content, calls = content or None, ctx.tools.kept(calls)
         message = {"role": "assistant", "content": content, "refusal": None}
         if calls:

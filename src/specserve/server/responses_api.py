@@ -614,6 +614,11 @@ def _message(ctx: ResponsesContext, text: str, status: str, logprobs: list[dict]
     return {"id": ctx.message_id, "type": "message", "status": status, "role": "assistant", "content": [part]}
 
 
+def _status(call: ToolCall) -> str:
+    """A function_call item's status: "incomplete" for a call the length limit cut off, as OpenAI's."""
+    return "incomplete" if call.cut else "completed"
+
+
 def _function_call(call: ToolCall, status: str, arguments: str | None = None) -> dict:
     return {
         "id": f"fc_{call.id.removeprefix('call_')}",
@@ -678,18 +683,18 @@ class ResponsesDialect(Dialect):
             body["speculation"] = output.stats.to_dict()
         return body
 
-    def _calls(self, ctx: ResponsesContext, text: str) -> tuple[str, list[ToolCall]]:
+    def _calls(self, ctx: ResponsesContext, output: RequestOutput) -> tuple[str, list[ToolCall]]:
         if ctx.tools is None:
-            return text, []
-        content, calls = parse_tool_calls(text, ctx.tools.names)
+            return output.text, []
+        content, calls = parse_tool_calls(output.text, ctx.tools.names, cut=output.finish_reason == "length")
         return content or "", ctx.tools.kept(calls)
 
     def response(self, ctx, outputs) -> dict:
         output = outputs[0] if isinstance(outputs, list) else outputs
-        content, calls = self._calls(ctx, output.text)
+        content, calls = self._calls(ctx, output)
         done = "incomplete" if output.finish_reason == "length" else "completed"
         items = [_message(ctx, content, done, _logprobs(ctx, ctx.listed(output.logprobs)))] if content else []
-        items += [_function_call(c, "completed") for c in calls]
+        items += [_function_call(c, _status(c)) for c in calls]
         return self._remember(ctx, self.body(ctx, output, items))
 
     def _remember(self, ctx: ResponsesContext, body: dict) -> dict:
@@ -751,7 +756,7 @@ class ResponsesDialect(Dialect):
         """The rest of the text, the message closed, each call as an item, then the whole response."""
         events, calls = [], []
         if ctx.tools is not None:
-            rest, calls = ctx.splitter(index).finish()
+            rest, calls = ctx.splitter(index).finish(cut=output.finish_reason == "length")
             calls = ctx.tools.kept(calls)
             events += self._text_events(ctx, rest)
         done = "incomplete" if output.finish_reason == "length" else "completed"
@@ -765,7 +770,7 @@ class ResponsesDialect(Dialect):
             events.append(ctx.event("response.output_item.done", output_index=0, item=message))
             items.append(message)
         for call in calls:
-            k, item = len(items), _function_call(call, "completed")
+            k, item = len(items), _function_call(call, _status(call))
             where = {"item_id": item["id"], "output_index": k}
             events.append(
                 ctx.event("response.output_item.added", output_index=k, item=_function_call(call, "in_progress", ""))

@@ -72,6 +72,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # JSON text, as OpenAI returns it
+    cut: bool = False  # cut off by the length limit: its arguments are only their beginning
 
     def to_openai(self) -> dict:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -362,11 +363,14 @@ def _bare_calls(text: str, names: Collection[str]) -> list[ToolCall]:
     return [] if None in calls else calls
 
 
-def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, names: Collection[str] = (), cut: bool = False) -> tuple[str | None, list[ToolCall]]:
     """Split model output into (content, tool calls). A block that does not parse, or calls a
     function not in `names`, leaves the whole text as content, so nothing the model wrote is lost.
     names: the declared tools (empty: tagged calls of any name, and no untagged ones); an answer
-    that is only a call to one of them, written without the tags, is a call too."""
+    that is only a call to one of them, written without the tags, is a call too. cut: the output
+    stopped at its length limit, where a last block left open is a call cut off (`cut_call`)."""
+    if cut and (split := cut_call(text, names)) is not None:
+        return split
     if OPEN not in text:
         calls = _bare_calls(text, names) if names else []
         return (None, calls) if calls else (text, [])
@@ -379,6 +383,41 @@ def parse_tool_calls(text: str, names: Collection[str] = ()) -> tuple[str | None
     # here made the streamed content differ from this one ("  Sure." streamed, "Sure." answered)
     content = content.rstrip() if text[: blocks[0][0]].strip() else content.strip()
     return (content or None), [call for _, _, calls in blocks for call in calls]
+
+
+_CUT_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]+)"')  # a cut block's written name
+_CUT_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*(.*)', re.DOTALL)  # and its arguments' start
+
+
+def cut_call(text: str, names: Collection[str]) -> tuple[str | None, list[ToolCall]] | None:
+    """(content, calls) of an output cut by its length limit inside its last `<tool_call>` block,
+    as OpenAI answers one: the call, once its name is written, with its arguments as far as they
+    got (`finish_reason` stays "length"). A block cut before its name is whole, or an answer cut
+    inside the opening tag, is no call and no content: it was the server's markup, which came back
+    as the content (agents showed '<tool_call>\\n{"name": "f", "arg' as the answer, or sent it
+    back in the history). None when the output does not end in such a block."""
+    at = text.rfind(OPEN)
+    if at < 0:
+        return (None, []) if text.strip() and OPEN.startswith(text.strip()) else None
+    tail = text[at + len(OPEN) :]
+    content, calls = parse_tool_calls(text[:at], names) if text[:at].strip() else (None, [])
+    if CLOSE in tail or (OPEN in text[:at] and not calls):
+        return None  # a closed block, or blocks before it that are no calls: parsed as ever
+    head = ((content or "").rstrip() or None, calls)  # as parse_tool_calls strips the text before a block
+    named = _CUT_NAME.match(tail)
+    if named is None:  # the name not yet whole: no call, if it is one's beginning
+        return head if _squeezed_prefix(tail, [f'{{"name":"{name}' for name in names]) else None
+    rest, arguments = tail[named.end() :], _CUT_ARGUMENTS.fullmatch(tail, named.end())
+    if (names and named.group(1) not in names) or not (arguments or _squeezed_prefix(rest, [',"arguments":'])):
+        return None
+    written = _escape_surrogates(arguments.group(1).rstrip() if arguments else "")
+    return head[0], [*head[1], ToolCall(_call_id(), named.group(1), written, cut=True)]
+
+
+def _squeezed_prefix(text: str, wholes: list[str]) -> bool:
+    """Whether the text, without its whitespace, is empty or begins one of `wholes`."""
+    squeezed = re.sub(r"\s+", "", text)
+    return not squeezed or any(whole.startswith(squeezed) for whole in wholes)
 
 
 def _may_be_bare_call(text: str) -> bool:
@@ -441,11 +480,12 @@ class ToolStreamSplitter:
         self.sent = max(self.sent, end)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
         """(content not yet sent, tool calls) at the end of the output: what the stream still owes
-        so that its content joins to `parse_tool_calls`' content (text after a block included)."""
-        content, calls = parse_tool_calls(self.text, self.names)
-        if not calls:  # no (parsable) call: the held text was content after all
+        so that its content joins to `parse_tool_calls`' content (text after a block included).
+        cut: the output stopped at its length limit (see `cut_call`)."""
+        content, calls = parse_tool_calls(self.text, self.names, cut)
+        if not calls and content == self.text:  # no (parsable) call: the held text was content after all
             return self.text[self.sent :], []
         # What was sent is where the content begins (no call's text is sent, and whitespace waits for
         # text), so the rest is the content after it: cutting the held text anew stripped the answer's
