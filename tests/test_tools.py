@@ -603,3 +603,25 @@ def test_a_block_cut_by_the_length_limit_is_a_cut_call_after_the_content():
 )
 def test_text_that_is_no_cut_call_stays_content(text, names, cut):
     assert parse_tool_calls(text, names, cut=cut) == (text, [])
+
+
+FENCED_CUT = '```json\n{\n  "name": "f",\n  "arguments": {"a": 1'
+
+
+@pytest.mark.parametrize(
+    "text, arguments", [(FENCED_CUT, '{"a": 1'), ('{{"name": "f", "argu', ""), ('[{"name": "f"', "")]
+)
+def test_a_call_without_tags_cut_by_the_length_limit_is_a_cut_call(text, arguments):
+    """The default 1.5B pack writes its calls in a ```json fence (taken as calls when whole); cut by
+    max_tokens, '```json\\n{\\n  "name": "add",\\n  "arguments' came back as the content."""
+    content, [call] = parse_tool_calls(text, {"f"}, cut=True)
+    assert (content, call.name, call.arguments, call.cut) == (None, "f", arguments, True)
+    splitter = ToolStreamSplitter({"f"})
+    assert "".join(splitter.feed(text[i : i + 3]) for i in range(0, len(text), 3)) == ""
+    rest, [streamed] = splitter.finish(cut=True)
+    assert (rest, streamed.name, streamed.arguments) == ("", "f", arguments)
+
+
+@pytest.mark.parametrize("text", ['```json\n{\n  "', "```python\n", '{"name": "g", "arguments": {', "{'name': 'f'"])
+def test_a_cut_answer_without_a_whole_declared_name_stays_content(text):
+    assert parse_tool_calls(text, {"f"}, cut=True) == (text, [])

@@ -395,23 +395,45 @@ def cut_call(text: str, names: Collection[str]) -> tuple[str | None, list[ToolCa
     got (`finish_reason` stays "length"). A block cut before its name is whole, or an answer cut
     inside the opening tag, is no call and no content: it was the server's markup, which came back
     as the content (agents showed '<tool_call>\\n{"name": "f", "arg' as the answer, or sent it
-    back in the history). None when the output does not end in such a block."""
+    back in the history). An answer that is only a call without the tags (`_bare_calls`), cut once
+    its name is whole, is that call. None when the output ends in no such call."""
     at = text.rfind(OPEN)
     if at < 0:
-        return (None, []) if text.strip() and OPEN.startswith(text.strip()) else None
+        if text.strip() and OPEN.startswith(text.strip()):
+            return None, []
+        call = _cut_named(_bare_body(text), names) if names and _may_be_bare_call(text) else None
+        return (None, [call]) if call else None
     tail = text[at + len(OPEN) :]
     content, calls = parse_tool_calls(text[:at], names) if text[:at].strip() else (None, [])
     if CLOSE in tail or (OPEN in text[:at] and not calls):
         return None  # a closed block, or blocks before it that are no calls: parsed as ever
     head = ((content or "").rstrip() or None, calls)  # as parse_tool_calls strips the text before a block
-    named = _CUT_NAME.match(tail)
-    if named is None:  # the name not yet whole: no call, if it is one's beginning
-        return head if _squeezed_prefix(tail, [f'{{"name":"{name}' for name in names]) else None
-    rest, arguments = tail[named.end() :], _CUT_ARGUMENTS.fullmatch(tail, named.end())
-    if (names and named.group(1) not in names) or not (arguments or _squeezed_prefix(rest, [',"arguments":'])):
+    if (call := _cut_named(tail, names)) is not None:
+        return head[0], [*head[1], call]
+    return head if _squeezed_prefix(tail, [f'{{"name":"{name}' for name in names]) else None  # the name not yet whole
+
+
+def _cut_named(body: str, names: Collection[str]) -> ToolCall | None:
+    """The cut call the body begins ('{"name": "f", "arguments": {"a": 1'), once its name is whole
+    and (names given) declared; None otherwise."""
+    named = _CUT_NAME.match(body)
+    if named is None or (names and named.group(1) not in names):
+        return None
+    arguments = _CUT_ARGUMENTS.fullmatch(body, named.end())
+    if not (arguments or _squeezed_prefix(body[named.end() :], [',"arguments":'])):
         return None
     written = _escape_surrogates(arguments.group(1).rstrip() if arguments else "")
-    return head[0], [*head[1], ToolCall(_call_id(), named.group(1), written, cut=True)]
+    return ToolCall(_call_id(), named.group(1), written, cut=True)
+
+
+def _bare_body(text: str) -> str:
+    """An answer that may be a call without the tags, from its (first) call object's brace: the
+    fence line, a list's bracket and a doubled brace cut off, as `_bare_calls` reads them."""
+    body = text.lstrip()
+    if body.startswith("```"):
+        body = body.partition("\n")[2].lstrip()
+    body = body[1:].lstrip() if body.startswith("[") else body
+    return body[1:] if body.startswith("{{") else body
 
 
 def _squeezed_prefix(text: str, wholes: list[str]) -> bool:
