@@ -432,6 +432,40 @@ def judge(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
     return result
 
 
+def judge_blocks(pair: Pair, original: str, raw: str, finish_reason: str) -> dict:
+    """Judge an answer of SEARCH/REPLACE blocks (`edit.apply_blocks`): the file they build from the
+    original is judged as `judge` judges a whole answer, and the tool writes it when its rule would.
+    Such a file is never counted well-formed (the model did not return the whole file):
+    `blocks_ok` says the blocks applied and the built file passed every check; `usable` and
+    `applied` count it like any other answer the tool writes."""
+    from specserve.edit import BlockError, apply_blocks
+
+    try:
+        built = apply_blocks(original, raw).code
+    except BlockError as e:
+        problems = [str(e)] + ([f"finish_reason {finish_reason}"] if finish_reason != "stop" else [])
+        return {"well_formed": False, "applied": False, "unchanged": False, "problems": problems, "usable": False}
+    r = judge(pair, original, built, finish_reason)
+    ok = r["well_formed"]
+    r.update(well_formed=False, blocks_ok=ok, usable=ok, spliced=False, applied=ok and applied(pair, built))
+    return {**r, "from_blocks": True, "written": r["written"] and ok}
+
+
+def judge_record(pair: Pair, prompt: str, original: str, raw: str, finish_reason: str) -> dict:
+    """The verdict on one answer: blocks for the blocks request (`edit.BLOCKS`), a whole file otherwise."""
+    from specserve.edit import BLOCKS
+
+    if prompt == BLOCKS:
+        return {
+            "from_blocks": True,
+            "blocks_ok": False,
+            "spliced": False,
+            "written": False,
+            **judge_blocks(pair, original, raw, finish_reason),
+        }
+    return judge(pair, original, raw, finish_reason)
+
+
 def _tool_writes(pair: Pair, original: str, code: str) -> bool:
     """Whether `specserve edit` writes this complete answer without asking again: the CLI's own
     rule (`edit.judge_answer`), blind to what only this script knows, such as that a rename
@@ -495,17 +529,40 @@ def with_feedback(results: list[dict], first: str, second: str) -> list[dict]:
     """What `specserve edit` ends with per pair: `first`'s answer; if the tool refuses it,
     `second`'s; if that is refused too, the answer to the feedback request (`first`'s answer sent
     back with what is wrong with it, run by `run_feedback`)."""
+    names = [first, second, f"{first}+{FEEDBACK}"]
+    return with_tries(results, names, f"{first} then {second} then {FEEDBACK}")
+
+
+def with_tries(results: list[dict], names: list[str], label: str) -> list[dict]:
+    """What `specserve edit` ends with per pair when it makes the requests `names` in order, each
+    only when the tool refuses the answer before, labelled `label` (the cache's names: a prompt,
+    "<first>+feedback", or `edit.BLOCKS`). A cut first answer ends it: the tool writes nothing and
+    asks nothing more. Pairs where a request the tool would make was not measured are left out."""
     by = {(r["pair"], r["prompt"]): r for r in results}
     chosen = []
     for pair in dict.fromkeys(r["pair"] for r in results):
-        tries = [by.get((pair, name)) for name in (first, second, f"{first}+{FEEDBACK}")]
+        tries = [by.get((pair, name)) for name in names]
         if tries[0] is not None and tries[0]["finish_reason"] != "stop":
-            tries = tries[:1]  # a cut first answer: the tool writes nothing and asks nothing more
+            tries = tries[:1]
         ended = _tool_ends_with(tries)
         if ended is not None:
             keep, tries = ended
-            chosen.append({**keep, "prompt": f"{first} then {second} then {FEEDBACK}", "tries": tries})
+            chosen.append({**keep, "prompt": label, "tries": tries})
     return chosen
+
+
+def blocks_chains(first: str, second: str) -> dict[str, list[str]]:
+    """The places the blocks request (`edit.BLOCKS`) could take in the tool's sequence of requests,
+    label -> the cache names of the requests in order: instead of `second`, instead of the
+    feedback request, or after it."""
+    from specserve.edit import BLOCKS
+
+    fed = f"{first}+{FEEDBACK}"
+    return {
+        f"{first} then {BLOCKS}": [first, BLOCKS],
+        f"{first} then {second} then {BLOCKS}": [first, second, BLOCKS],
+        f"{first} then {second} then {FEEDBACK} then {BLOCKS}": [first, second, fed, BLOCKS],
+    }
 
 
 def write_report(
@@ -514,7 +571,7 @@ def write_report(
     """Write the JSON report of what has been measured so far; return its per-prompt summary."""
     import jinja2
 
-    from specserve.edit import DEFAULT_PROMPT, PROMPTS, RETRY_PROMPT
+    from specserve.edit import BLOCKS, DEFAULT_PROMPT, PROMPTS, RETRY_PROMPT
 
     results = [done[(p.name, name)] for p in pairs for name in prompts if (p.name, name) in done]
     firsts = [name for name in prompts if name != RETRY_PROMPT] if RETRY_PROMPT in prompts else []
@@ -524,6 +581,13 @@ def write_report(
         fed = [done[k] for k in done if k[1] == f"{DEFAULT_PROMPT}+{FEEDBACK}"]
         chained += with_feedback(results + fed, DEFAULT_PROMPT, RETRY_PROMPT)
         chains.append(f"{DEFAULT_PROMPT} then {RETRY_PROMPT} then {FEEDBACK}")
+        blocked = [done[k] for k in done if k[1] == BLOCKS and k[0] in {p.name for p in pairs}]
+        if blocked:
+            results += blocked
+            chains.insert(0, BLOCKS)
+            for label, names in blocks_chains(DEFAULT_PROMPT, RETRY_PROMPT).items():
+                chained += with_tries(results + fed, names, label)
+                chains.append(label)
     results += chained
     summary = {}
     for name in prompts + chains:
@@ -536,13 +600,15 @@ def write_report(
             "usable_rate": round(sum(r["usable"] for r in rs) / max(1, len(rs)), 4),
             "applied": sum(r["applied"] for r in rs),
             "applied_rate": round(sum(r["applied"] for r in rs) / max(1, len(rs)), 4),
-            "by_kind": {
-                k: f"{sum(r['well_formed'] for r in rs if r['kind'] == k)}/{sum(1 for r in rs if r['kind'] == k)}"
-                for k in ("rename", "hints", "docstring", "logic")
-            },
+            "from_blocks": sum(bool(r.get("from_blocks")) and r["usable"] for r in rs),
+            "by_kind": _by_kind(rs, "well_formed"),
+            "usable_by_kind": _by_kind(rs, "usable"),
+            "applied_by_kind": _by_kind(rs, "applied"),
             **(
                 {"system": PROMPTS[name].system, "user": PROMPTS[name].user}
                 if name in PROMPTS
+                else {"request": "SEARCH/REPLACE blocks applied to the file (edit.blocks_ask)"}
+                if name == BLOCKS
                 else {"retry": "each later request is made only when the tool refuses the answer before"}
             ),
         }
@@ -574,6 +640,12 @@ def write_report(
     return summary
 
 
+def _by_kind(rs: list[dict], key: str) -> dict[str, str]:
+    """ "<count of `key`>/<pairs>" per kind of edit."""
+    kinds = ("rename", "hints", "docstring", "logic")
+    return {k: f"{sum(r[key] for r in rs if r['kind'] == k)}/{sum(1 for r in rs if r['kind'] == k)}" for k in kinds}
+
+
 def _reported(r: dict) -> dict:
     """A result as the report shows it: the head of a failed answer instead of the whole answer."""
     shown = {k: v for k, v in r.items() if k != "answer"}
@@ -600,7 +672,7 @@ def record(pair: Pair, prompt: str, code: str, out, seconds: float, opening: str
         "completion_tokens": len(out.token_ids),
         "prompt_tokens": len(out.prompt_token_ids),
         "batch_seconds": seconds,
-        **judge(pair, code, answer, out.finish_reason),
+        **judge_record(pair, prompt, code, answer, out.finish_reason),
         "answer": answer,  # kept whole, so that a change of the rules can judge it again
     }
 
@@ -692,6 +764,38 @@ def run_feedback(llm, pairs: list[Pair], codes: dict[str, str], done: dict[tuple
         )
 
 
+def run_blocks(llm, pairs: list[Pair], codes: dict[str, str], done: dict, cache: Path, every: bool = False):
+    """The blocks request (`edit.blocks_ask`, cached as `edit.BLOCKS`) for every pair whose default-prompt
+    answer the tool refuses (`every`: for every pair, to measure it as a first request too). It is a
+    fresh request, independent of the answers before it, so one answer serves every place the tool
+    could make it (`blocks_chains`). All such requests run as one batch."""
+    from specserve import SamplingParams
+    from specserve.edit import BLOCKS, DEFAULT_PROMPT, blocks_ask
+
+    todo = []
+    for pair in pairs:
+        first = done.get((pair.name, DEFAULT_PROMPT))
+        if (pair.name, BLOCKS) in done:
+            continue
+        if every or (first is not None and first["finish_reason"] == "stop" and not written_by_the_tool(first)):
+            todo.append((pair, blocks_ask(codes[pair.name], pair.instruction, "python")))
+    if not todo:
+        return
+    print(f"blocks requests for {len(todo)} pairs", file=sys.stderr, flush=True)
+    t = time.perf_counter()
+    outs = llm.generate(
+        [llm.apply_chat_template(ask.messages) for _, ask in todo],
+        [SamplingParams(max_tokens=answer_limit(llm, codes[p.name]), temperature=0) for p, _ in todo],
+        prediction=[ask.prediction for _, ask in todo],
+    )
+    seconds = round(time.perf_counter() - t, 1)
+    for (pair, _), out in zip(todo, outs):
+        r = record(pair, BLOCKS, codes[pair.name], out, seconds)
+        keep(done, cache, r)
+        mark = "ok " if r.get("blocks_ok") else "BAD"
+        print(f"{mark} {BLOCKS} {pair.name:20s} {'; '.join(r['problems'])[:100]}", file=sys.stderr, flush=True)
+
+
 def run_pair(llm, pair: Pair, code: str, todo: list[str], done: dict, cache: Path, progress: tuple) -> int:
     """Ask for `pair`'s edit with each prompt of `todo`, as one batch: the candidates decode together
     (continuous batching), which on a CPU gets more done per second than one after the other.
@@ -745,6 +849,13 @@ def main(argv: list[str] | None = None) -> int:
         "(what the tool asks; the retry prompt's own row then covers only those pairs)",
     )
     ap.add_argument("--no-feedback", action="store_true", help="run no feedback request (`run_feedback`)")
+    ap.add_argument(
+        "--blocks",
+        choices=("refused", "all"),
+        default=None,
+        help="also run the SEARCH/REPLACE blocks request (`run_blocks`): where the tool refuses the default "
+        "prompt's answer, or on every pair",
+    )
     ap.add_argument("--list", action="store_true", help="print the pairs and their excerpts' sizes, run nothing")
     args = ap.parse_args(argv)
 
@@ -778,7 +889,9 @@ def main(argv: list[str] | None = None) -> int:
             if r.get("sha256") != hashlib.sha256(codes.get(r["pair"], "").encode()).hexdigest():
                 continue
             if "answer" in r:  # judged again by today's rules: a cached verdict never goes stale
-                r.update(judge(by_name[r["pair"]], codes[r["pair"]], r["answer"], r["finish_reason"]))
+                r.update(
+                    judge_record(by_name[r["pair"]], r["prompt"], codes[r["pair"]], r["answer"], r["finish_reason"])
+                )
                 done[(r["pair"], r["prompt"])] = r
                 continue
             if r.get("unchanged") and (r["well_formed"] or r.get("usable")):  # judged before "unchanged" failed
@@ -819,12 +932,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if DEFAULT_PROMPT in prompts and RETRY_PROMPT in prompts and not args.no_feedback:
         run_feedback(llm, pairs, codes, done, args.cache)
+    if args.blocks:
+        run_blocks(llm, pairs, codes, done, args.cache, every=args.blocks == "all")
     summary = write_report(args.out, llm, pairs, prompts, codes, done)
     for name, s in summary.items():
         print(
             f"{name:20s} well-formed {s['well_formed']}/{s['pairs']} ({s['well_formed_rate']:.0%})  "
             f"usable {s['usable']}/{s['pairs']} ({s['usable_rate']:.0%})  "
-            f"applied {s['applied']}/{s['pairs']}  {s['by_kind']}"
+            f"applied {s['applied']}/{s['pairs']}  from blocks {s['from_blocks']}  {s['by_kind']}"
         )
     return 0
 

@@ -49,3 +49,48 @@ def test_one_batch_asks_each_distinct_request_once():
     both = ["file-first", "file-first-hint", "example"]
     assert ev.distinct_requests(DOC, CODE, both) == ["file-first", "example"]
     assert ev.distinct_requests(RENAME, CODE, both) == both
+
+
+def _blocks(search: str, replace: str) -> str:
+    return f"<<<<<<< SEARCH\n{search}=======\n{replace}>>>>>>> REPLACE\n"
+
+
+def test_a_file_built_from_blocks_is_usable_and_applied_but_never_counted_well_formed():
+    """The model did not return the whole file: the built one counts as usable (the tool writes it)
+    and applied, not as well-formed, and says where it came from."""
+    answer = _blocks("def main():\n", 'def main():\n    """Parse no options."""\n')
+    r = ev.judge_record(DOC, "search-replace", CODE, answer, "stop")
+    assert not r["well_formed"] and r["blocks_ok"] and r["from_blocks"]
+    assert r["usable"] and r["applied"] and r["written"]
+    assert r["from_blocks"] and r["problems"] == []
+
+
+def test_blocks_that_do_not_apply_are_refused_with_the_reason():
+    r = ev.judge_record(DOC, "search-replace", CODE, _blocks("def mian():\n", "def main():\n"), "stop")
+    assert (r["well_formed"], r["blocks_ok"], r["usable"], r["applied"], r["written"]) == (False,) * 5
+    assert r["problems"] == ["block 1 matches nothing in the file: 'def mian():'"]
+
+
+def test_blocks_that_build_a_broken_file_are_refused_like_a_whole_answer():
+    """The rename done at the definition only: the built file calls a name nothing defines."""
+    answer = _blocks("def do_longs(opts):\n", "def parse_long_options(opts):\n")
+    r = ev.judge_record(RENAME, "search-replace", CODE, answer, "stop")
+    assert not r["usable"] and not r["written"] and not r["blocks_ok"] and r["problems"]
+
+
+def _tried(pair: str, prompt: str, written: bool, finish: str = "stop") -> dict:
+    return {"pair": pair, "prompt": prompt, "kind": "rename", "finish_reason": finish, "written": written}
+
+
+def test_the_blocks_request_is_counted_only_where_the_tool_would_make_it():
+    results = [
+        _tried("a", "first", False),
+        _tried("a", "second", False),
+        _tried("a", "search-replace", True),
+        _tried("b", "first", True),  # written: the tool asks nothing more
+        _tried("c", "first", False, "length"),  # cut: the tool asks nothing more
+        _tried("c", "search-replace", True),
+    ]
+    chain = ev.with_tries(results, ["first", "second", "search-replace"], "label")
+    assert [(r["pair"], r["tries"], r["written"]) for r in chain] == [("a", 3, True), ("b", 1, True), ("c", 1, False)]
+    assert {r["prompt"] for r in chain} == {"label"}

@@ -13,9 +13,12 @@ One concern per module, in the order an edit goes through them:
   out), rename.py (what a rename instruction asks for), names.py (names an answer reads but never
   binds, definitions it lost) and splice.py (an answer of only the changed definitions put back
   into the file);
+- blocks.py: an answer of SEARCH/REPLACE blocks applied to the file (a candidate retry, measured
+  in docs/server.md);
 - files.py: the file's language and writing the result without losing anything.
 """
 
+from .blocks import Applied, BlockError, apply_blocks, parse_blocks
 from .checks import SHORT_FRACTION, Verdict, check_answer, judge_answer, missing_target
 from .client import (
     DEFAULT_BASE_URL,
@@ -29,6 +32,7 @@ from .client import (
 )
 from .files import LANGUAGES, SourceFile, check_writable, language_for, read_source, write_atomic, write_in_place
 from .prompts import (
+    BLOCKS,
     DEFAULT_PROMPT,
     FEEDBACK,
     PROMPTS,
@@ -37,12 +41,16 @@ from .prompts import (
     EditAsk,
     EditPrompt,
     ask_for,
+    blocks_ask,
     build_messages,
     feedback_messages,
     feedback_prediction,
 )
 
 __all__ = [
+    "BLOCKS",
+    "Applied",
+    "BlockError",
     "DEFAULT_BASE_URL",
     "DEFAULT_MODEL",
     "DEFAULT_PROMPT",
@@ -58,7 +66,9 @@ __all__ = [
     "EditPrompt",
     "EditResult",
     "Verdict",
+    "apply_blocks",
     "ask_for",
+    "blocks_ask",
     "build_messages",
     "check_answer",
     "check_writable",
@@ -69,6 +79,7 @@ __all__ = [
     "language_for",
     "make_client",
     "missing_target",
+    "parse_blocks",
     "read_source",
     "refactor_with_predicted_outputs",
     "strip_fence",

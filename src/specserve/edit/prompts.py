@@ -253,3 +253,47 @@ def feedback_prediction(original_code: str, answer_code: str) -> str:
     file (a rename left half done: the fix keeps most of it), else the file itself (a placeholder
     or a shortened answer: the fix must write the file out)."""
     return answer_code if len(answer_code) >= SHORT_FRACTION * len(original_code) else original_code
+
+
+# The retry that asks for SEARCH/REPLACE blocks (aider's format, `blocks.py`) rather than the whole
+# file: the tool applies them to the original, so the file written is complete by construction.
+BLOCKS = "search-replace"
+_BLOCKS_SYSTEM = (
+    "You are a coding assistant that edits source files. You never write the whole file: you answer with "
+    "SEARCH/REPLACE blocks, each of which quotes lines of the file exactly and gives the lines that replace them."
+)
+_BLOCKS_USER = (
+    "Here is a file:\n\n```{language}\n{code}\n```\n\n{instruction}\n\n"
+    "Reply with SEARCH/REPLACE blocks only, each in this form:\n\n"
+    "<<<<<<< SEARCH\n(lines copied exactly from the file)\n=======\n(the lines that replace them)\n>>>>>>> REPLACE\n\n"
+    "Copy the SEARCH lines exactly, with their indentation, and enough of them to match one place in the "
+    "file only. Make one block for each place the change touches (a renamed name at every use), and change "
+    "nothing else."
+)
+# The worked example's answer: the rename of `_EXAMPLE_BEFORE`, one block per place it touches.
+_BLOCKS_EXAMPLE = (
+    "<<<<<<< SEARCH\ndef area(radius):\n=======\ndef circle_area(radius):\n>>>>>>> REPLACE\n\n"
+    "<<<<<<< SEARCH\n    return sum(area(r) for r in radii)\n=======\n"
+    "    return sum(circle_area(r) for r in radii)\n>>>>>>> REPLACE\n\n"
+    '<<<<<<< SEARCH\n    return f"r={radius}: {area(radius):.2f}"\n=======\n'
+    '    return f"r={radius}: {circle_area(radius):.2f}"\n>>>>>>> REPLACE\n'
+)
+
+
+def blocks_ask(original_code: str, instruction: str, language: str = "") -> EditAsk:
+    """The request for SEARCH/REPLACE blocks: a worked example (the `example` prompt's rename, in
+    blocks), then the file and the instruction, a rename's followed by where the name is used
+    (`hints.rename_hint`, as the default prompt sends it). The prediction is the file: the SEARCH
+    lines copy it, and Predicted Outputs re-anchors between them."""
+    example_user = _BLOCKS_USER.format(
+        instruction="Rename area to circle_area.", language="python", code=_EXAMPLE_BEFORE
+    )
+    hint = rename_hint(original_code, instruction, language)
+    asked = f"{instruction}\n\n{hint}" if hint else instruction
+    messages = [
+        {"role": "system", "content": _BLOCKS_SYSTEM},
+        {"role": "user", "content": example_user},
+        {"role": "assistant", "content": _BLOCKS_EXAMPLE},
+        {"role": "user", "content": _BLOCKS_USER.format(instruction=asked, language=language, code=original_code)},
+    ]
+    return EditAsk(messages, "", original_code)
