@@ -19,6 +19,12 @@ top-level definitions that `edit.splice` puts back into the file, the result pas
 **`A then B`** rows are what `specserve edit` ends with: it asks with prompt A, and asks again with B
 (`edit.RETRY_PROMPT`) only when it refuses A's answer (`written_by_the_tool`); computed from the two runs
 (greedy, so the same answers up to llama.cpp's default kernels rounding a batch of another shape).
+**Blocks** (`--blocks`, cached as `edit.BLOCKS`): the request for SEARCH/REPLACE blocks that the tool
+applies to the file itself (`edit.blocks_ask`, `edit.apply_blocks`), run where the tool refuses the first
+answer (or on every pair); its rows place it at each point of the tool's sequence (`blocks_chains`). A
+file built from blocks is never counted well-formed (the model did not return the whole file): it is
+usable when the blocks applied and the built file passes the checks, applied as any other answer, and
+counted in "from_blocks".
 **Applied** is stricter and reported beside it: for type hints every parameter and the return of the named
 functions are annotated, for a docstring the named function has one, for the logic changes the strings the
 change must add are there and those it must remove are gone.
@@ -554,7 +560,7 @@ def with_tries(results: list[dict], names: list[str], label: str) -> list[dict]:
 def blocks_chains(first: str, second: str) -> dict[str, list[str]]:
     """The places the blocks request (`edit.BLOCKS`) could take in the tool's sequence of requests,
     label -> the cache names of the requests in order: instead of `second`, instead of the
-    feedback request, or after it."""
+    feedback request, after it, or before `second` (then the feedback)."""
     from specserve.edit import BLOCKS
 
     fed = f"{first}+{FEEDBACK}"
@@ -562,6 +568,7 @@ def blocks_chains(first: str, second: str) -> dict[str, list[str]]:
         f"{first} then {BLOCKS}": [first, BLOCKS],
         f"{first} then {second} then {BLOCKS}": [first, second, BLOCKS],
         f"{first} then {second} then {FEEDBACK} then {BLOCKS}": [first, second, fed, BLOCKS],
+        f"{first} then {BLOCKS} then {second} then {FEEDBACK}": [first, BLOCKS, second, fed],
     }
 
 

@@ -20,6 +20,7 @@ from specserve.edit import (
     EditError,
     EditResult,
     ask_for,
+    blocks_ask,
     build_messages,
     check_answer,
     judge_answer,
@@ -686,8 +687,11 @@ def test_an_answer_of_only_the_changed_function_is_put_in_place(server, tmp_path
 
 def _prompt_of(body: dict) -> str:
     """Which of PROMPTS laid out this request (by its system message and worked examples), or
-    "feedback" for the first request's conversation continued with its answer and a complaint."""
+    "feedback" for the first request's conversation continued with its answer and a complaint, or
+    "blocks" for the request for SEARCH/REPLACE blocks."""
     messages = body["messages"]
+    if messages[0] == blocks_ask(ORIGINAL, "").messages[0]:
+        return "blocks"
     if [m["role"] for m in messages[-2:]] == ["assistant", "user"] and messages[-1]["content"].startswith(
         "That is not the updated file yet"
     ):
@@ -707,17 +711,19 @@ def test_a_broken_answer_is_asked_for_again_with_the_retry_prompt(server, src, c
     server.queue = [PLACEHOLDER]  # then the good answer
     assert edit_cli(server, src, "--in-place") == 0
     assert src.read_text() == EDITED
-    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, RETRY_PROMPT]
+    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, "blocks", RETRY_PROMPT]
     assert all(r["prediction"]["content"] == ORIGINAL for r in server.requests)
-    assert f"asking again with the {RETRY_PROMPT!r} prompt" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "asking for SEARCH/REPLACE blocks" in err  # the whole file is no block: refused
+    assert f"asking again with the {RETRY_PROMPT!r} prompt" in err
 
 
 def test_then_the_first_answer_is_sent_back_with_what_is_wrong(server, src, capsys):
-    server.queue = [PLACEHOLDER, PLACEHOLDER]  # then the good answer
+    server.queue = [PLACEHOLDER, PLACEHOLDER, PLACEHOLDER]  # blocks, then example, refused: then the good answer
     assert edit_cli(server, src, "--in-place") == 0
     assert src.read_text() == EDITED
-    first, _, third = server.requests
-    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, RETRY_PROMPT, "feedback"]
+    first, _, _, third = server.requests
+    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, "blocks", RETRY_PROMPT, "feedback"]
     assert third["messages"][:2] == first["messages"]  # the first conversation, continued
     assert third["messages"][2] == {"role": "assistant", "content": PLACEHOLDER}
     assert "placeholder" in third["messages"][3]["content"]
@@ -735,10 +741,10 @@ def test_a_rename_left_half_done_is_fixed_from_its_own_answer(server, tmp_path):
     done = half.replace("print(hello", "print(greet")
     path = tmp_path / "hello.py"
     path.write_text(original)
-    server.queue, server.answer = [f"```python\n{half}```"] * 2, f"```python\n{done}```"
+    server.queue, server.answer = [f"```python\n{half}```"] * 3, f"```python\n{done}```"
     rc = main(["edit", str(path), "-i", "Rename hello to greet.", "--base-url", server.base_url, "--in-place"])
     assert rc == 0 and path.read_text() == done
-    feedback = server.requests[2]
+    feedback = server.requests[3]
     assert _prompt_of(feedback) == "feedback" and "`hello`" in feedback["messages"][3]["content"]
     assert feedback["prediction"]["content"] == half
 
@@ -751,12 +757,44 @@ def test_a_rename_not_done_is_asked_for_again_and_never_written(server, tmp_path
     path.write_text(original)
     server.queue, server.answer = [f"```python\n{touched}```"], f"```python\n{done}```"
     rc = main(["edit", str(path), "-i", "Rename hello to greet.", "--base-url", server.base_url, "--in-place"])
-    assert rc == 0 and path.read_text() == done and len(server.requests) == 2
+    assert rc == 0 and path.read_text() == done and len(server.requests) == 3  # the blocks request refused
     server.requests.clear()
     path.write_text(original)
     server.queue, server.answer = [], f"```python\n{touched}```"
     rc = main(["edit", str(path), "-i", "Rename hello to greet.", "--base-url", server.base_url, "--in-place"])
-    assert rc == 2 and path.read_text() == original and len(server.requests) == 3
+    assert rc == 2 and path.read_text() == original and len(server.requests) == 4
+
+
+def _blocks(search: str, replace: str) -> str:
+    return f"<<<<<<< SEARCH\n{search}=======\n{replace}>>>>>>> REPLACE\n"
+
+
+def test_a_refused_answer_is_asked_for_as_blocks_which_the_tool_applies_to_the_file(server, src, capsys):
+    """The second request asks for SEARCH/REPLACE blocks (the file is the prediction); the file
+    written is the original with them applied, judged like any answer."""
+    server.queue = [PLACEHOLDER, "```\n" + _blocks("def greet(name):\n", "def greet(name: str) -> str:\n") + "```"]
+    assert edit_cli(server, src, "--in-place") == 0
+    assert src.read_text() == EDITED
+    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, "blocks"]
+    blocks = server.requests[1]
+    assert blocks["prediction"]["content"] == ORIGINAL
+    assert blocks["messages"][-1]["content"].startswith(f"Here is a file:\n\n```python\n{ORIGINAL}\n```")
+    assert "asking for SEARCH/REPLACE blocks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        _blocks("def greet(nam):\n", "def greet(name: str) -> str:\n"),  # matches nothing
+        _blocks("def greet(name):\n", "def greet(name: str) -> str:\n") + "<<<<<<< SEARCH\ndef main():\n",  # open
+        _blocks("def greet(name):\n", "def hi(name: str) -> str:\n"),  # applies, but main calls greet: broken
+    ],
+)
+def test_blocks_that_cannot_make_the_edit_are_refused_and_the_next_request_made(server, src, answer):
+    server.queue = [PLACEHOLDER, answer, PLACEHOLDER, PLACEHOLDER]
+    assert edit_cli(server, src, "--in-place") == 2
+    assert src.read_text() == ORIGINAL
+    assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, "blocks", RETRY_PROMPT, "feedback"]
 
 
 def test_an_answer_cut_short_is_asked_for_again_and_never_written(server, tmp_path):
@@ -770,7 +808,7 @@ def test_an_answer_cut_short_is_asked_for_again_and_never_written(server, tmp_pa
     path.write_text(original)
     server.queue, server.answer = [], f"```python\n{cut.replace('BASE = 10', 'BASE: int = 10')}```"
     rc = main(["edit", str(path), "-i", "Add type hints to f0.", "--base-url", server.base_url, "--in-place"])
-    assert rc == 2 and path.read_text() == original and len(server.requests) == 3
+    assert rc == 2 and path.read_text() == original and len(server.requests) == 4
     assert not (tmp_path / "fs.py.bak").exists()
     server.requests.clear()
     definitions_only = "from typing import Any\n\n\n" + cut.split("\n\n\n", 1)[1]
@@ -786,7 +824,7 @@ def test_an_answer_cut_short_is_asked_for_again_and_never_written(server, tmp_pa
 def test_an_unchanged_answer_is_asked_for_again(server, src):
     server.queue = ["```python\n" + ORIGINAL + "```"]
     assert edit_cli(server, src, "--in-place") == 0
-    assert src.read_text() == EDITED and len(server.requests) == 2
+    assert src.read_text() == EDITED and len(server.requests) == 3  # the whole file is no block: refused
 
 
 def test_an_edit_never_made_is_not_reported_as_written(server, src, capsys):
@@ -794,7 +832,7 @@ def test_an_edit_never_made_is_not_reported_as_written(server, src, capsys):
     says so, and the file is not touched (no write, no backup)."""
     server.answer = "```python\n" + ORIGINAL + "```"
     before = src.stat().st_mtime_ns
-    assert edit_cli(server, src, "--in-place") == 2 and len(server.requests) == 3
+    assert edit_cli(server, src, "--in-place") == 2 and len(server.requests) == 4
     assert src.read_text() == ORIGINAL and src.stat().st_mtime_ns == before
     assert not src.with_name(src.name + ".bak").exists()
     assert "the edit was not made" in capsys.readouterr().err
@@ -842,7 +880,7 @@ def test_an_edit_of_a_function_the_file_lacks_is_not_sent(server, src, capsys, i
 def test_later_broken_answers_keep_the_refusal(server, src, capsys):
     server.answer = PLACEHOLDER
     assert edit_cli(server, src, "--in-place") == 2
-    assert src.read_text() == ORIGINAL and len(server.requests) == 3
+    assert src.read_text() == ORIGINAL and len(server.requests) == 4
     assert "no later answer is better" in capsys.readouterr().err
 
 

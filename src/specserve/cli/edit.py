@@ -6,7 +6,8 @@ one that `edit.judge_answer` finds broken (far shorter than the file without a r
 for, no code, a placeholder such as `obj['updated_code']`) unless --force is given. A refused
 answer never touches the file: no write, no .bak. A Python answer that holds only the changed
 top-level definitions is put back into the whole file first (edit/splice.py). An answer that
-still cannot be the updated file, or is the file unchanged, is asked for again with another
+still cannot be the updated file, or is the file unchanged, is asked for again as SEARCH/REPLACE
+blocks that the tool applies to the file itself (`edit.blocks_ask`, edit/blocks.py), then with another
 prompt (`edit.RETRY_PROMPT`), and if that answer is refused too, the first answer goes back to the
 model with what is wrong with it (`edit.feedback_messages`), unless --no-retry; the first answer
 the tool would write is kept, else the first. Writing keeps what the user had (edit/files.py): a
@@ -27,9 +28,12 @@ from tqdm import tqdm
 from ..edit import (
     DEFAULT_PROMPT,
     RETRY_PROMPT,
+    BlockError,
     EditError,
     EditResult,
     Verdict,
+    apply_blocks,
+    blocks_ask,
     check_writable,
     feedback_messages,
     feedback_prediction,
@@ -82,8 +86,8 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--no-retry",
         action="store_true",
-        help=f"do not ask again when the answer cannot be the updated file (by default: with the {RETRY_PROMPT!r} "
-        "prompt, then telling the model what is wrong with its answer)",
+        help="do not ask again when the answer cannot be the updated file (by default: for SEARCH/REPLACE blocks, "
+        f"then with the {RETRY_PROMPT!r} prompt, then telling the model what is wrong with its answer)",
     )
     p.add_argument("--max-tokens", type=positive_int, default=None, help="cap on the answer's length")
     p.add_argument("--html", type=Path, help="also write an HTML report of the edit (lines kept vs changed)")
@@ -173,13 +177,12 @@ def target_path(args) -> Path | None:
     return args.output
 
 
-def ask(args, original: str, prompt: str, **request) -> tuple[EditResult, Verdict | None]:
-    """One request: the answer (spliced into the file when it holds only changed definitions)
-    and the tool's verdict on it (None when the answer is incomplete). `request`: messages and
-    prediction for a feedback request."""
+def send(args, original: str, prompt: str, **request) -> EditResult:
+    """One request, streamed with a progress bar. `request`: messages and prediction that replace
+    the prompt's (a feedback or a blocks request)."""
     client = make_client(args.base_url, args.api_key)
     with tqdm(desc="receiving", unit="chunk", file=sys.stderr, leave=False, disable=None) as bar:
-        result = refactor_with_predicted_outputs(
+        return refactor_with_predicted_outputs(
             original,
             args.instruction,
             client,
@@ -190,6 +193,13 @@ def ask(args, original: str, prompt: str, **request) -> tuple[EditResult, Verdic
             prompt=prompt,
             **request,
         )
+
+
+def ask(args, original: str, prompt: str, **request) -> tuple[EditResult, Verdict | None]:
+    """One request: the answer (spliced into the file when it holds only changed definitions)
+    and the tool's verdict on it (None when the answer is incomplete). `request`: messages and
+    prediction for a feedback request."""
+    result = send(args, original, prompt, **request)
     if not result.complete:
         return result, None
     verdict = judge_answer(original, result.code, args.instruction, language_for(args.file))
@@ -201,12 +211,31 @@ def ask(args, original: str, prompt: str, **request) -> tuple[EditResult, Verdic
     return dataclasses.replace(result, code=verdict.code), verdict
 
 
+def ask_blocks(args, original: str) -> tuple[EditResult, Verdict | None]:
+    """The request for SEARCH/REPLACE blocks, and the file they build from the original, judged
+    like any answer. Blocks that cannot be applied without guessing (edit/blocks.py) are refused,
+    with the reason, and the file is left as it was."""
+    ask_ = blocks_ask(original, args.instruction, language_for(args.file))
+    result = send(args, original, DEFAULT_PROMPT, messages=ask_.messages, prediction=ask_.prediction)
+    if not result.complete:
+        return result, None
+    try:
+        built = apply_blocks(original, result.raw).code
+    except BlockError as e:
+        return dataclasses.replace(result, code=original), Verdict(original, [f"the blocks: {e}"], [], False)
+    verdict = judge_answer(original, built, args.instruction, language_for(args.file))
+    return dataclasses.replace(result, code=verdict.code), verdict
+
+
 def retries(args, original: str, first: EditResult, verdict: Verdict):
     """The requests after a refused answer, in order, each made only when the one before is
-    refused too: the file asked for with the other prompt, then the model told what is wrong
-    with its first answer (that answer as the prediction). Measured on 33 real edits, the
-    first turned 5 refused answers into usable files and the second 1 more (docs/server.md)."""
-    print(f"{verdict.failure}: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
+    refused too: SEARCH/REPLACE blocks applied by the tool, the file asked for with the other
+    prompt, then the model told what is wrong with its first answer (that answer as the
+    prediction). Measured on 33 real edits, the three turn 3 refused answers into usable files,
+    2 of them by blocks (docs/server.md)."""
+    print(f"{verdict.failure}: asking for SEARCH/REPLACE blocks instead of the whole file", file=sys.stderr)
+    yield ask_blocks(args, original)
+    print(f"the blocks did not make the edit: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
     yield ask(args, original, RETRY_PROMPT)
     print("telling the model what is wrong with its first answer, and asking once more", file=sys.stderr)
     language = language_for(args.file)

@@ -183,9 +183,10 @@ PROMPTS: dict[str, EditPrompt] = {
 # files of the candidates; `file-first-hint` is the same request for every edit but a rename, where
 # telling the model where the name is used doubled the well-formed first answers (4 to 8 of 13).
 DEFAULT_PROMPT = "file-first-hint"
-# `specserve edit` asks once more with this prompt when the first answer cannot be the updated
-# file (short, no code, a placeholder, or the file unchanged): its worked example cures short
-# answers, the commonest failure of the others (the same table).
+# `specserve edit` asks with this prompt when the first answer cannot be the updated file (short,
+# no code, a placeholder, or the file unchanged) and the SEARCH/REPLACE blocks asked for before it
+# (`blocks_ask`) are refused too: its worked example cures short answers, the commonest failure of
+# the others (the same tables).
 RETRY_PROMPT = "example"
 SYSTEM_PROMPT = PROMPTS[DEFAULT_PROMPT].system
 # When that answer is refused too, the first request's conversation goes on with its answer and a
