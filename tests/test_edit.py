@@ -783,18 +783,25 @@ def test_a_refused_answer_is_asked_for_as_blocks_which_the_tool_applies_to_the_f
 
 
 @pytest.mark.parametrize(
-    "answer",
+    "answer, why",
     [
-        _blocks("def greet(nam):\n", "def greet(name: str) -> str:\n"),  # matches nothing
-        _blocks("def greet(name):\n", "def greet(name: str) -> str:\n") + "<<<<<<< SEARCH\ndef main():\n",  # open
-        _blocks("def greet(name):\n", "def hi(name: str) -> str:\n"),  # applies, but main calls greet: broken
+        (_blocks("def greet(nam):\n", "def greet(name: str) -> str:\n"), "cannot be applied: block 1 matches nothing"),
+        (
+            _blocks("def greet(name):\n", "def greet(name: str) -> str:\n") + "<<<<<<< SEARCH\ndef main():\n",
+            "cannot be applied: block 2 is not closed",
+        ),
+        (  # applies, but main still calls greet
+            _blocks("def greet(name):\n", "def hi(name: str) -> str:\n"),
+            "the file the blocks build is refused: the answer uses `greet`",
+        ),
     ],
 )
-def test_blocks_that_cannot_make_the_edit_are_refused_and_the_next_request_made(server, src, answer):
+def test_blocks_that_cannot_make_the_edit_are_refused_and_the_next_request_made(server, src, capsys, answer, why):
     server.queue = [PLACEHOLDER, answer, PLACEHOLDER, PLACEHOLDER]
     assert edit_cli(server, src, "--in-place") == 2
     assert src.read_text() == ORIGINAL
     assert [_prompt_of(r) for r in server.requests] == [DEFAULT_PROMPT, "blocks", RETRY_PROMPT, "feedback"]
+    assert why in capsys.readouterr().err
 
 
 def test_an_answer_cut_short_is_asked_for_again_and_never_written(server, tmp_path):

@@ -222,8 +222,11 @@ def ask_blocks(args, original: str) -> tuple[EditResult, Verdict | None]:
     try:
         built = apply_blocks(original, result.raw).code
     except BlockError as e:
+        print(f"the blocks cannot be applied: {e}", file=sys.stderr)
         return dataclasses.replace(result, code=original), Verdict(original, [f"the blocks: {e}"], [], False)
     verdict = judge_answer(original, built, args.instruction, language_for(args.file))
+    if verdict.failure:
+        print(f"the file the blocks build is refused: {verdict.failure}", file=sys.stderr)
     return dataclasses.replace(result, code=verdict.code), verdict
 
 
@@ -235,7 +238,7 @@ def retries(args, original: str, first: EditResult, verdict: Verdict):
     2 of them by blocks (docs/server.md)."""
     print(f"{verdict.failure}: asking for SEARCH/REPLACE blocks instead of the whole file", file=sys.stderr)
     yield ask_blocks(args, original)
-    print(f"the blocks did not make the edit: asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
+    print(f"asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
     yield ask(args, original, RETRY_PROMPT)
     print("telling the model what is wrong with its first answer, and asking once more", file=sys.stderr)
     language = language_for(args.file)
