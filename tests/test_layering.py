@@ -1,6 +1,6 @@
 """Layering: a lower part of the package never imports a higher one (read from the source, nothing runs).
 
-From the bottom: `hardware`, `fim` (leaves: they import nothing of the package) -> `errors` -> `config`,
+From the bottom: `hardware`, `fim`, `tempfiles` (leaves: they import nothing of the package) -> `errors` -> `config`,
 `inputs` -> `chat`, `literal` -> `backends` -> `models` -> `proposers`, `engine` -> `llm` -> `server`, `edit` -> `bench`
 -> `cli`. A module may import its own layer and those below (`server` and `edit` not each other).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "src" / "specserve"
 
 LAYERS = (  # bottom first
-    {"hardware", "fim"},
+    {"hardware", "fim", "tempfiles"},
     {"errors"},
     {"config", "inputs"},
     {"chat", "literal"},
