@@ -625,3 +625,37 @@ def test_a_call_without_tags_cut_by_the_length_limit_is_a_cut_call(text, argumen
 @pytest.mark.parametrize("text", ['```json\n{\n  "', "```python\n", '{"name": "g", "arguments": {', "{'name': 'f'"])
 def test_a_cut_answer_without_a_whole_declared_name_stays_content(text):
     assert parse_tool_calls(text, {"f"}, cut=True) == (text, [])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool',  # cut inside the closing tag
+        '```json\n{"name": "f", "arguments": {"a": 1}}\n``',  # inside the closing fence
+        '{"name": "f", "arguments": {"a": 1}',  # before the call object's own brace
+    ],
+)
+def test_a_whole_call_cut_after_its_arguments_returns_just_them(text):
+    """The length limit fell after the arguments were whole (in the closing tag, where the tags are
+    text, or the fence): the call came back with what followed them as its arguments, such as
+    '{"a": 1}}\\n</tool', which no client parses. Now its arguments are the whole object, and the
+    call is not cut (a Responses function_call item is "completed")."""
+    content, [call] = parse_tool_calls(text, {"f"}, cut=True)
+    assert (content, call.name, call.arguments, call.cut) == (None, "f", '{"a": 1}', False)
+    splitter = ToolStreamSplitter({"f"})
+    assert "".join(splitter.feed(text[i : i + 3]) for i in range(0, len(text), 3)) == ""
+    rest, [streamed] = splitter.finish(cut=True)
+    assert (rest, streamed.arguments) == ("", '{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "f", "arguments": {"a": 1}}\nThis calls f with',  # prose after a whole call
+        '[{"name": "f", "arguments": {}}, {"name": "f", "arguments": {"a',  # a second call, cut
+    ],
+)
+def test_a_cut_answer_with_more_after_a_whole_call_s_arguments_stays_content(text):
+    """As without the cut, an answer that is more than one call without the tags is content (the
+    cut call took all that followed its name as its arguments: '{}}, {"name": "f", ...')."""
+    assert parse_tool_calls(text, {"f"}, cut=True) == (text, [])

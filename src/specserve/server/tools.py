@@ -386,6 +386,9 @@ def parse_tool_calls(text: str, names: Collection[str] = (), cut: bool = False) 
 
 
 _CUT_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]+)"')  # a cut block's written name
+# What may follow a cut call's whole arguments: its object's brace, then the closing tag or fence
+# (the length limit fell there), the brace of a doubled {{...}}, or a list's bracket
+_AFTER_ARGUMENTS = ["}" + CLOSE, "}```", "}}", "}]"]
 _CUT_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*(.*)', re.DOTALL)  # and its arguments' start
 
 
@@ -415,15 +418,23 @@ def cut_call(text: str, names: Collection[str]) -> tuple[str | None, list[ToolCa
 
 def _cut_named(body: str, names: Collection[str]) -> ToolCall | None:
     """The cut call the body begins ('{"name": "f", "arguments": {"a": 1'), once its name is whole
-    and (names given) declared; None otherwise."""
+    and (names given) declared; None otherwise. Arguments that are whole (the limit fell in the
+    closing tag or fence) are just that JSON, and the call is not cut: '{"a": 1}}\n</tool' was
+    taken whole as its arguments."""
     named = _CUT_NAME.match(body)
     if named is None or (names and named.group(1) not in names):
         return None
     arguments = _CUT_ARGUMENTS.fullmatch(body, named.end())
     if not (arguments or _squeezed_prefix(body[named.end() :], [',"arguments":'])):
         return None
-    written = _escape_surrogates(arguments.group(1).rstrip() if arguments else "")
-    return ToolCall(_call_id(), named.group(1), written, cut=True)
+    written = arguments.group(1) if arguments else ""
+    try:
+        end = json.JSONDecoder().raw_decode(written)[1]
+    except ValueError:  # the arguments themselves were cut: as far as they got
+        return ToolCall(_call_id(), named.group(1), _escape_surrogates(written.rstrip()), cut=True)
+    if not _squeezed_prefix(written[end:], _AFTER_ARGUMENTS):
+        return None  # more than the call's end follows them (prose, a second call): parsed as ever
+    return ToolCall(_call_id(), named.group(1), _escape_surrogates(written[:end]))
 
 
 def _bare_body(text: str) -> str:
