@@ -190,3 +190,14 @@ def test_a_stream_its_client_hung_up_on_is_not_kept():
     assert asyncio.run(run()) == ("in_progress", 404)
     text = app.state.server.metrics.render()[0].decode()
     assert metric_value(text, "specserve_requests_total", endpoint="responses", status="499") == 1  # it hung up
+
+
+def test_a_failed_stream_keeps_the_logprobs_it_streamed(served):
+    """With `include` asking for output_text logprobs, the deltas carried them, but the failed
+    response (its `response.failed` event, and so what GET returns) listed none for its text."""
+    client, backend = served
+    events = failed_stream(client, backend, include=["message.output_text.logprobs"])
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    part = events[-1]["response"]["output"][0]["content"][0]
+    assert streamed and part["logprobs"] == streamed
+    assert client.get(f"/v1/responses/{events[-1]['response']['id']}").json()["output"][0]["content"][0] == part

@@ -715,7 +715,7 @@ class ResponsesDialect(Dialect):
         (the SDK's stream helper and agents wait for that lifecycle event, not a bare `error`).
         That response is kept as sent (unless store is false), as OpenAI keeps a failed one: the
         client saw its id in `response.created`, and GET or previous_response_id find it."""
-        items = [_message(ctx, ctx.text, "incomplete")] if ctx.opened else []
+        items = [_message(ctx, ctx.text, "incomplete", ctx.logprobs_sent)] if ctx.opened else []  # those of its text
         body = {**self.body(ctx, None, items), "status": "failed", "error": _response_error(e)}
         try:
             self._remember(ctx, body)
