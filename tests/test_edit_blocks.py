@@ -140,3 +140,18 @@ def test_the_worked_example_in_the_blocks_request_is_right():
     assert [m["role"] for m in ask.messages] == ["system", "user", "assistant", "user"]
     assert ask.messages[-1]["content"].startswith(f"Here is a file:\n\n```python\n{CODE}\n```\n\nRename area")
     assert "line 1: def area(radius):" in ask.messages[-1]["content"]  # the rename hint, as the default sends it
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [  # a Markdown heading's underline is a divider line: which one divides the block is a guess
+        "<<<<<<< SEARCH\nUsage\n=======\n=======\nHow to use it\n=======\n>>>>>>> REPLACE\n",
+        "<<<<<<< SEARCH\nUsage\n=======\n=======\n>>>>>>> REPLACE\n",  # the heading deleted
+    ],
+)
+def test_a_block_with_a_second_divider_line_is_refused_rather_than_guess(answer):
+    """The first divider-like line ended the SEARCH lines, and the heading's own underline went into
+    the replacement: 'Usage' alone was replaced, leaving '=======\\nHow to use it\\n=======\\n======='
+    in README.md, no error. Which line divides cannot be told, so the answer is refused."""
+    with pytest.raises(BlockError, match="block 1 has more than one divider line"):
+        apply_blocks("# Tool\n\nUsage\n=======\n\nRun it.\n", answer)

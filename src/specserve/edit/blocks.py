@@ -15,8 +15,10 @@ like any answer (`judge_answer`) before it is written.
 The rule is never to guess. A block is applied where its SEARCH lines match the file exactly, line
 for line; only when they match nowhere, where they match once with trailing whitespace ignored and
 a uniform indentation shift (the model copied the lines one level out, say), re-indenting the
-REPLACE lines by the same shift. A block that matches nowhere, matches more than once, or has
-nothing to search for refuses the whole answer (`BlockError`): half an edit is not an edit.
+REPLACE lines by the same shift. A block that matches nowhere, matches more than once, has
+nothing to search for, or has two divider lines (a Markdown heading's `=======` underline among
+its lines: which one divides is a guess) refuses the whole answer (`BlockError`): half an edit is
+not an edit.
 Blocks apply in order, each to the file as the ones before it left it. Text outside the blocks
 (fences, a file name, prose) is ignored.
 """
@@ -66,6 +68,10 @@ def parse_blocks(answer: str) -> list[Block]:
         elif state == "replace" and _REPLACE.match(line):
             blocks.append(Block(tuple(search), tuple(replace)))
             state = ""
+        elif state == "replace" and _DIVIDER.match(line):  # a heading's underline, say: which one divides?
+            raise BlockError(
+                f"block {len(blocks) + 1} has more than one divider line (=======): which divides is a guess"
+            )
         elif state == "search":
             search.append(line)
         elif state == "replace":
