@@ -107,12 +107,16 @@ def save_tiny(path, kind: str = "llama", seed: int = 0) -> str:
     return str(path)
 
 
-def steady_prices(*llms):
+def steady_prices(*llms, copy: float | None = None):
     """Pin each LLM's prices to a fixed curve (a verified token costs 0.05 of a pass, a draft
     model's pass 0.2), so which K a test's drafts get never depends on timing a tiny model,
-    whose millisecond passes a busy machine can make look dear (K = 1) or free. Returns llms."""
+    whose millisecond passes a busy machine can make look dear (K = 1) or free. copy: what
+    saving and restoring a cell costs, in passes (CostModel.copy); None, unmeasured, keeps the
+    prefix cache's host tier off. Returns llms."""
+    from dataclasses import replace
+
     from specserve.engine.governor import CostModel
 
     for llm in llms:
-        llm.engine.use_prices(CostModel.linear(0.05, draft=0.2))
+        llm.engine.use_prices(replace(CostModel.linear(0.05, draft=0.2), copy=copy))
     return llms
