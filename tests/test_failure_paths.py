@@ -448,6 +448,16 @@ def _open_stream(srv: ServerProcess, events: list, opened: threading.Event) -> N
         events.append("cut")
 
 
+def _wait_until_handled(srv: ServerProcess) -> None:
+    """Wait until the server has run its handler for a SIGINT (uvicorn logs "Shutting down" once
+    it has). A second SIGINT sent before that merges with the first (the kernel keeps one pending,
+    Python runs the handler once): a fixed 0.3 s pause let a loaded machine drain as after one."""
+    deadline = time.monotonic() + WAIT_S
+    while "Shutting down" not in srv.log_tail(100_000):
+        assert srv.proc.poll() is None and time.monotonic() < deadline, srv.log_tail()
+        time.sleep(0.05)
+
+
 def _stream_during_interrupts(tmp_path, interrupts: int) -> tuple[list, int, float, str]:
     """On a fresh server, send SIGINT `interrupts` times while a stream runs: (its events, the
     exit code, seconds to exit, the server's log)."""
@@ -459,9 +469,10 @@ def _stream_during_interrupts(tmp_path, interrupts: int) -> tuple[list, int, flo
         reader.start()
         assert opened.wait(WAIT_S), srv.log_tail()
         t = time.monotonic()
-        for _ in range(interrupts):
+        for i in range(interrupts):
             srv.proc.send_signal(2)  # SIGINT, as Ctrl+C sends
-            time.sleep(0.3)
+            if i < interrupts - 1:
+                _wait_until_handled(srv)
         code = srv.proc.wait(60)
         took = time.monotonic() - t
         reader.join(WAIT_S)
@@ -484,9 +495,11 @@ def test_ctrl_c_ends_running_streams_with_an_error_event_and_no_traceback(tmp_pa
 
 
 def test_a_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
-    events, code, took, log = _stream_during_interrupts(tmp_path, 2)
-    assert code == 130 and took < DRAIN_GRACE_S, (code, took, log)
-    assert events[-1] == "cut"  # forced: no time to answer
+    """Exits without the drain: the stream is cut (a drained one ends with an error event and
+    [DONE]), whatever a loaded machine makes the exit take."""
+    events, code, _, log = _stream_during_interrupts(tmp_path, 2)
+    assert code == 130, (code, log)
+    assert events[-1] == "cut", events[-3:]  # forced: no time to answer
     assert "Traceback" not in log and "interrupted again, exiting now" in log, log
 
 
