@@ -23,7 +23,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from test_prefix_cache import FILE, GREEDY, LIMITS, fed_to, prefilled_tokens, same
@@ -555,16 +554,45 @@ def test_the_folder_is_written_while_the_server_runs(tmp_path):
     llm = llamacpp_llm(tmp_path, host_cache_dir=str(tmp_path / "kv"))
     store = llm.engine.core.host_store
     held, _ = evicted_turns(llm)  # turn 1's entry is in the tier, not in the cells
+    saves, looks = watched(store, "save"), watched(llm.engine.core, "host_snapshot")
     worker = EngineWorker(llm.engine.core, max_queue=1, save_every=0.02)
     worker.start()
     try:
-        deadline = time.monotonic() + 10
-        while not (store.folder / "index.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert saves.reached(1), "the writer never wrote the tier"
         written = HostStore(store.folder.parent, store.folder.name).load(GIB)  # what a restart would read
         assert [e.tokens for e in written] == [held[: len(e.tokens)] for e in written] and len(written) == 1
-        index = (store.folder / "index.json").stat().st_mtime_ns
-        time.sleep(0.2)  # ten intervals with nothing new: nothing rewritten
-        assert (store.folder / "index.json").stat().st_mtime_ns == index
+        assert looks.reached(looks.calls + 10), "the writer stopped looking"  # ten intervals with nothing new
+        assert saves.calls == 1  # nothing rewritten
     finally:
         worker.stop()
+
+
+@dataclasses.dataclass
+class Calls:
+    """How often a wrapped method was called, and a way to wait for a count (watched)."""
+
+    calls: int = 0
+    changed: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+
+    def reached(self, n: int, guard_s: float = 120.0) -> bool:
+        """Wait until the method has returned n times (guard_s: a liveness guard only)."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.calls >= n, guard_s)
+
+
+def watched(obj, name: str) -> Calls:
+    """Count the calls of obj.name as they return: the test waits on the writer's own steps, not
+    on the clock (a 10 s deadline and a 0.2 s sleep stood for them, and a loaded machine that
+    stalled the first write past 10 s failed the test)."""
+    method, seen = getattr(obj, name), Calls()
+
+    def counted(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        finally:
+            with seen.changed:
+                seen.calls += 1
+                seen.changed.notify_all()
+
+    setattr(obj, name, counted)
+    return seen
