@@ -1,27 +1,50 @@
 """argparse value types shared by the subcommands: a bad number is refused at parse time with
-argparse's one-line error, rather than read as "use the default" (0 is falsy) or found later."""
+argparse's one-line error, rather than read as "use the default" (0 is falsy) or found later.
+
+A value that is not a number at all raises ArgumentTypeError in words too: from a bare ValueError
+argparse wrote the function's name ("invalid positive_int value: 'x'", "invalid _port value")."""
 
 from __future__ import annotations
 
 import argparse
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
+def _whole_number(text: str, least: int) -> int:
+    """`text` as an int of at least `least`, or ArgumentTypeError saying what is wanted."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, at least {least}; got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}")
     return value
 
 
+def positive_int(text: str) -> int:
+    return _whole_number(text, 1)
+
+
 def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
+    return _whole_number(text, 0)
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, 0-65535; got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be 0-65535")
     return value
 
 
 def non_negative_seconds(text: str) -> float:
-    value = float(text)
+    wanted = "must be >= 0 seconds, and finite (0: no deadline)"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{wanted}; got {text!r}") from None
     if not 0 <= value < float("inf"):  # also refuses nan, and inf (0 is "none"; with --ray it became Ray's wait)
-        raise argparse.ArgumentTypeError("must be >= 0 seconds, and finite (0: no deadline)")
+        raise argparse.ArgumentTypeError(wanted)
     return value

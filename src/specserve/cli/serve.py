@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
-from .argtypes import non_negative_int, non_negative_seconds, positive_int
+from .argtypes import non_negative_int, non_negative_seconds, port, positive_int
 from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
 
 
@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
     )
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
+    p.add_argument("--port", type=port, default=8000, help="port to bind (default 8000)")
     p.add_argument(
         "--api-key",
         default=None,
@@ -83,13 +83,6 @@ def add_parser(subparsers) -> None:
     )
     serve_ray.add_arguments(p)
     p.set_defaults(func=run)
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError("must be 0-65535")
-    return value
 
 
 def check_address(host: str, port: int) -> None:
