@@ -25,3 +25,27 @@ def test_a_value_that_is_not_a_number_is_named_in_words(argv, flag, wanted, caps
     assert f"argument {flag}: " in err and wanted in err
     assert "_port" not in err and "_int" not in err and "_seconds" not in err
     assert f"got {argv[-1]!r}" in err
+
+
+NO_MODEL = ["--model", "no-such-model"]  # a command the check lets through stops there, before any load
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["generate", "hi", *NO_MODEL, "--prediction", ""], "--prediction"),  # ran without it, exit 0
+        (["generate", "hi", *NO_MODEL, "--html", ""], "--html"),  # wrote no report, exit 0
+        (["generate", "hi", *NO_MODEL, "--prompt-file", ""], "--prompt-file"),
+        (["generate", "hi", *NO_MODEL, "--suffix", ""], "--suffix"),
+        (["bench", *NO_MODEL, "--out", ""], "--out"),  # Path("") is ".": the results went into the current folder
+        (["bench", *NO_MODEL, "--html", ""], "--html"),
+        (["edit", "f.py", "-i", "x", "--output", ""], "--output/-o"),
+        (["replay", "--output", "", "--prediction", "f.py"], "--output"),
+        (["replay", "--bench", ""], "--bench"),
+    ],
+)
+def test_an_empty_path_is_refused_not_ignored_or_read_as_the_current_folder(argv, flag, capsys):
+    """`--prediction "$FILE"` with FILE unset: the flag was dropped without a word, or named '.'."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: the path is empty" in err and len(err.splitlines()) == 1

@@ -7,6 +7,7 @@ argparse wrote the function's name ("invalid positive_int value: 'x'", "invalid 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def _whole_number(text: str, least: int) -> int:
@@ -48,3 +49,17 @@ def non_negative_seconds(text: str) -> float:
     if not 0 <= value < float("inf"):  # also refuses nan, and inf (0 is "none"; with --ray it became Ray's wait)
         raise argparse.ArgumentTypeError(wanted)
     return value
+
+
+def path_text(text: str) -> str:
+    """A file or folder path as given, refused when empty: `--prediction "$FILE"` with FILE unset
+    dropped the flag without a word (an empty string is falsy), and Path("") is "." (the results
+    of `bench --out ""` went into the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty: give a file's name, or leave the flag out")
+    return text
+
+
+def path_arg(text: str) -> Path:
+    """path_text as a Path."""
+    return Path(path_text(text))

@@ -30,7 +30,7 @@ from ..bench.runner import (
     write_results,
 )
 from ..edit.files import write_atomic
-from .argtypes import positive_int
+from .argtypes import path_arg, positive_int
 from .generate import (
     add_engine_args,
     add_model_args,
@@ -156,7 +156,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--out",
-        type=Path,
+        type=path_arg,
         default=DEFAULT_OUT,
         help=f"output folder (default {DEFAULT_OUT}; --demo: bench-out/demo); a run replaces the bench.json, "
         "bench.md and bench.png of an earlier run there (load.* and session.* for those benches): "
@@ -164,7 +164,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--html",
-        type=Path,
+        type=path_arg,
         default=None,
         metavar="FILE",
         help="also write an HTML token-source report of one run (replaces FILE)",

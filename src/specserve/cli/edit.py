@@ -46,7 +46,7 @@ from ..edit import (
     write_atomic,
     write_in_place,
 )
-from .argtypes import positive_int
+from .argtypes import path_arg, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -57,7 +57,7 @@ def add_parser(subparsers) -> None:
         "prediction = FILE (temperature 0), show the diff, and write the result "
         "only when the answer is complete.",
     )
-    p.add_argument("file", type=Path, help="the file to edit")
+    p.add_argument("file", type=path_arg, help="the file to edit")
     p.add_argument("--instruction", "-i", required=True, help="what to change")
     p.add_argument(
         "--base-url", default=None, help="server URL (default: $OPENAI_BASE_URL or http://127.0.0.1:8000/v1)"
@@ -65,7 +65,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", default=None, help="model name (default: the first one the server lists)")
     p.add_argument("--api-key", default=None, help="API key (default: $OPENAI_API_KEY, or none for local servers)")
     dest = p.add_mutually_exclusive_group()
-    dest.add_argument("--output", "-o", type=Path, help="write the edited file here")
+    dest.add_argument("--output", "-o", type=path_arg, help="write the edited file here")
     dest.add_argument(
         "--in-place",
         action="store_true",
@@ -90,7 +90,7 @@ def add_parser(subparsers) -> None:
         f"then with the {RETRY_PROMPT!r} prompt, then telling the model what is wrong with its answer)",
     )
     p.add_argument("--max-tokens", type=positive_int, default=None, help="cap on the answer's length")
-    p.add_argument("--html", type=Path, help="also write an HTML report of the edit (lines kept vs changed)")
+    p.add_argument("--html", type=path_arg, help="also write an HTML report of the edit (lines kept vs changed)")
     p.set_defaults(func=run)
 
 

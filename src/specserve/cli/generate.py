@@ -23,6 +23,7 @@ from ..errors import ContextLengthError, InvalidRequestError
 from ..hardware import cpu_info, describe
 from ..inputs import decode_text, read_bytes
 from ..models import packs
+from .argtypes import path_text
 
 DEFAULT_MAX_TOKENS = SamplingParams.max_tokens
 
@@ -34,16 +35,18 @@ def add_parser(sub) -> None:
         description="Generate from a prompt (argument, --prompt-file, or stdin) and print stats.",
     )
     p.add_argument("prompt", nargs="?", help="prompt text; omit to read --prompt-file or stdin")
-    p.add_argument("--prompt-file", help="read the prompt from this file ('-': stdin)")
+    p.add_argument("--prompt-file", type=path_text, help="read the prompt from this file ('-': stdin)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--system", help="system message (implies --chat)")
     p.add_argument(
         "--prediction",
+        type=path_text,
         metavar="FILE",
         help="Predicted Outputs: the text you expect (e.g. the file being edited; '-': stdin)",
     )
     p.add_argument(
         "--suffix",
+        type=path_text,
         metavar="FILE",
         help="fill in the middle: FILE holds the code after the gap, the prompt the code before it "
         "(models with FIM tokens, such as Qwen2.5-Coder); the output is the middle",
@@ -68,7 +71,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, help="fixes sampling at temperature > 0 (a signed 64-bit integer)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text + stats) instead of streaming")
-    p.add_argument("--html", metavar="FILE", help="write a visual acceptance report")
+    p.add_argument("--html", type=path_text, metavar="FILE", help="write a visual acceptance report")
     p.set_defaults(func=run)
 
 

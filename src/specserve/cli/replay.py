@@ -15,6 +15,7 @@ from pathlib import Path
 from ..bench.curves import DEFAULT_COST_RATIO, LLAMACPP_2CORE_CURVE
 from ..config import BACKENDS, METHODS, ONE_REQUEST, LoadOptions, SpeculationConfig
 from ..inputs import read_text
+from .argtypes import path_arg
 
 REPLAY_METHODS = [m for m in METHODS if m != "draft"]  # only a tokenizer is loaded: nothing could draft
 
@@ -27,17 +28,17 @@ def add_parser(subparsers) -> None:
         "that writes exactly --output; report acceptance, tokens per step and a "
         "projected speedup. Only the tokenizer is loaded.",
     )
-    p.add_argument("--prediction", type=Path, help="the predicted text (e.g. the file before the edit)")
-    p.add_argument("--output", type=Path, help="the text the target produces (the file after)")
+    p.add_argument("--prediction", type=path_arg, help="the predicted text (e.g. the file before the edit)")
+    p.add_argument("--output", type=path_arg, help="the text the target produces (the file after)")
     p.add_argument(
         "--bench",
-        type=Path,
+        type=path_arg,
         help="instead: a `specserve bench` report (bench.json); replay each prediction run's own "
         "output with the cost curve the bench drafted with, and compare projected with measured speedups",
     )
     p.add_argument(
         "--prompt",
-        type=Path,
+        type=path_arg,
         help="a prompt the target reads first (e.g. the request with the file in "
         "it): what --method auto drafts from without a prediction",
     )
