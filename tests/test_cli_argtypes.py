@@ -49,3 +49,10 @@ def test_an_empty_path_is_refused_not_ignored_or_read_as_the_current_folder(argv
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"argument {flag}: the path is empty" in err and len(err.splitlines()) == 1
+
+
+def test_serve_refuses_an_empty_api_key_rather_than_serving_open(capsys):
+    """`serve --api-key "$KEY"` with KEY unset served every route to anyone, without a word."""
+    assert main(["serve", "--api-key", "", "--model", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --api-key: the key is empty" in err and len(err.splitlines()) == 1

@@ -63,3 +63,13 @@ def path_text(text: str) -> str:
 def path_arg(text: str) -> Path:
     """path_text as a Path."""
     return Path(path_text(text))
+
+
+def api_key(text: str) -> str:
+    """A server's API key, refused when empty or blank: `serve --api-key "$KEY"` with KEY unset
+    served every route to anyone, without a word (an empty key reads as "no key")."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "the key is empty: give one, or leave --api-key out (then $SPECSERVE_API_KEY, else no key)"
+        )
+    return text

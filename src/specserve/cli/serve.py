@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
-from .argtypes import non_negative_int, non_negative_seconds, port, positive_int
+from .argtypes import api_key, non_negative_int, non_negative_seconds, port, positive_int
 from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
 
 
@@ -33,6 +33,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--port", type=port, default=8000, help="port to bind (default 8000)")
     p.add_argument(
         "--api-key",
+        type=api_key,
         default=None,
         help="require 'Authorization: Bearer KEY' on every route but /health, /metrics and the OpenAPI docs "
         "(default: $SPECSERVE_API_KEY, else open)",
