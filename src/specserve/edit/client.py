@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 from ..errors import SpecServeError
 from .prompts import DEFAULT_PROMPT, EditAsk, EditPrompt, ask_for
@@ -92,9 +93,20 @@ def make_client(base_url: str | None = None, api_key: str | None = None):
     """An `openai.OpenAI` client; local servers get a dummy key when none is configured."""
     import openai
 
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+    base_url = server_url(base_url)
     api_key = api_key or os.environ.get("OPENAI_API_KEY") or "sk-no-key-needed"
     return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=3600.0)
+
+
+def server_url(base_url: str | None) -> str:
+    """The server's URL: `base_url`, else $OPENAI_BASE_URL, else the local default. One that is not
+    http(s) is an EditError naming where it came from: `--base-url localhost:8000/v1` was a bare
+    "Connection error." once the client had tried it."""
+    source, url = ("--base-url", base_url) if base_url else ("$OPENAI_BASE_URL", os.environ.get("OPENAI_BASE_URL"))
+    url = url or DEFAULT_BASE_URL
+    if urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
+        raise EditError(f"{source} {url} is not an http:// or https:// URL (such as {DEFAULT_BASE_URL})")
+    return url
 
 
 def default_model(client) -> str:
@@ -142,7 +154,10 @@ def refactor_with_predicted_outputs(
             ask = EditAsk(ask.messages[:-1], "", original_code)
             result = _stream(client, model, ask, max_tokens, on_delta)
     except openai.APIConnectionError as e:
-        raise EditError(f"cannot reach the server at {client.base_url}: {e}") from e
+        raise EditError(
+            f"cannot reach the server at {client.base_url}: {e} Start one (specserve serve), "
+            "or point --base-url (or $OPENAI_BASE_URL) at yours"
+        ) from e
     except openai.APIStatusError as e:
         raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
     except openai.APIError as e:  # an error event in the stream: the server failed while answering
