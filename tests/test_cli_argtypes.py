@@ -56,3 +56,14 @@ def test_serve_refuses_an_empty_api_key_rather_than_serving_open(capsys):
     assert main(["serve", "--api-key", "", "--model", "no-such-model"]) == 2
     err = capsys.readouterr().err
     assert "argument --api-key: the key is empty" in err and len(err.splitlines()) == 1
+
+
+def test_a_host_cache_larger_than_the_memory_is_refused(capsys, monkeypatch):
+    """`serve --host-cache-gib 1e30` started, saying "kept in host memory, up to 1e30 GiB": the tier
+    grows as entries leave the KV cache, until the kernel kills the server."""
+    import specserve.cli.generate as generate
+
+    monkeypatch.setattr(generate, "available_memory", lambda: 8 * 2**30)
+    assert main(["serve", "--port", "0", "--model", "no-such-model", "--host-cache-gib", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "--host-cache-gib 9 is more than the 8.0 GiB of memory available" in err and len(err.splitlines()) == 1

@@ -20,7 +20,7 @@ from ..config import (
 )
 from ..edit.files import check_writable
 from ..errors import ContextLengthError, InvalidRequestError
-from ..hardware import cpu_info, describe
+from ..hardware import available_memory, cpu_info, describe
 from ..inputs import decode_text, read_bytes
 from ..models import packs
 from .argtypes import path_text
@@ -163,6 +163,12 @@ def gib_bytes(gib: float | None) -> int | None:
         raise InvalidRequestError(f"--host-cache-gib must be at least 0, got {gib}")
     if gib == float("inf"):  # int() of it was an OverflowError traceback
         raise InvalidRequestError("--host-cache-gib must be a finite size (leave it out for the default)")
+    free = available_memory()
+    if free is not None and gib * 2**30 > free:  # 1e30 was taken: the tier grew until the kernel killed the server
+        raise InvalidRequestError(
+            f"--host-cache-gib {gib:g} is more than the {free / 2**30:.1f} GiB of memory available now; "
+            "give less (leave it out for the default: at most a quarter of it)"
+        )
     return int(gib * 2**30)
 
 
