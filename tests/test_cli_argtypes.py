@@ -67,3 +67,12 @@ def test_a_host_cache_larger_than_the_memory_is_refused(capsys, monkeypatch):
     assert main(["serve", "--port", "0", "--model", "no-such-model", "--host-cache-gib", "9"]) == 2
     err = capsys.readouterr().err
     assert "--host-cache-gib 9 is more than the 8.0 GiB of memory available" in err and len(err.splitlines()) == 1
+
+
+def test_replay_refuses_an_empty_curve_rather_than_using_its_default(tmp_path, capsys):
+    """`replay --curve "$CURVE"` with CURVE unset projected with the default cost ratio, exit 0."""
+    text = tmp_path / "f.py"
+    text.write_text("def f():\n    return 1\n")
+    assert main(["replay", "--prediction", str(text), "--output", str(text), "--curve", ""]) == 2
+    err = capsys.readouterr().err
+    assert "a cost curve has at least two points" in err and "got ''" in err and len(err.splitlines()) == 1

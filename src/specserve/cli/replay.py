@@ -135,7 +135,7 @@ def run(args) -> int:
     prediction = read_input(args.prediction, "--prediction")
     prompt = read_input(args.prompt, "--prompt")
     output = read_input(args.output, "--output")
-    prices = parse_curve(args.curve) if args.curve else None
+    prices = None if args.curve is None else parse_curve(args.curve)  # "" too: it was dropped without a word
     from ..bench.replay import replay  # torch and the engine: once the arguments are read
 
     tokenizer = load_tokenizer(args.model)
