@@ -14,6 +14,7 @@ import sys
 
 from .. import __version__
 from ..errors import SpecServeError
+from .environment import environment_problem
 from .streams import closed_stdout
 
 SUBCOMMANDS = ("generate", "models", "serve", "bench", "edit", "replay")
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             return e.code if isinstance(e.code, int) else 2
         except KeyboardInterrupt:
             return _interrupted()
-        if problem := closed_stdout(args.command):  # before minutes of model loading
+        if problem := closed_stdout(args.command) or environment_problem():  # before minutes of model loading
             print(f"specserve: error: {problem}", file=sys.stderr)
             return 2
         try:
