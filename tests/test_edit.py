@@ -1279,3 +1279,17 @@ def test_the_decode_rate_counts_only_the_tokens_it_timed():
     assert result.tokens_per_second == pytest.approx(19 / 2.0)
     result.speculation = {"tokens_per_second": 7.5, "tokens_per_step": 5.0}
     assert result.tokens_per_second == 7.5
+
+
+def test_each_refused_retry_says_why_and_the_step_that_wrote_the_file_is_named(server, src, capsys):
+    """Found editing real files: after the blocks request, a refused `example` answer (or one cut by
+    max_tokens) moved on to the next request without a word, so the user never learnt why it was
+    refused; and a file written from a retry did not say which request's answer it was."""
+    server.queue = [PLACEHOLDER, PLACEHOLDER, PLACEHOLDER]  # first, blocks, example refused; the feedback passes
+    assert edit_cli(server, src, "--in-place") == 0
+    err = capsys.readouterr().err
+    example_refused = err.index(f"the answer to the {RETRY_PROMPT!r} prompt is refused: ")
+    assert "placeholder" in err[example_refused:].splitlines()[0]
+    assert "the first answer is refused: " in err.splitlines()[0]
+    assert example_refused < err.index("telling the model what is wrong")
+    assert "the answer to the feedback request passes the checks" in err

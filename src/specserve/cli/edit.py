@@ -235,21 +235,28 @@ def retries(args, original: str, first: EditResult, verdict: Verdict):
     refused too: SEARCH/REPLACE blocks applied by the tool, the file asked for with the other
     prompt, then the model told what is wrong with its first answer (that answer as the
     prediction). Measured on 33 real edits, the three turn 3 refused answers into usable files,
-    2 of them by blocks (docs/server.md)."""
-    print(f"{verdict.failure}: asking for SEARCH/REPLACE blocks instead of the whole file", file=sys.stderr)
-    yield ask_blocks(args, original)
+    2 of them by blocks (docs/server.md). Yields (the request's name, (answer, verdict)), so the
+    caller can say which request's answer it writes, or why each is refused."""
+    print(
+        f"the first answer is refused: {verdict.failure}; asking for SEARCH/REPLACE blocks instead of the whole file",
+        file=sys.stderr,
+    )
+    yield "blocks request", ask_blocks(args, original)
     print(f"asking again with the {RETRY_PROMPT!r} prompt", file=sys.stderr)
-    yield ask(args, original, RETRY_PROMPT)
+    yield f"{RETRY_PROMPT!r} prompt", ask(args, original, RETRY_PROMPT)
     print("telling the model what is wrong with its first answer, and asking once more", file=sys.stderr)
     language = language_for(args.file)
-    yield ask(
-        args,
-        original,
-        DEFAULT_PROMPT,
-        messages=feedback_messages(
-            original, args.instruction, first.raw, verdict.problems or [verdict.failure], language
+    yield (
+        "feedback request",
+        ask(
+            args,
+            original,
+            DEFAULT_PROMPT,
+            messages=feedback_messages(
+                original, args.instruction, first.raw, verdict.problems or [verdict.failure], language
+            ),
+            prediction=feedback_prediction(original, verdict.code),
         ),
-        prediction=feedback_prediction(original, verdict.code),
     )
 
 
@@ -325,11 +332,22 @@ def _best_answer(args, original: str) -> tuple[EditResult, Verdict | None]:
     is refused (not with --no-retry or --force)."""
     result, verdict = ask(args, original, DEFAULT_PROMPT)
     if verdict and verdict.failure and not args.no_retry and not args.force:
-        for again, again_verdict in retries(args, original, result, verdict):
+        for step, (again, again_verdict) in retries(args, original, result, verdict):
             if again_verdict and again_verdict.failure is None:
+                print(f"the answer to the {step} passes the checks: it is the edit below", file=sys.stderr)
                 return again, again_verdict
+            _say_refused(step, again, again_verdict)
         print("no later answer is better: keeping the first", file=sys.stderr)
     return result, verdict
+
+
+def _say_refused(step: str, result: EditResult, verdict: Verdict | None) -> None:
+    """One line on why a retry's answer is not used, before the next request (minutes on a CPU):
+    the blocks request says it itself (`ask_blocks`); the others said nothing."""
+    if verdict is None:
+        print(f"the answer to the {step} is incomplete (finish_reason={result.finish_reason!r})", file=sys.stderr)
+    elif step != "blocks request":
+        print(f"the answer to the {step} is refused: {verdict.failure}", file=sys.stderr)
 
 
 def _refuse_unless_usable(args, result: EditResult, verdict: Verdict | None, problems: list[str], dest) -> None:
