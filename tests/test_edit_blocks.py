@@ -155,3 +155,14 @@ def test_a_block_with_a_second_divider_line_is_refused_rather_than_guess(answer)
     in README.md, no error. Which line divides cannot be told, so the answer is refused."""
     with pytest.raises(BlockError, match="block 1 has more than one divider line"):
         apply_blocks("# Tool\n\nUsage\n=======\n\nRun it.\n", answer)
+
+
+def test_a_block_with_two_divider_lines_is_refused_not_split_at_the_first():
+    """A file with an RST underline (`=======`) in a docstring: a block that quotes it has two
+    divider-like lines. Split at the first, the search was `Tools` alone and the rest of the
+    block went into the file: a docstring holding both texts, which compiles and passed every
+    check. Where the search ends cannot be told, so the answer is refused."""
+    code = '"""\nTools\n=======\n\nGreeting helpers.\n"""\n\n\ndef greet(name):\n    return "hi " + name\n'
+    answer = block("Tools\n=======\n\nGreeting helpers.\n", "Tools\n=======\n\nGreeting helpers, in English.\n")
+    with pytest.raises(BlockError, match="block 1 has more than one divider line"):
+        apply_blocks(code, answer)
