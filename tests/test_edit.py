@@ -580,9 +580,11 @@ def test_force_does_not_write_a_truncated_answer(server, src):
 
 
 def test_dry_run_warns_about_a_broken_answer(server, src, tmp_path, capsys):
+    """The diff and the problems are shown, and the exit code is the one a real run would give (2,
+    refused): it was 0, so a script previewing an edit took a refused answer for a good one."""
     server.answer = PLACEHOLDER
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert edit_cli(server, src, "--dry-run") == 0
+    assert edit_cli(server, src, "--dry-run") == 2
     assert src.read_text() == ORIGINAL and sorted(p.name for p in tmp_path.iterdir()) == before
     out, err = capsys.readouterr()
     assert "+obj['updated_code']" in out and "-def greet(name):" in out

@@ -290,7 +290,7 @@ def run(args) -> int:
         )
     if dest is not None:
         _write(args, source, result.code, dest)
-    return 0
+    return 2 if problems and dest is None and not args.force else 0  # a dry run says what a real run would do
 
 
 def _preflight(args, original: str) -> Path | None:
