@@ -20,16 +20,20 @@ open files. Then:
 4. worker death (unless --no-worker-death): the worker thread is killed on purpose with requests
    in flight; every one must be answered 503 within seconds, new requests get 503, /health 503.
 
-The mix: plain chats, completions, long Predicted Outputs, json_schema answers, forced tool
-calls, n=2, full streams, streams hung up mid-way, Responses API requests (forced tool calls
-among them) and their typed streams, scored prompts (`echo` with `logprobs`, `logit_bias`),
-/tokenize, and malformed bodies (bad JSON, wrong types,
-50 stop strings, unknown model), which must get a 4xx.
+The mix: plain chats (some stored), completions, long Predicted Outputs, json_schema answers,
+forced tool calls, forced calls cut by a small max_tokens and streamed calls, logprobs with
+top_logprobs (streamed and not), n=2, full streams, streams hung up mid-way, Responses API
+requests (forced tool calls among them) and their typed streams, stored Responses streams hung
+up, previous_response_id chains on recently stored responses, GET/POST/DELETE of stored responses
+and chat completions while others write and delete them (a 404 is fine), scored prompts (`echo`
+with `logprobs`, `logit_bias`), /tokenize, and malformed bodies (bad JSON, wrong types, 50 and
+5,000 to 50,000 stop strings, unknown model), which must get a 4xx.
 
 It prints a summary and exits 1 when anything failed: a server error (5xx, or an error event in
 a stream) other than an injected one, a transport error, a malformed body not answered 4xx, a
 good one answered 4xx, RSS grown over the second half by more than --rss-budget-mb, threads or open
-files above their baseline, or an engine not idle at the end.
+files above their baseline, an engine not idle at the end, a /metrics that does not parse, or a
+traceback in the server's log.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from specserve.bench.load import SERVED_NAME, bench_server
 from specserve.server.faults import ENV as FAULT_ENV
@@ -87,7 +92,24 @@ MIX = {
     "echo": 1,
     "tokenize": 1,
     "malformed": 2,
+    "tool_cut": 2,
+    "tool_stream": 2,
+    "logprobs": 2,
+    "responses_hangup": 2,
+    "chain": 2,
+    "stored_rw": 3,
 }
+HANGUPS = ("hangup", "responses_hangup")  # kinds whose client leaves a stream mid-way
+STORED_ROUTES = (  # (method, path with {id}, which store): reads and deletes while others write
+    ("GET", "/v1/responses/{id}", "responses"),
+    ("GET", "/v1/responses/{id}/input_items", "responses"),
+    ("DELETE", "/v1/responses/{id}", "responses"),
+    ("GET", "/v1/chat/completions/{id}", "chat"),
+    ("GET", "/v1/chat/completions/{id}/messages", "chat"),
+    ("DELETE", "/v1/chat/completions/{id}", "chat"),
+    ("POST", "/v1/chat/completions/{id}", "chat"),
+    ("GET", "/v1/chat/completions", "chat"),
+)
 
 
 def proc_stats(pid: int) -> dict:
@@ -136,6 +158,20 @@ class Mix:
             text.append(line)
             chars += len(line)
         self.code = "".join(text)
+        self.ids_lock = threading.Lock()
+        self.ids = {"responses": collections.deque(maxlen=64), "chat": collections.deque(maxlen=64)}
+
+    def remember(self, store: str, item_id: str | None) -> None:
+        """Keep a stored id, for chains and for the reads and deletes of other workers."""
+        if item_id:
+            with self.ids_lock:
+                self.ids[store].append(item_id)
+
+    def recent(self, store: str, rng: random.Random) -> str:
+        """One of the ids stored lately (some of them deleted since), or one never stored."""
+        with self.ids_lock:
+            ids = list(self.ids[store])
+        return rng.choice(ids) if ids else f"{'resp' if store == 'responses' else 'chatcmpl'}-none"
 
     def chat(self, content: str, **extra) -> dict:
         return {"model": SERVED_NAME, "messages": [{"role": "user", "content": content}], **extra}
@@ -150,9 +186,46 @@ class Mix:
                     rng.choice(["Say hello.", "Count to ten.", "Name three colors."]),
                     max_tokens=rng.randint(8, 48),
                     temperature=temp,
+                    store=rng.random() < 0.5,
+                    metadata={"soak": "plain"},
                 ),
                 False,
             )
+        if kind in ("tool_cut", "tool_stream"):
+            cut = kind == "tool_cut"
+            choice = rng.choice(["required", {"type": "function", "function": {"name": "get_weather"}}])
+            body = self.chat(
+                "What is the weather in Paris?",
+                tools=[TOOL],
+                tool_choice=choice,
+                max_tokens=rng.randint(1, 14) if cut else 64,
+                stream=rng.random() < 0.5 if cut else True,
+                temperature=temp,
+            )
+            return "chat/completions", body, False
+        if kind == "logprobs":
+            body = self.chat(
+                "Name three colors.",
+                max_tokens=rng.randint(1, 24),
+                logprobs=True,
+                top_logprobs=rng.randint(0, 5),
+                stream=rng.random() < 0.5,
+                temperature=temp,
+            )
+            return "chat/completions", body, False
+        if kind in ("responses_hangup", "chain"):
+            body = {
+                "model": SERVED_NAME,
+                "input": "Go on.",
+                "max_output_tokens": 24,
+                "store": True,
+                "temperature": temp,
+            }
+            if kind == "responses_hangup":
+                body.update(stream=True, input="Tell a short story.", max_output_tokens=64)
+            else:
+                body.update(previous_response_id=self.recent("responses", rng), stream=rng.random() < 0.5)
+            return "responses", body, False
         if kind == "completion":
             return (
                 "completions",
@@ -190,11 +263,14 @@ class Mix:
         if kind in ("stream", "hangup"):
             return (
                 "chat/completions",
-                self.chat("Tell a short story.", max_tokens=64, stream=True, temperature=temp),
+                self.chat(
+                    "Tell a short story.", max_tokens=64, stream=True, temperature=temp, store=rng.random() < 0.5
+                ),
                 False,
             )
         if kind in ("responses", "responses_stream"):
             body = {"model": SERVED_NAME, "input": "Tell a short story.", "max_output_tokens": 48, "temperature": temp}
+            body["store"] = rng.random() < 0.7
             if kind == "responses_stream":
                 body["stream"] = True
             elif rng.random() < 0.5:
@@ -206,7 +282,10 @@ class Mix:
             return "completions", {**body, "logit_bias": {"0": -100}} if rng.random() < 0.5 else body, False
         if kind == "tokenize":
             return "/tokenize", {"model": SERVED_NAME, "messages": [{"role": "user", "content": self.code}]}, False
-        bad = rng.choice(["json", "type", "stops", "model", "speculation"])
+        bad = rng.choice(["json", "type", "stops", "huge_stops", "model", "speculation"])
+        if bad == "huge_stops":
+            stops = [f"stop-{i}-" + "x" * rng.randint(0, 64) for i in range(rng.choice([5000, 50000]))]
+            return "chat/completions", self.chat("hi", max_tokens=4, stop=stops, stream=rng.random() < 0.5), True
         if bad == "json":
             return "chat/completions", b'{"model": "x", "messages": [', True
         if bad == "type":
@@ -247,8 +326,47 @@ def judge(tally: Tally, kind: str, status: int, error: dict | None, refuse: bool
         tally.add(kind, "ok")
 
 
+def stored_id(payload: dict) -> tuple[str, str | None]:
+    """(which store, the id) of an answer or stream event that may be kept."""
+    if payload.get("type") == "response.created":
+        return "responses", (payload.get("response") or {}).get("id")
+    if payload.get("object") == "response":
+        return "responses", payload.get("id")
+    return "chat", payload.get("id") if str(payload.get("object", "")).startswith("chat.completion") else None
+
+
+def stored_rw(client: httpx.Client, url: str, mix: Mix, rng: random.Random, tally: Tally) -> None:
+    """A read, update or delete of a stored response or chat completion, maybe while it is written
+    or after another worker deleted it: a 200 or a 404, never a 5xx."""
+    method, route, store = rng.choice(STORED_ROUTES)
+    kind = f"stored {method} {route.split('{id}')[0].rstrip('/').rsplit('/', 1)[-1]}{route.split('{id}')[-1]}"
+    body = {"metadata": {"soak": "updated"}} if method == "POST" else None
+    try:
+        r = client.request(method, url + route.format(id=mix.recent(store, rng)), json=body)
+    except httpx.HTTPError as e:
+        tally.add(kind, "transport_error", f"{type(e).__name__}: {e}")
+        return
+    if r.status_code == 404:
+        tally.add(kind, "gone 404")
+        return
+    judge(tally, kind, r.status_code, error_of(r.json()), False)
+
+
+def previous_gone(kind: str, status: int, payload, tally: Tally) -> bool:
+    """A chain whose previous response another worker deleted, or that was never kept (a hung-up
+    stream): OpenAI's 400 previous_response_not_found, counted apart."""
+    if kind == "chain" and status in (400, 404) and "previous_response" in str(error_of(payload)):
+        tally.add(kind, "previous gone")
+        return True
+    return False
+
+
 def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random.Random, tally: Tally) -> None:
+    if kind == "stored_rw":
+        stored_rw(client, url, mix, rng, tally)
+        return
     path, body, refuse = mix.body(kind, rng)
+    keep = isinstance(body, dict) and body.get("store", path == "responses")
     raw = isinstance(body, bytes)
     kw = {"content": body, "headers": {"Content-Type": "application/json"}} if raw else {"json": body}
     target = f"{url}{path}" if path.startswith("/") else f"{url}/v1/{path}"  # /tokenize is not under /v1
@@ -257,6 +375,8 @@ def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random
             with client.stream("POST", target, **kw) as r:
                 if r.status_code != 200:
                     r.read()
+                    if previous_gone(kind, r.status_code, r.json(), tally):
+                        return
                     judge(tally, kind, r.status_code, error_of(r.json()), refuse)
                     return
                 error, done, chunks = None, False, 0
@@ -268,11 +388,13 @@ def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random
                         done = True
                         break
                     payload = json.loads(data)
+                    if keep and chunks == 0:
+                        mix.remember(*stored_id(payload))
                     error = error_of(payload) or _response_error(payload) or error
                     if payload.get("type") in ("response.completed", "response.incomplete"):
                         done = True  # the Responses API's last event (it sends no [DONE])
                     chunks += 1
-                    if kind == "hangup" and chunks >= rng.randint(2, 6):
+                    if kind in HANGUPS and chunks >= rng.randint(2, 6):
                         tally.add(kind, "hung up")
                         return  # leaving the `with` closes the connection mid-stream
                 if error is not None:
@@ -287,6 +409,10 @@ def one_request(client: httpx.Client, url: str, mix: Mix, kind: str, rng: random
             payload = r.json()
         except ValueError:
             payload = None
+        if keep and r.status_code == 200 and isinstance(payload, dict):
+            mix.remember(*stored_id(payload))
+        if previous_gone(kind, r.status_code, payload, tally):
+            return
         judge(tally, kind, r.status_code, error_of(payload), refuse)
     except httpx.HTTPError as e:
         tally.add(kind, "transport_error", f"{type(e).__name__}: {e}")
@@ -346,6 +472,19 @@ def metric(text: str, name: str) -> float | None:
         if line.startswith(name + " "):
             return float(line.split()[-1])
     return None
+
+
+def metrics_parse(text: str) -> bool:
+    """Whether /metrics is valid Prometheus text (what a scraper reads)."""
+    try:
+        return bool(list(text_string_to_metric_families(text)))
+    except ValueError:
+        return False
+
+
+def log_tracebacks(path: Path) -> int:
+    """Tracebacks in the server's log: each is a fault the server did not answer for."""
+    return path.read_text(encoding="utf-8", errors="replace").count("Traceback") if path.exists() else 0
 
 
 def kill_worker(url: str, mix: Mix) -> dict:
@@ -470,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
             name: metric(text, name)
             for name in ("specserve_active_requests", "specserve_queue_depth", "specserve_kv_cache_usage")
         }
+        parsed = metrics_parse(text)
+        tracebacks = log_tracebacks(args.log)  # before the worker is killed on purpose
         death = None if args.no_worker_death else kill_worker(url, mix)
 
     outcomes = {k: dict(v) for k, v in sorted(tally.counts.items())}
@@ -485,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS within +{args.rss_budget_mb:g} MB over the second half": leak_mb <= args.rss_budget_mb,
         "threads back to baseline": end["threads"] <= base["threads"],
         "open files back to baseline": end["open_files"] <= base["open_files"],
+        "/metrics parses": parsed,
+        "no traceback in the server log": tracebacks == 0,
         "engine idle (health and gauges)": health["active"] == 0
         and health["queued"] == 0
         and health["kv_cache_usage"] == 0
