@@ -230,6 +230,8 @@ def test_a_reader_that_leaves_ends_generate_quietly(model_dir):
     "args, message",
     [
         (["--replicas", "4"], "--replicas: Ray Serve flags, which need --ray"),  # served one process
+        (["--replicas", "2"], "--replicas: Ray Serve flags, which need --ray"),  # the default's value: served one
+        (["--replica-cpus", "1", "--target-ongoing-requests", "2"], "--target-ongoing-requests, --replica-cpus: Ray"),
         (["--replica-cpus", "2", "--ray-address", "auto"], "--ray-address, --replica-cpus: Ray Serve flags"),
         (["--ray", "--replicas", "0"], "--replicas must be at least 1, got 0"),  # after Ray had started
         (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas must be at least 1 and at least"),

@@ -108,7 +108,7 @@ def check_ray_flags(args: argparse.Namespace) -> None:
     process while its user counted on four."""
     if args.ray:
         return
-    given = [name for name in RAY_FLAGS if getattr(args, name) != serve_ray.FLAG_DEFAULTS[name]]
+    given = [name for name in RAY_FLAGS if getattr(args, name) is not None]  # None: not given
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ValueError(f"{flags}: Ray Serve flags, which need --ray")

@@ -667,38 +667,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=FLAG_DEFAULTS["ray_address"],
         help="join this Ray cluster ('auto' or ray://host:10001); default: start a local one",
     )
-    g.add_argument(
-        "--replicas", type=int, default=FLAG_DEFAULTS["replicas"], help="number of replicas (fixed; default 2)"
-    )
-    g.add_argument(
-        "--min-replicas", type=int, default=FLAG_DEFAULTS["min_replicas"], help="autoscale: at least this many replicas"
-    )
-    g.add_argument(
-        "--max-replicas", type=int, default=FLAG_DEFAULTS["max_replicas"], help="autoscale: at most this many replicas"
-    )
+    g.add_argument("--replicas", type=int, default=None, help="number of replicas (fixed; default 2)")
+    g.add_argument("--min-replicas", type=int, default=None, help="autoscale: at least this many replicas")
+    g.add_argument("--max-replicas", type=int, default=None, help="autoscale: at most this many replicas")
     g.add_argument(
         "--target-ongoing-requests",
         type=float,
-        default=FLAG_DEFAULTS["target_ongoing_requests"],
+        default=None,
         help="autoscale: requests in flight per replica to aim for (default 2)",
     )
     g.add_argument(
         "--replica-cpus",
         type=float,
-        default=FLAG_DEFAULTS["replica_cpus"],
+        default=None,
         help="CPUs reserved per replica (default 1)",
     )
+
+
+def ray_flag(args: argparse.Namespace, name: str):
+    """A Ray flag's value, or its default when not given: the parser leaves them None so that
+    `serve` can tell a flag given at its default's value (`--replicas 2` without --ray) from none."""
+    value = getattr(args, name)
+    return FLAG_DEFAULTS[name] if value is None else value
 
 
 def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, ScaleConfig]:
     """The `specserve serve` flags as the replica and scale configurations; `limits` (the engine
     flags as config.EngineLimits) reach each replica (they used to be dropped silently)."""
     scale = ScaleConfig(
-        replicas=args.replicas,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
-        target_ongoing_requests=args.target_ongoing_requests,
-        replica_cpus=args.replica_cpus,
+        replicas=ray_flag(args, "replicas"),
+        min_replicas=ray_flag(args, "min_replicas"),
+        max_replicas=ray_flag(args, "max_replicas"),
+        target_ongoing_requests=ray_flag(args, "target_ongoing_requests"),
+        replica_cpus=ray_flag(args, "replica_cpus"),
     )  # first: it checks --replica-cpus, which threads reads
     replica = ReplicaConfig(
         model=args.model,
@@ -713,7 +714,7 @@ def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, 
         max_queue=args.max_queue,
         request_timeout=args.request_timeout or None,
         max_body_bytes=args.max_body_bytes,
-        threads=args.threads or max(1, int(args.replica_cpus)),
+        threads=args.threads or max(1, int(scale.replica_cpus)),
         exact=args.exact,
         gpu_layers=args.gpu_layers,
         max_context=args.max_context,
