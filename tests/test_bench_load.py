@@ -110,7 +110,7 @@ def test_bad_concurrency_is_one_line(tiny_target, tmp_path, capsys, value):
         (["--modes", "ngram,auto"], "runs modes plain, prediction"),
         (["--load-max-tokens", "0"], "argument --load-max-tokens: must be >= 1"),
         (["--max-num-seqs", "1", "--max-num-batched-tokens", "3"], "--max-num-batched-tokens must exceed 4"),
-        (["--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
     ],
 )
 def test_bad_load_flags_are_one_line(tiny_target, tmp_path, capsys, flags, message):

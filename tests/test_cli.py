@@ -103,19 +103,19 @@ def test_text_that_is_not_utf8_is_refused_in_one_line(tmp_path, how):
     "args,message",
     [
         (["--prediction", "/nonexistent/file.py"], "cannot read --prediction /nonexistent/file.py: No such file"),
-        (["--max-tokens", "0"], "max_tokens must be at least 1"),
-        (["--temperature", "-1"], "temperature must be in"),
-        (["--seed", str(2**64)], f"seed must be in [{-(2**63)}, {2**63 - 1}]"),  # ran as seed 0, silently
-        (["--seed", str(-(2**63) - 1)], "seed must be in"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["--temperature", "-1"], "--temperature must be in"),
+        (["--seed", str(2**64)], f"--seed must be in [{-(2**63)}, {2**63 - 1}]"),  # ran as seed 0, silently
+        (["--seed", str(-(2**63) - 1)], "--seed must be in"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--speculation", "draft"], "needs a draft model"),
-        (["--max-context", "10"], "max_context must be at least 256 tokens, got 10"),
+        (["--max-context", "10"], "--max-context must be at least 256 tokens, got 10"),
         (["--suffix", "/nonexistent/after.py"], "cannot read --suffix /nonexistent/after.py: No such file"),
         (["--suffix", __file__, "--chat"], "does not go with --chat"),
         (["--suffix", __file__], "this model has no fill-in-the-middle tokens"),  # the tiny model has none
         (["--html", "/nonexistent-specserve/report.html"], "the folder /nonexistent-specserve does not exist"),
         (["--prediction", "-", "--suffix", "-"], "--prediction and --suffix both read stdin"),
-        (["--device", "foo"], "device must be cpu, cuda, cuda:N or mps, got 'foo'"),  # was torch's traceback
+        (["--device", "foo"], "--device must be cpu, cuda, cuda:N or mps, got 'foo'"),  # was torch's traceback
         (["--device", "cuda:99"], "--device cuda:99: this machine's torch sees"),  # an AssertionError traceback
     ],
 )

@@ -24,6 +24,7 @@ from ..hardware import available_memory, cpu_info, describe
 from ..inputs import decode_text, read_bytes
 from ..models import packs
 from .argtypes import path_text
+from .flagnames import as_flags, flag_errors
 
 DEFAULT_MAX_TOKENS = SamplingParams.max_tokens
 
@@ -184,7 +185,7 @@ def engine_limits(args) -> EngineLimits:
             host_cache_dir=getattr(args, "host_cache_dir", None),
         )
     except ValueError as e:
-        raise InvalidRequestError(str(e)) from None
+        raise InvalidRequestError(as_flags(str(e))) from None
 
 
 def check_model_paths(args) -> None:
@@ -202,16 +203,17 @@ def load_options(args, default_dtype: str = "bfloat16") -> LoadOptions:
             "threads that share a core wait on each other, so decoding slows down",
             file=sys.stderr,
         )
-    return LoadOptions(
-        backend=args.backend,
-        dtype=args.dtype,
-        default_dtype=default_dtype,
-        device=args.device,
-        max_context=args.max_context,
-        threads=args.threads,
-        exact=args.exact,
-        gpu_layers=args.gpu_layers,
-    )
+    with flag_errors():
+        return LoadOptions(
+            backend=args.backend,
+            dtype=args.dtype,
+            default_dtype=default_dtype,
+            device=args.device,
+            max_context=args.max_context,
+            threads=args.threads,
+            exact=args.exact,
+            gpu_layers=args.gpu_layers,
+        )
 
 
 def read_text(path: str, flag: str | None) -> str:
@@ -268,6 +270,20 @@ def check_stdin_once(args) -> None:
         raise InvalidRequestError(f"{dashes[0]} - reads stdin: give the prompt as an argument or with --prompt-file")
 
 
+def sampling_flags(args) -> tuple[SamplingParams, SpeculationConfig]:
+    """generate's SamplingParams and SpeculationConfig; a bad value's error names its flag."""
+    with flag_errors():
+        params = SamplingParams(
+            max_tokens=DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens,  # fitted to the prompt
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop=tuple(utf8_argument(stop, "--stop string") for stop in args.stop),
+        )
+        return params, SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
+
+
 def run(args) -> int:
     check_stdin_once(args)
     prompt = read_prompt(args)
@@ -276,15 +292,8 @@ def run(args) -> int:
     suffix = read_text(args.suffix, "--suffix") if args.suffix else None
     if suffix is not None and (args.chat or args.system):
         raise InvalidRequestError("--suffix fills a gap in code; it does not go with --chat or --system")
-    params = SamplingParams(
-        max_tokens=DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens,  # fitted to the prompt below
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        stop=tuple(utf8_argument(stop, "--stop string") for stop in args.stop),
-    )
-    spec = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
+    params, spec = sampling_flags(args)
+    options = load_options(args)  # before the model paths: a flag's error first, as for the sampling flags
     check_model_paths(args)
     if args.html:  # before the model loads: a missing folder was made (a typo made /nonexistent)
         check_writable(Path(args.html))
@@ -293,7 +302,7 @@ def run(args) -> int:
         raise InvalidRequestError("--speculation draft needs a draft model: give one with --draft-model")
     from ..llm import LLM  # heavy import only once the arguments are known to be good
 
-    llm = LLM.from_options(args.model, args.draft_model, load_options(args), limits=ONE_REQUEST)
+    llm = LLM.from_options(args.model, args.draft_model, options, limits=ONE_REQUEST)
     if args.chat or args.system:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt_ids = llm.apply_chat_template(messages)

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..config import METHODS
 from ..server import ray_serve as serve_ray
 from .argtypes import api_key, non_negative_int, non_negative_seconds, port, positive_int
+from .flagnames import flag_errors
 from .generate import add_engine_args, add_model_args, check_model_paths, engine_limits, load_options
 
 
@@ -130,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     from ..llm import LLM
     from ..server.app import ServerOptions, serve
 
-    speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
+    with flag_errors():
+        speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     options = ServerOptions(
         api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
         max_queue=args.max_queue,
