@@ -39,6 +39,7 @@ from .generate import (
     engine_limits,
     load_options,
 )
+from .outfolder import make_folder, taken_back_if_empty, taken_back_on_error
 
 QUICK_MODEL = "smollm2-135m-instruct"
 QUICK_SCENARIO = "py-rename"
@@ -77,28 +78,36 @@ def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = 
     return items
 
 
-def check_outputs(args) -> None:
+def check_outputs(args) -> list[Path]:
     """Refuse an --out that is a file, or an --html whose folder is missing, before the runs
-    (minutes on a CPU), not when their results are written."""
+    (minutes on a CPU), not when their results are written. Returns the folders it made for --out
+    (run takes them back if they are still empty at the end; a refusal here takes them back now)."""
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file, not a folder")
     try:  # made now: a folder that cannot be made failed only when the results were written
-        args.out.mkdir(parents=True, exist_ok=True)
+        made = make_folder(args.out)
     except OSError as e:
         raise ValueError(f"--out {args.out}: cannot create the folder ({e.strerror or e})") from None
-    if not os.access(args.out, os.W_OK):
-        raise ValueError(f"--out {args.out}: the folder is not writable")
-    if args.html is not None:
-        folder = args.html.expanduser().resolve().parent
-        if not folder.is_dir():
-            raise ValueError(f"--html {args.html}: the folder {args.html.parent} does not exist")
-        if not os.access(folder, os.W_OK):
-            raise ValueError(f"--html {args.html}: the folder {args.html.parent} is not writable")
-        if args.html.expanduser().is_dir():  # found only when the report was written, after the runs
-            raise ValueError(f"--html {args.html} is a folder: give the report's file name")
-        # The report was written over bench.md (then printed as the results) or bench.json.
-        results = [args.out / f"bench.{ext}" for ext in ("json", "md", "png")]
-        check_not_an_input(args.html, "--html", [str(p) for p in results], "a file of the bench's results")
+    with taken_back_on_error(made):
+        if not os.access(args.out, os.W_OK):
+            raise ValueError(f"--out {args.out}: the folder is not writable")
+        if args.html is not None:
+            check_html_path(args)
+    return made
+
+
+def check_html_path(args) -> None:
+    """--html's folder must exist and be writable, and the path must be neither a folder nor a result file."""
+    folder = args.html.expanduser().resolve().parent
+    if not folder.is_dir():
+        raise ValueError(f"--html {args.html}: the folder {args.html.parent} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--html {args.html}: the folder {args.html.parent} is not writable")
+    if args.html.expanduser().is_dir():  # found only when the report was written, after the runs
+        raise ValueError(f"--html {args.html} is a folder: give the report's file name")
+    # The report was written over bench.md (then printed as the results) or bench.json.
+    results = [args.out / f"bench.{ext}" for ext in ("json", "md", "png")]
+    check_not_an_input(args.html, "--html", [str(p) for p in results], "a file of the bench's results")
 
 
 def add_parser(subparsers) -> None:
@@ -326,7 +335,12 @@ def run(args) -> int:
     check_bench_kind_flags(args)  # before --demo fills in its own flags
     check_one_size(args)
     apply_demo(args)  # before the checks: --demo's --html is checked like any other
-    check_outputs(args)
+    with taken_back_if_empty(check_outputs(args)):  # a later refusal left an empty --out behind
+        return run_checked(args)
+
+
+def run_checked(args) -> int:
+    """run, once the flags and --out are checked: the session, load or scenario bench."""
     if args.session is not None:
         return run_session(args)
     if args.concurrency is not None:
