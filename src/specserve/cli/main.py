@@ -15,7 +15,7 @@ import sys
 from .. import __version__
 from ..errors import SpecServeError
 from .environment import environment_problem
-from .streams import closed_stdout
+from .streams import StdoutWriteError, closed_stdout, drop_stdout, guarded_stdout
 
 SUBCOMMANDS = ("generate", "models", "serve", "bench", "edit", "replay")
 
@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"specserve: error: {problem}", file=sys.stderr)
             return 2
         try:
-            return int(args.func(args) or 0)
+            with guarded_stdout():
+                code = int(args.func(args) or 0)
+                if sys.stdout is not None:
+                    sys.stdout.flush()  # here, not at exit: a stdout that refuses writes gets its one line
+            return code
         except KeyboardInterrupt:
             return _interrupted()
         except Exception as e:
@@ -59,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                 return _interrupted()
             if isinstance(e, BrokenPipeError):  # an OSError: before that check
                 return _reader_left()
+            if isinstance(e, StdoutWriteError):  # `> /dev/full`: said as stdout's, exit 2 as a closed stdout
+                print(f"specserve: error: {e}", file=sys.stderr)
+                drop_stdout()
+                return 2
             if isinstance(e, SpecServeError | OSError | ValueError):
                 print(f"specserve: error: {e}", file=sys.stderr)
                 return 2
@@ -108,11 +116,7 @@ def _reader_left() -> int:
     It printed "specserve: error: [Errno 32] Broken pipe" and exited 2, and Python's last flush
     of stdout at exit then failed again; stdout now points at /dev/null for that flush.
     """
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is no file descriptor (main() called from a test)
-        pass
+    drop_stdout()
     return 128 + signal.SIGPIPE
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from specserve.errors import InvalidRequestError, ModelLoadError, SpecServeError
 
 from ..models import packs
+from .streams import StdoutWriteError
 
 _COLUMNS = ("name", "params", "size", "role", "licence", "cached", "where")
 
@@ -103,7 +104,7 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
         except SpecServeError as error:
             print(f"specserve: error: {error}", file=sys.stderr)
             return 2 if isinstance(error, InvalidRequestError) else 1
-        except BrokenPipeError:  # stdout's reader left (`models list | head -1`): main() ends quietly
+        except (BrokenPipeError, StdoutWriteError):  # stdout's reader left (`| head -1`) or it is full: main() says
             raise
         except OSError as error:
             print(
