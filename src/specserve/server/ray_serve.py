@@ -446,21 +446,37 @@ class _HubClient:
         """The actor this client calls, found (or created) by its name."""
         raise NotImplementedError
 
+    # Calls that change nothing, so running one twice is harmless. The rest (put, update, delete)
+    # are run again only when the first try cannot have counted (_may_repeat).
+    READS = frozenset({"get", "messages", "body", "input_items", "item", "listing"})
+
     def _call(self, method: str, *args):
         """The hub's answer; the hub is looked up again once when the call fails (it was replaced).
+        A write is not sent twice when the first may have run: a DELETE whose answer timed out had
+        deleted, and its second run answered 404 (a put took a second place in the chat list).
         Calls run on many threads at once (store_calls.py): each uses the handle it found, which
         another call's failure may drop from `_hub` meanwhile."""
         import ray
 
         for attempt in (1, 2):
+            sent = False
             try:
                 hub = self._hub = self._hub or self._find()
-                return ray.get(getattr(hub, method).remote(*args), timeout=STALE_AFTER_S)
-            except Exception:
+                ref = getattr(hub, method).remote(*args)
+                sent = True
+                return ray.get(ref, timeout=STALE_AFTER_S)
+            except Exception as e:
                 self._hub = None
-                if attempt == 2:
+                if attempt == 2 or not self._may_repeat(method, sent, e):
                     raise
         return None
+
+    def _may_repeat(self, method: str, sent: bool, error: Exception) -> bool:
+        """Whether `method` may be sent again after `error`: a read always; a write when it was never
+        sent, or when the actor died (what it did went with it; the hub found again is a new one)."""
+        from ray.exceptions import ActorDiedError
+
+        return method in self.READS or not sent or isinstance(error, ActorDiedError)
 
 
 class SharedResponseStore(_HubClient):
