@@ -267,7 +267,7 @@ def test_gpu_layers_is_checked_before_anything_loads(gguf):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--gpu-layers 8" in lines[0] and "--exact" in lines[0], r.stderr
     r = generate(gguf, {}, "--gpu-layers", "-2")
-    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "gpu_layers" in r.stderr, r.stderr
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "--gpu-layers" in r.stderr, r.stderr
     r = generate(gguf, {}, "--backend", "transformers", "--gpu-layers", "2")
     assert r.returncode != 0 and r.stderr.strip().splitlines() == [
         "specserve: error: --gpu-layers applies to the llama.cpp backend only; transformers takes --device"

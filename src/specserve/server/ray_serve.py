@@ -474,9 +474,11 @@ class _HubClient:
     def _may_repeat(self, method: str, sent: bool, error: Exception) -> bool:
         """Whether `method` may be sent again after `error`: a read always; a write when it was never
         sent, or when the actor died (what it did went with it; the hub found again is a new one)."""
-        from ray.exceptions import ActorDiedError
+        if method in self.READS or not sent:
+            return True
+        from ray.exceptions import ActorDiedError  # only where a write failed: a read needs no Ray type
 
-        return method in self.READS or not sent or isinstance(error, ActorDiedError)
+        return isinstance(error, ActorDiedError)
 
 
 class SharedResponseStore(_HubClient):
