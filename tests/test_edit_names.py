@@ -205,3 +205,18 @@ def test_identifiers_are_the_code_names_in_first_use_order_keywords_aside():
     code = 'import os\n\n\ndef f(path):  # a comment names nothing\n    return os.stat(path).st_size or g("h")\n'
     assert identifiers(code) == ["os", "f", "path", "stat", "st_size", "g"]
     assert identifiers("def f(:\n  (") == []  # does not tokenize
+
+
+def test_a_renamed_class_takes_its_methods_along():
+    """A class rename done right was refused: its methods are named under the class
+    (`InfinityType.__repr__`), and only a name whose last part was the renamed one was let go.
+    Found trying `specserve edit` on packaging's _structures.py ("Rename the class InfinityType to
+    PositiveInfinityType everywhere in the file.")."""
+    code = 'class InfinityType:\n    def __repr__(self):\n        return "Infinity"\n\n\nINF = InfinityType()\n'
+    renamed = code.replace("InfinityType", "PositiveInfinityType")
+    instruction = "Rename the class InfinityType to PositiveInfinityType everywhere in the file."
+    assert dropped_definitions(code, renamed, "python", "InfinityType", "PositiveInfinityType") == []
+    assert check_answer(code, renamed, instruction, "python") == []
+    # A method the renamed class lost is still missed.
+    lost = "class PositiveInfinityType:\n    pass\n\n\nINF = PositiveInfinityType()\n"
+    assert check_answer(code, lost, instruction, "python") != []

@@ -231,7 +231,7 @@ def _dropped_problem(original: str, answer: str, instruction: str, language: str
     if _REWRITE.search(instruction) or _KEEP_ONLY.search(instruction):
         return None
     rename = parse_rename(instruction)
-    dropped = dropped_definitions(original, answer, language, rename and rename.old)
+    dropped = dropped_definitions(original, answer, language, rename and rename.old, rename and rename.new)
     if _asks_for_removal(instruction, original, _DELETION):  # only what it names may go, with its methods
         named = [n for n in dropped if _named(instruction, n)]
         inside = indented_definitions(original, language) if named else set()

@@ -201,15 +201,27 @@ def indented_definitions(code: str, language: str) -> set[str]:
     return {m.group("name") for m in _definition_lines(code) if m.group(0)[:1] in (" ", "\t")}
 
 
-def dropped_definitions(original: str, answer: str, language: str, renamed: str | None = None) -> list[str]:
+def dropped_definitions(
+    original: str, answer: str, language: str, renamed: str | None = None, new: str | None = None
+) -> list[str]:
     """The functions and classes the original defines and the answer no longer does (sorted),
-    leaving out `renamed` (the old name of a rename the instruction asks for): a model that
-    stops early, or renames more than it was asked to, loses code this way while the rest of the
-    answer looks whole."""
+    leaving out `renamed` (the old name of a rename the instruction asks for) and, given its `new`
+    name, what it holds where the answer has it under the new name (a renamed class's methods): a
+    model that stops early, or renames more than it was asked to, loses code this way while the
+    rest of the answer looks whole."""
     before, after = definitions(original, language), definitions(answer, language)
     if before is None or after is None:
         return []
-    return sorted(n for n in before - after if n.rsplit(".", 1)[-1] != renamed)
+    return sorted(n for n in before - after if not _renamed_away(n, after, renamed, new))
+
+
+def _renamed_away(name: str, after: set[str], renamed: str | None, new: str | None) -> bool:
+    """Whether `name` is gone only by the rename: it is the renamed definition, or lies inside it
+    and the answer has it under the new name (`InfinityType.__repr__` as `PositiveInfinityType.__repr__`)."""
+    parts = name.split(".")
+    if parts[-1] == renamed:
+        return True
+    return new is not None and renamed in parts and ".".join(new if p == renamed else p for p in parts) in after
 
 
 def _statement_keys(body: list[ast.stmt], prefix: str = "") -> Iterator[str]:
