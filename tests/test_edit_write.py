@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
+from specserve import atomic
 from specserve.cli.main import build_parser, main
 from specserve.edit import files
-from specserve.engine import atomic
 
 
 def test_in_place_keeps_the_file_s_owner_and_group(server, src, monkeypatch):  # noqa: F811
@@ -200,7 +200,7 @@ def test_a_temporary_file_that_cannot_be_made_names_the_file_being_written(serve
     def read_only(target):
         raise OSError(30, "Read-only file system", f"{target.parent}/.{target.name}.x1y2z3.tmp")
 
-    monkeypatch.setattr(files, "make_temp", read_only)
+    monkeypatch.setattr(atomic, "make_temp", read_only)
     assert edit_cli(server, src, "--in-place") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == f"specserve: error: cannot write {src}.bak: Read-only file system", err

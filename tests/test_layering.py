@@ -1,8 +1,8 @@
 """Layering: a lower part of the package never imports a higher one (read from the source, nothing runs).
 
-From the bottom: `hardware`, `fim`, `tempfiles` (leaves: they import nothing of the package) -> `errors` -> `config`,
-`inputs` -> `chat`, `literal` -> `backends` -> `models` -> `proposers`, `engine` -> `llm` -> `server`, `edit` -> `bench`
--> `cli`. A module may import its own layer and those below (`server` and `edit` not each other).
+From the bottom: `hardware`, `fim`, `tempfiles` (leaves: they import nothing of the package) -> `atomic` -> `errors`
+-> `config`, `inputs` -> `chat`, `literal` -> `backends` -> `models` -> `proposers`, `engine` -> `llm` -> `server`,
+`edit` -> `bench` -> `cli`. A module may import its own layer and those below (`server` and `edit` not each other).
 """
 
 import ast
@@ -12,6 +12,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "specserve"
 
 LAYERS = (  # bottom first
     {"hardware", "fim", "tempfiles"},
+    {"atomic"},
     {"errors"},
     {"config", "inputs"},
     {"chat", "literal"},

@@ -14,9 +14,8 @@ import textwrap
 import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
-from specserve import tempfiles
+from specserve import atomic, tempfiles
 from specserve.edit import files
-from specserve.engine import atomic
 
 HOST = socket.gethostname()
 

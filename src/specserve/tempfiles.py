@@ -1,7 +1,7 @@
 """Temporary files that say whose they are, and removing the ones a killed writer left behind.
 
 A file is written whole by writing a temporary file next to it and renaming that over it
-(edit/files.py, engine/atomic.py). A writer killed with SIGKILL, or a power cut, leaves the
+(atomic.py, for edit/files.py and the engine's caches). A writer killed with SIGKILL, or a power cut, leaves the
 temporary file there for good: a hidden copy of a user's text beside their file, or a cache entry
 of gigabytes. So its name says what it is and whose: `.NAME.specserve-HOST-PID.XXXXXXXX.tmp`
 (HOST: this machine's name, so a folder shared with another machine or container is not judged

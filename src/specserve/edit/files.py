@@ -7,7 +7,7 @@ symlink to the file it points to, with its permission bits, extended attributes 
 ACL, SELinux label, user.*), BOM and line ends (each line the
 edit kept keeps its own, so a file that mixes CRLF and LF keeps its mix; a new line takes the
 file's most common one; a file the edit left as it was is the same bytes),
-atomically (a temporary file, made afresh with O_EXCL and mode 0600, renamed over it; one a killed
+atomically (atomic.py: a temporary file, made afresh with O_EXCL and mode 0600, renamed over it; one a killed
 edit left is removed by the next: tempfiles.py), and
 only if nobody changed it while the model was answering (an edit of several minutes on a CPU
 must not overwrite what the user saved meanwhile).
@@ -25,8 +25,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import atomic
 from ..inputs import decode_text, read_bytes
-from ..tempfiles import make_temp, remove_leftovers
 from .client import EditError
 from .xattrs import copy_xattrs
 
@@ -235,29 +235,22 @@ def write_backup(path: Path, backup: Path) -> None:
 
 
 def _replace(path: Path, data: bytes, mode: int, like: Path | None) -> None:
-    """Put `data` at `path` whole or not at all, with `mode` and the owner, group and extended
-    attributes of the file `like` (None: a new file of the user's): a temporary file in the same
-    folder renamed over `path` (the name itself: a symlink there is replaced)."""
-    for leftover, pid in remove_leftovers(path):  # an earlier edit's, killed while it wrote
-        print(f"removed {leftover}, left by specserve process {pid}, which is gone", file=sys.stderr)
-    # a new name each time, made with O_EXCL and mode 0600: a fixed name was written through a
-    # symlink left there, and the file's text was readable by all until its mode was set
-    try:
-        fd, tmp = make_temp(path)
-    except OSError as e:  # the error named the temporary file, a name the user never gave
-        raise OSError(e.errno, e.strerror, str(path)) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()  # before the owner, attributes and mode: a write clears setuid bits and file capabilities
-            if like is not None:
-                _keep_owner(f.fileno(), like.stat())
-                copy_xattrs(like, f.fileno(), path)  # after the chown, which clears file capabilities
-            os.fchmod(f.fileno(), mode)  # after the chown, which clears setuid and setgid bits
-            os.fsync(f.fileno())  # on disk before the rename: a crash must not leave an empty file
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Put `data` at `path` whole or not at all (atomic.py: the name itself is replaced, a symlink
+    there too), with `mode` and the owner, group and extended attributes of the file `like` (None: a
+    new file of the user's), each set on the temporary file before it is renamed into place."""
+
+    def prepare(fd: int) -> None:
+        if like is not None:
+            _keep_owner(fd, like.stat())
+            copy_xattrs(like, fd, path)  # after the chown, which clears file capabilities
+        os.fchmod(fd, mode)  # after the chown, which clears setuid and setgid bits
+
+    atomic.write_atomic(path, [data], prepare, _report_leftover)
+
+
+def _report_leftover(leftover: Path, pid: int) -> None:
+    """Tell the user a hidden copy of their text, an earlier edit's killed while it wrote, is gone."""
+    print(f"removed {leftover}, left by specserve process {pid}, which is gone", file=sys.stderr)
 
 
 @contextlib.contextmanager

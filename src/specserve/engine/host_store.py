@@ -39,8 +39,8 @@ import os
 import threading
 from pathlib import Path
 
+from ..atomic import write_atomic
 from ..backends.base import SavedSequence
-from .atomic import write_atomic
 from .host_cache import Saved
 from .prices import backend_key
 

@@ -34,8 +34,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import hardware
+from ..atomic import write_atomic
 from ..config import AGREEMENT_TEXT
-from .atomic import write_atomic
 from .governor import CALIBRATION_SIZES, CostModel, curve_problem
 
 CACHE_VERSION = 6  # 2: the sequence count left the llama.cpp key; 3: the draft model's agreement;

@@ -1,0 +1,51 @@
+"""A file written whole or not at all, safely in a folder others can write to: the one writer of
+the cache files (engine/host_store.py, engine/prices.py) and of the edit tool's files (edit/files.py).
+
+The data goes to a temporary file in the same folder, which is renamed over the real one, so a crash
+or a concurrent reader sees the old file or the new one (the data is synced before the rename: some
+file systems write a rename before the data it names). The temporary file is made by mkstemp: a random
+name, created with O_EXCL and mode 0600, so a symbolic link planted at a guessable name is never
+followed, two writers of one file never share a temporary file, and the text is never readable by
+all on its way. Its name also says whose it is, and one a killed writer left is removed by the next
+write (tempfiles.py). A caller that must set more on the new file than its bytes (the edit keeps the
+user's owner, mode and extended attributes) does so through `prepare`, on the open descriptor, before
+the sync and the rename: the file is never in place without them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .tempfiles import make_temp, remove_leftovers
+
+
+def write_atomic(
+    path: Path,
+    chunks: Iterable[bytes],
+    prepare: Callable[[int], None] | None = None,
+    on_leftover: Callable[[Path, int], None] | None = None,
+) -> None:
+    """Write `chunks` to `path` through a temporary file in the same folder, then rename it over
+    `path` (the name itself: a symlink there is replaced); on any failure the temporary file is
+    removed and the error raised. `prepare(fd)` runs once the data is written and flushed;
+    `on_leftover(path, pid)` hears of each temporary file a killed writer left, removed first."""
+    for leftover, pid in remove_leftovers(path):  # a cache entry can be gigabytes, an edit the user's text
+        if on_leftover is not None:
+            on_leftover(leftover, pid)
+    try:
+        fd, tmp = make_temp(path)
+    except OSError as e:  # the error named the temporary file, a name the caller never gave
+        raise OSError(e.errno, e.strerror, str(path)) from None
+    try:
+        with open(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()  # before `prepare`: a write clears setuid bits and file capabilities
+            if prepare is not None:
+                prepare(f.fileno())
+            os.fsync(f.fileno())  # on disk before the rename: a crash must not leave an empty file
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
