@@ -51,3 +51,12 @@ def test_a_refusal_of_html_takes_back_the_out_folder(tmp_path, capsys):
     err = bench_error(out, capsys, "--html", str(tmp_path / "missing" / "report.html"))
     assert "does not exist" in err, err
     assert not out.exists()
+
+
+def test_a_deeper_level_that_cannot_be_made_takes_back_the_levels_above_it(tmp_path, capsys):
+    """--out NEW/NAME with a NAME the system refuses (longer than its limit on a name) made NEW, then
+    failed on NAME: taking back began at NAME, which was never made, stopped at its error, and NEW
+    was left behind, empty. The levels bench made still go when a deeper one was never made."""
+    err = bench_error(tmp_path / "new" / ("x" * 300), capsys)
+    assert "cannot create the folder" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ never one the user had."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 
@@ -21,12 +22,14 @@ def make_folder(path: Path) -> list[Path]:
 
 def remove_if_empty(made: list[Path]) -> None:
     """Removes the folders of make_folder that hold nothing, innermost first; rmdir refuses a
-    folder with anything in it, so what was written stays, with the folders above it."""
+    folder with anything in it, so what was written stays, with the folders above it. A level that
+    is not there (never made: a deeper level was refused) is passed over, not taken as full."""
     for folder in made:
         try:
             folder.rmdir()
         except OSError:
-            return
+            if os.path.lexists(folder):
+                return
 
 
 @contextlib.contextmanager
