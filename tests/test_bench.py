@@ -459,10 +459,12 @@ def test_demo_makes_its_folder_and_checks_its_report_before_a_model_loads(monkey
     for argv, out in ((["bench", "--demo"], "bench-out/demo"), (["bench", "--demo", "--out", "mine"], "mine")):
         args = build_parser().parse_args(argv)
         bench_cli.apply_demo(args)
+        bench_cli.make_out_folder(args)
         bench_cli.check_outputs(args)
         assert args.out == Path(out) and args.html == Path(out) / "report.html" and Path(out).is_dir()
     args = build_parser().parse_args(["bench", "--demo", "--html", "elsewhere/r.html"])
     bench_cli.apply_demo(args)
+    bench_cli.make_out_folder(args)
     with pytest.raises(ValueError, match="the folder elsewhere does not exist"):
         bench_cli.check_outputs(args)
 

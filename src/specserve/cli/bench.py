@@ -39,7 +39,7 @@ from .generate import (
     engine_limits,
     load_options,
 )
-from .outfolder import make_folder, taken_back_if_empty, taken_back_on_error
+from .outfolder import make_folder, taken_back_if_empty
 
 QUICK_MODEL = "smollm2-135m-instruct"
 QUICK_SCENARIO = "py-rename"
@@ -78,22 +78,25 @@ def _csv(value: str | None, allowed: tuple[str, ...] | None = None, what: str = 
     return items
 
 
-def check_outputs(args) -> list[Path]:
-    """Refuse an --out that is a file, or an --html whose folder is missing, before the runs
-    (minutes on a CPU), not when their results are written. Returns the folders it made for --out
-    (run takes them back if they are still empty at the end; a refusal here takes them back now)."""
+def make_out_folder(args) -> list[Path]:
+    """Make --out now, before the runs (minutes on a CPU): a folder that cannot be made, or a file
+    there, failed only when the results were written. Returns the folders it made (run takes them
+    back if they are still empty at the end, a refusal of the checks that follow included)."""
     if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} is a file, not a folder")
-    try:  # made now: a folder that cannot be made failed only when the results were written
-        made = make_folder(args.out)
+    try:
+        return make_folder(args.out)
     except OSError as e:
         raise ValueError(f"--out {args.out}: cannot create the folder ({e.strerror or e})") from None
-    with taken_back_on_error(made):
-        if not os.access(args.out, os.W_OK):
-            raise ValueError(f"--out {args.out}: the folder is not writable")
-        if args.html is not None:
-            check_html_path(args)
-    return made
+
+
+def check_outputs(args) -> None:
+    """Refuse an --out that cannot be written, or an --html whose folder is missing, before the runs,
+    not when their results are written."""
+    if not os.access(args.out, os.W_OK):
+        raise ValueError(f"--out {args.out}: the folder is not writable")
+    if args.html is not None:
+        check_html_path(args)
 
 
 def check_html_path(args) -> None:
@@ -335,7 +338,8 @@ def run(args) -> int:
     check_bench_kind_flags(args)  # before --demo fills in its own flags
     check_one_size(args)
     apply_demo(args)  # before the checks: --demo's --html is checked like any other
-    with taken_back_if_empty(check_outputs(args)):  # a later refusal left an empty --out behind
+    with taken_back_if_empty(make_out_folder(args)):  # a later refusal left an empty --out behind
+        check_outputs(args)
         return run_checked(args)
 
 

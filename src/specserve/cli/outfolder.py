@@ -15,8 +15,11 @@ from pathlib import Path
 def make_folder(path: Path) -> list[Path]:
     """Makes `path` and its missing parents; returns the folders it made, innermost first."""
     missing = [folder for folder in (path, *path.parents) if not folder.exists()]
-    with taken_back_on_error(missing):  # a deeper level refused: the levels above it made go too
+    try:
         path.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        remove_if_empty(missing)  # a deeper level refused: the levels above it made go too
+        raise
     return missing
 
 
@@ -39,13 +42,3 @@ def taken_back_if_empty(made: list[Path]):
         yield
     finally:
         remove_if_empty(made)
-
-
-@contextlib.contextmanager
-def taken_back_on_error(made: list[Path]):
-    """Runs the block; if it raises, removes the folders in `made` still empty, then lets the error go on."""
-    try:
-        yield
-    except BaseException:
-        remove_if_empty(made)
-        raise
