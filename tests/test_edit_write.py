@@ -167,7 +167,7 @@ def test_a_write_that_fails_names_the_file_it_could_not_write(server, src, tmp_p
     dest = tmp_path / "greet_new.py"
     args = [str(dest) if a == "NEW" else a for a in where]
 
-    def full_disk(path, data, mode, owner):
+    def full_disk(path, data, mode, owner, acl_of=None):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files, "_replace", full_disk)

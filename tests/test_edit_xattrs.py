@@ -93,6 +93,34 @@ def test_an_acl_is_kept_and_the_group_gains_nothing(server, src):  # noqa: F811
         assert path.stat().st_mode & 0o777 == 0o660
 
 
+def test_a_new_output_file_takes_the_file_s_acl_and_no_other_attribute(server, src):  # noqa: F811
+    """`--output NEW` gave the new file FILE's mode and nothing else: under FILE's ACL (one named
+    user may read and write, the group nothing) the mode shows 0660, so NEW let the owning group
+    read and write the edit. A new file now takes FILE's ACL with its mode: the same people may
+    read it as FILE. It takes no other attribute (its folder decides a label, as for any new file)
+    and stays the user's."""
+    acl = _acl(
+        (USER_OBJ, 6, UNDEFINED),
+        (USER, 6, 1234),
+        (GROUP_OBJ, 0, UNDEFINED),
+        (MASK, 6, UNDEFINED),
+        (OTHER, 0, UNDEFINED),
+    )
+    try:
+        os.setxattr(src, "system.posix_acl_access", acl)
+    except OSError as e:
+        pytest.skip(f"this file system keeps no POSIX ACL: {e.strerror}")
+    if os.geteuid() == 0:  # another user's file, edited by root: the new file is still root's
+        os.chown(src, 1234, 5678)
+    new = src.with_name("greet_new.py")
+    assert edit_cli(server, src, "--output", str(new)) == 0
+    assert new.read_text() == EDITED and src.read_text() == ORIGINAL
+    assert os.getxattr(new, "system.posix_acl_access") == acl
+    assert new.stat().st_mode & 0o777 == 0o660
+    assert [name for name in os.listxattr(new) if name.startswith("user.")] == []
+    assert new.stat().st_uid == os.geteuid()
+
+
 def test_an_attribute_that_cannot_be_set_is_said_and_the_edit_is_made(server, src, monkeypatch, capsys):  # noqa: F811
     """A label the user may not give (EPERM) or a full attribute block must not lose the edit: the
     file is written, the others are kept, and one line says which attribute was not."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from .. import atomic
 from ..inputs import decode_text, read_bytes
 from .client import EditError
-from .xattrs import copy_xattrs
+from .xattrs import copy_acl, copy_xattrs
 
 LANGUAGES = {
     ".py": "python",
@@ -182,8 +182,9 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
     """Write `data` through a temporary file in the same folder, renamed over the target: never a
     half-written file. A symlink is followed (the file it points to is written, the link stays),
     and an existing file keeps its permission bits, extended attributes, owner and group (where the
-    user may give them: root, or a group of the user's); a new one takes `mode_of`'s bits (the edited
-    file's: an executable script's edit stays executable). A file with other hard links is
+    user may give them: root, or a group of the user's); a new one is the user's, with `mode_of`'s bits
+    and POSIX ACL (the edited file's: an executable script's edit stays executable, and those who may
+    read it are those who may read the file) and no other attribute of it. A file with other hard links is
     rewritten where it is instead (a rename would leave the other names holding the old text)."""
     real = path.resolve()
     if isinstance(data, str):
@@ -191,9 +192,12 @@ def write_atomic(path: Path, data: bytes | str, mode_of: Path | None = None) -> 
     if real.exists() and real.stat().st_nlink > 1:
         _rewrite_where_it_is(real, data)
         return
-    like = real if real.exists() else mode_of
-    mode = like.stat().st_mode & 0o7777 if like is not None and like.exists() else 0o666 & ~_umask()
-    _replace(real, data, mode, real if real.exists() else None)
+    if real.exists():
+        _replace(real, data, real.stat().st_mode & 0o7777, real)
+    elif mode_of is not None and mode_of.exists():
+        _replace(real, data, mode_of.stat().st_mode & 0o7777, None, acl_of=mode_of)
+    else:
+        _replace(real, data, 0o666 & ~_umask(), None)
 
 
 def _rewrite_where_it_is(path: Path, data: bytes) -> None:
@@ -234,16 +238,19 @@ def write_backup(path: Path, backup: Path) -> None:
     os.utime(backup, ns=(old.st_atime_ns, old.st_mtime_ns), follow_symlinks=False)
 
 
-def _replace(path: Path, data: bytes, mode: int, like: Path | None) -> None:
+def _replace(path: Path, data: bytes, mode: int, like: Path | None, acl_of: Path | None = None) -> None:
     """Put `data` at `path` whole or not at all (atomic.py: the name itself is replaced, a symlink
     there too), with `mode` and the owner, group and extended attributes of the file `like` (None: a
-    new file of the user's), each set on the temporary file before it is renamed into place."""
+    new file of the user's, with the POSIX ACL of `acl_of` when given), each set on the temporary
+    file before it is renamed into place."""
 
     def prepare(fd: int) -> None:
         if like is not None:
             _keep_owner(fd, like.stat())
             copy_xattrs(like, fd, path)  # after the chown, which clears file capabilities
-        os.fchmod(fd, mode)  # after the chown, which clears setuid and setgid bits
+        elif acl_of is not None:
+            copy_acl(acl_of, fd, path)
+        os.fchmod(fd, mode)  # after the chown, which clears setuid and setgid bits; the ACL's mask is its group bits
 
     atomic.write_atomic(path, [data], prepare, _report_leftover)
 
