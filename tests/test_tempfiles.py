@@ -10,12 +10,18 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
 from specserve import atomic, tempfiles
+from specserve.backends.base import SavedSequence
 from specserve.edit import files
+from specserve.engine import prices
+from specserve.engine.governor import CostModel
+from specserve.engine.host_cache import Saved
+from specserve.engine.host_store import INDEX, HostStore
 
 HOST = socket.gethostname()
 
@@ -64,7 +70,7 @@ def test_a_temporary_file_left_by_kill_9_is_named_for_what_it_is_and_removed_by_
 def test_only_a_dead_writer_s_own_leftovers_are_removed(server, src):  # noqa: F811
     """A running writer's temporary file (another edit of the same file, under way), another
     machine's (a shared folder: its process ids are not ours), another file's, a link or a folder
-    with a leftover's name, and the names of older versions are all kept."""
+    with a leftover's name, and a recent file under an older version's name are all kept."""
     dead, folder = _dead_pid(), src.parent
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -157,3 +163,61 @@ def test_on_windows_no_process_is_signalled_and_nothing_removed(tmp_path, monkey
     monkeypatch.setattr(sys, "platform", "win32")
     assert tempfiles.remove_leftovers(path) == []
     assert left.exists() and signalled == []
+
+
+def _made(folder, names, hours_ago: float) -> None:
+    """Files `names` in `folder`, last written `hours_ago` hours ago."""
+    then = time.time() - hours_ago * 3600
+    for name in names:
+        (folder / name).write_text("x\n")
+        os.utime(folder / name, (then, then))
+
+
+def test_an_older_version_s_leftovers_are_removed_once_they_are_old(server, src, capsys):  # noqa: F811
+    """Before 2026-12-05 an edit's temporary file was `.NAME.specserve-tmp`, then for a day
+    `.NAME.XXXXXXXX.specserve-tmp`: a name that says no process, so the one a killed edit left was
+    never removed (a hidden copy of the user's text, for good). Such a file untouched for over an
+    hour (a write takes seconds) is removed by the next write of NAME; a recent one (an older
+    specserve's edit may be under way), a link, another file's, and a cache's plain `NAME.XXXXXXXX.tmp`
+    beside a user's file (another program's, maybe) are kept."""
+    folder = src.parent
+    gone = [".greet.py.specserve-tmp", ".greet.py.k2j3x9aa.specserve-tmp", ".greet.py.bak.ab_12cd3.specserve-tmp"]
+    kept_old = [".greet.pyc.specserve-tmp", "greet.py.k2j3x9aa.tmp", ".greet.py.k2j3x9aa.specserve-tmp~"]
+    kept_new = [".greet.py.zz99zz99.specserve-tmp"]
+    _made(folder, gone + kept_old, hours_ago=2)
+    _made(folder, kept_new, hours_ago=0.5)
+    dead = f".greet.py.specserve-{HOST}-{_dead_pid()}.abcdefgh.tmp"  # today's name: its writer is checked, not its age
+    _made(folder, [dead], hours_ago=-1)  # written by a clock an hour ahead
+    link = folder / ".greet.py.linklink.specserve-tmp"
+    link.symlink_to(folder / kept_new[0])
+    os.utime(link, (time.time() - 7200,) * 2, follow_symlinks=False)
+    assert edit_cli(server, src, "--in-place") == 0
+    assert {p.name for p in folder.iterdir()} == {"greet.py", "greet.py.bak", link.name, *kept_old, *kept_new}
+    err = capsys.readouterr().err
+    assert f"removed {folder / gone[0]}, left by an older specserve (untouched for over an hour)" in err, err
+
+
+def test_an_older_version_s_cache_leftovers_are_removed_once_they_are_old(tmp_path, monkeypatch):
+    """The caches' temporary files were `NAME.XXXXXXXX.tmp` (mkstemp), before that
+    `NAME.PID-THREAD.tmp` (the host cache) and `KEY.json.tmpPID` (the price cache): a server killed
+    while it wrote a KV entry left gigabytes there for good. In a cache's own folder those names
+    are ours: untouched for over an hour, the next write of NAME removes them; recent ones stay."""
+    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "home"))
+    folder = prices.cache_dir()
+    folder.mkdir(parents=True)
+    gone, kept = ["k.json.abcdefgh.tmp", "k.json.tmp4242"], ["k.json.zz99zz99.tmp", "other.json.abcdefgh.tmp"]
+    _made(folder, gone + kept[1:], hours_ago=2)
+    _made(folder, kept[:1], hours_ago=0.5)
+    prices.save("k", CostModel(((1, 1.0), (2, 1.5), (128, 40.0)), 0.0, True))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["k.json", *kept])
+
+    store = HostStore(tmp_path / "host", "key")  # makes its folder
+    gone, kept = [f"{INDEX}.abcdefgh.tmp", f"{INDEX}.4242-1234.tmp"], [f"{INDEX}.zz99zz99.tmp"]
+    _made(store.folder, gone, hours_ago=2)
+    _made(store.folder, kept, hours_ago=0.5)
+    entry = Saved([1, 2], SavedSequence(bytearray(200), 2), 0, None)
+    assert store.save([entry]) == 1
+    store.close()
+    assert {p.name for p in store.folder.iterdir()} >= set(kept) and not {p.name for p in store.folder.iterdir()} & set(
+        gone
+    )

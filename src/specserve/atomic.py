@@ -25,13 +25,15 @@ def write_atomic(
     path: Path,
     chunks: Iterable[bytes],
     prepare: Callable[[int], None] | None = None,
-    on_leftover: Callable[[Path, int], None] | None = None,
+    on_leftover: Callable[[Path, int | None], None] | None = None,
+    cache: bool = False,
 ) -> None:
     """Write `chunks` to `path` through a temporary file in the same folder, then rename it over
     `path` (the name itself: a symlink there is replaced); on any failure the temporary file is
     removed and the error raised. `prepare(fd)` runs once the data is written and flushed;
-    `on_leftover(path, pid)` hears of each temporary file a killed writer left, removed first."""
-    for leftover, pid in remove_leftovers(path):  # a cache entry can be gigabytes, an edit the user's text
+    `on_leftover(path, pid)` hears of each temporary file a killed writer left, removed first (pid
+    None: an older version's, old). `cache`: `path` is a cache's file (tempfiles.remove_leftovers)."""
+    for leftover, pid in remove_leftovers(path, cache):  # a cache entry can be gigabytes, an edit the user's text
         if on_leftover is not None:
             on_leftover(leftover, pid)
     try:

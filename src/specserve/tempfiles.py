@@ -9,6 +9,13 @@ by this one's processes; XXXXXXXX: mkstemp's random part, the file made with O_E
 NAME cut short where the whole would pass the file system's limit on a name).
 The next write of NAME removes the ones of this host whose process is gone: only regular files
 named exactly so, for that NAME, in that folder; never a running writer's, never anything else.
+
+Older versions' names say no host or process (the edit's `.NAME.specserve-tmp`, to 2026-12-04, and
+`.NAME.XXXXXXXX.specserve-tmp`, on 2026-12-05; the caches' `NAME.XXXXXXXX.tmp`, `NAME.PID-THREAD.tmp`
+and `KEY.json.tmpPID`). Such a file is removed once untouched for an hour, OLD_AFTER_S: a write takes
+seconds, so an older specserve still running is not writing it. The edit's names say specserve; the
+caches' are plain, so they are taken as ours only in a cache's own folder (`cache`), never beside a
+user's file, where another program may have made one.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ import socket
 import stat
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 _RANDOM = r"[a-z0-9_]{8}"  # tempfile's random part: 8 of "abcdefghijklmnopqrstuvwxyz0123456789_"
+OLD_AFTER_S = 3600  # an older version's temporary file untouched this long is no write under way
 
 
 def make_temp(target: Path) -> tuple[int, Path]:
@@ -44,35 +53,57 @@ def _short_name(target: Path) -> str:
     return target.name if len(name) <= limit - extra else os.fsdecode(name[: max(limit - extra, 1)])
 
 
-def remove_leftovers(target: Path) -> list[tuple[Path, int]]:
-    """Remove the temporary files for `target` that a writer on this host left when it died:
-    (path, its process id) for each one removed. A folder that cannot be listed, or a file that
-    cannot be removed, is left as it is: the write that follows is what matters."""
+def remove_leftovers(target: Path, cache: bool = False) -> list[tuple[Path, int | None]]:
+    """Remove the temporary files for `target` that a writer on this host left when it died, and
+    older versions' that are old (`cache`: `target` is a cache's file, whose older names are plain):
+    (path, its process id, None for an older version's) for each one removed. A folder that cannot be
+    listed, or a file that cannot be removed, is left as it is: the write that follows is what matters."""
     pattern = re.compile(
         rf"\.{re.escape(_short_name(target))}\.specserve-{re.escape(socket.gethostname())}-(\d+)\.{_RANDOM}\.tmp"
     )
+    old = _old_names(target, cache)
     removed = []
     try:
         entries = list(os.scandir(target.parent))
     except OSError:
         return []
     for entry in entries:
-        match = pattern.fullmatch(entry.name)
-        if match and _is_plain_file(entry) and not _running(int(match.group(1))):
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                continue
-            removed.append((Path(entry.path), int(match.group(1))))
+        if match := pattern.fullmatch(entry.name):
+            pid = int(match.group(1))
+            if _is_plain_file(entry) and not _running(pid) and _removed(entry):
+                removed.append((Path(entry.path), pid))
+        elif old.fullmatch(entry.name) and _is_plain_file(entry, OLD_AFTER_S) and _removed(entry):
+            removed.append((Path(entry.path), None))
     return removed
 
 
-def _is_plain_file(entry: os.DirEntry) -> bool:
-    """A regular file itself, not a link or a folder: only what make_temp made is removed."""
+def _old_names(target: Path, cache: bool) -> re.Pattern:
+    """The names older versions gave `target`'s temporary files (module docstring)."""
+    name = re.escape(target.name)
+    kinds = [rf"\.{name}(?:\.{_RANDOM})?\.specserve-tmp"]
+    if cache:
+        kinds += [rf"{name}\.(?:{_RANDOM}|\d+-\d+)\.tmp", rf"{name}\.tmp\d+"]
+    return re.compile("|".join(kinds))
+
+
+def _removed(entry: os.DirEntry) -> bool:
+    """Unlink `entry`; whether it went."""
     try:
-        return stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode)
+        os.unlink(entry.path)
     except OSError:
         return False
+    return True
+
+
+def _is_plain_file(entry: os.DirEntry, untouched_s: float = 0) -> bool:
+    """A regular file itself, not a link or a folder (only what a writer made is removed), last
+    written at least `untouched_s` seconds ago when given (a time in the future, another machine's
+    clock, is not old)."""
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and (not untouched_s or info.st_mtime <= time.time() - untouched_s)
 
 
 def _running(pid: int) -> bool:

@@ -255,9 +255,13 @@ def _replace(path: Path, data: bytes, mode: int, like: Path | None, acl_of: Path
     atomic.write_atomic(path, [data], prepare, _report_leftover)
 
 
-def _report_leftover(leftover: Path, pid: int) -> None:
-    """Tell the user a hidden copy of their text, an earlier edit's killed while it wrote, is gone."""
-    print(f"removed {leftover}, left by specserve process {pid}, which is gone", file=sys.stderr)
+def _report_leftover(leftover: Path, pid: int | None) -> None:
+    """Tell the user a hidden copy of their text, an earlier edit's killed while it wrote, is gone
+    (pid None: an older version's, whose name said no process)."""
+    if pid is None:
+        print(f"removed {leftover}, left by an older specserve (untouched for over an hour)", file=sys.stderr)
+    else:
+        print(f"removed {leftover}, left by specserve process {pid}, which is gone", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -165,9 +165,9 @@ class HostStore:
                 header |= {"draft_tokens": e.draft[1], "draft_length": e.draft[0].length, "draft_size": e.draft[0].size}
                 chunks.append(memoryview(e.draft[0].data).cast("B"))
             header["sha256"] = _digest(chunks)
-            write_atomic(self.folder / name, [MAGIC, json.dumps(header).encode() + b"\n", *chunks])
+            write_atomic(self.folder / name, [MAGIC, json.dumps(header).encode() + b"\n", *chunks], cache=True)
             self._good.add(name)
-        write_atomic(self.folder / INDEX, [json.dumps({"entries": names}).encode()])
+        write_atomic(self.folder / INDEX, [json.dumps({"entries": names}).encode()], cache=True)
         for stale in self.folder.glob("*.kv"):
             if stale.name not in names:
                 stale.unlink(missing_ok=True)

@@ -152,7 +152,7 @@ def save(key: str, prices: CostModel) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # every field (none can be left out), atomically: a concurrent reader sees the old file or the new
-        write_atomic(folder / f"{key}.json", [json.dumps(asdict(prices)).encode()])
+        write_atomic(folder / f"{key}.json", [json.dumps(asdict(prices)).encode()], cache=True)
         _prune(folder)
     except OSError:
         pass  # a read-only home only costs the next process a calibration
