@@ -228,7 +228,7 @@ def test_prompt_logprobs_score_a_text_as_generating_it_did(llms):
     p = llm.encode(PROMPTS[2]) * (300 // len(llm.encode(PROMPTS[2])) + 1)
     gen = llm.generate(p, SamplingParams(max_tokens=30, logprobs=3), speculation="none")
     scored = llm.generate(p + gen.token_ids, SamplingParams(max_tokens=1, prompt_logprobs=3), speculation="none")
-    lps = scored.prompt_logprobs
+    lps = scored.prompt_token_logprobs
     assert len(lps) == len(p) + len(gen.token_ids) and lps[0] is None
     assert [lp.token_id for lp in lps[1:]] == (p + gen.token_ids)[1:]
     for a, b in zip(lps[len(p) :], gen.logprobs):
@@ -236,7 +236,9 @@ def test_prompt_logprobs_score_a_text_as_generating_it_did(llms):
         assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(a.top) == 3
     again = llm.generate(p + gen.token_ids, SamplingParams(max_tokens=1, prompt_logprobs=3), speculation="none")
     assert again.cached_tokens == 0  # the prefix cache holds no logits: scored again in full
-    assert [lp.logprob for lp in again.prompt_logprobs[1:]] == pytest.approx([lp.logprob for lp in lps[1:]], abs=1e-5)
+    assert [lp.logprob for lp in again.prompt_token_logprobs[1:]] == pytest.approx(
+        [lp.logprob for lp in lps[1:]], abs=1e-5
+    )
     assert plain(llm, PROMPTS[0], max_tokens=4).prompt_logprobs is None  # only when asked
 
 
@@ -254,8 +256,8 @@ def test_prompt_scores_are_the_model_s_own_whatever_shapes_the_completion(llms):
     base = llm.generate(p, SamplingParams(max_tokens=1, prompt_logprobs=3), speculation="none")
     shaped = llm.generate(p, SamplingParams(max_tokens=3, prompt_logprobs=3, **shaping), speculation="none")
     assert shaped.token_ids == [forced] * 3  # the completion is biased
-    assert shaped.prompt_logprobs[0] is None and len(shaped.prompt_logprobs) == len(p)
-    for a, b in zip(shaped.prompt_logprobs[1:], base.prompt_logprobs[1:], strict=True):
+    assert shaped.prompt_token_logprobs[0] is None and len(shaped.prompt_token_logprobs) == len(p)
+    for a, b in zip(shaped.prompt_token_logprobs[1:], base.prompt_token_logprobs[1:], strict=True):
         assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-5) and a.logprob > -50
         assert [t for t, _ in a.top] == [t for t, _ in b.top] and forced not in [t for t, _ in a.top]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from specserve import LLM, CompletionOutput, InvalidRequestError, SamplingParams
+from specserve.engine.completion import Logprob
 
 PROMPT = "def add(a, b):"
 
@@ -30,7 +31,27 @@ def test_each_logprob_carries_the_tokens_rank_in_the_vocabulary(smol):
         assert lp.rank >= len(above) + 1 and (lp.rank > len(lp.top) or lp.rank == len(above) + 1)
     assert any(lp.rank > 1 for lp in sampled.logprobs)  # a hot sample leaves the top token somewhere
     scored = smol.generate(PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=1))
-    assert scored.prompt_logprobs[0] is None and all(lp.rank >= 1 for lp in scored.prompt_logprobs[1:])
+    assert scored.prompt_logprobs[0] is None
+    assert all(lp.rank >= 1 for entry in scored.prompt_logprobs[1:] for lp in entry.values())
+
+
+def test_prompt_logprobs_are_vllms_dicts_one_per_prompt_token(smol):
+    """vLLM's RequestOutput.prompt_logprobs: one entry per prompt token, None for the first, then
+    {token_id: Logprob} holding the prompt's own token first and the top k after it. Ours held a
+    TokenLogprob per token (`.token_id`, `.top`), so a ported `entry[token].logprob` failed."""
+    ids = smol.prompt_ids(PROMPT)
+    scored = smol.generate(PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=2))
+    lps = scored.prompt_logprobs
+    assert len(lps) == len(ids) and lps[0] is None
+    for token, entry, flat in zip(ids[1:], lps[1:], scored.prompt_token_logprobs[1:], strict=True):
+        assert isinstance(entry, dict) and next(iter(entry)) == token  # the prompt's token first
+        assert entry[token] == Logprob(flat.logprob, flat.rank, smol.tokenizer.decode([token]))
+        top = [t for t, _ in flat.top]
+        assert set(entry) == {token, *top} and len(top) == 2
+        assert [entry[t].rank for t in top] == [1, 2] and entry[top[0]].logprob >= entry[top[1]].logprob
+    alone = smol.generate(PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=0)).prompt_logprobs
+    assert [list(e) for e in alone[1:]] == [[t] for t in ids[1:]]  # k = 0: the prompt's token alone
+    assert smol.generate(PROMPT, SamplingParams(max_tokens=1)).prompt_logprobs is None  # only when asked
 
 
 def test_outputs_is_vllms_view_of_the_flat_fields(smol):

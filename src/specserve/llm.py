@@ -640,11 +640,11 @@ class LLM:
     def _finished(self, samples: list[RequestOutput], prompt) -> RequestOutput:
         """One prompt's output (sample 0, the others in other_samples) with vLLM's fields that need
         the caller's prompt or the tokenizer: `prompt` (the text given, None for token ids) and the
-        text of each token the logprobs name (vLLM's Logprob.decoded_token)."""
+        text of each token the logprobs and prompt logprobs name (vLLM's Logprob.decoded_token)."""
         prompt = prompt.get("prompt") if isinstance(prompt, dict) else prompt
         for out in samples:
             out.prompt = prompt if isinstance(prompt, str) else None
-            lps = out.logprobs or ()
+            lps = [*(out.logprobs or ()), *(lp for lp in out.prompt_token_logprobs or () if lp is not None)]
             named = {lp.token_id for lp in lps} | {t for lp in lps for t, _ in lp.top}
             out.token_text.update((t, self.tokenizer.decode([t])) for t in named)
         samples[0].other_samples = samples[1:]

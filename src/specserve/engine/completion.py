@@ -1,4 +1,4 @@
-"""vLLM's CompletionOutput and Logprob, as a view of our flat RequestOutput.
+"""vLLM's CompletionOutput, Logprob and prompt logprobs, as a view of our flat RequestOutput.
 
 Code ported from vLLM reads `out.outputs[0].text`, `.token_ids`, `.logprobs` and friends; our
 RequestOutput keeps those fields on itself (`out.text`). `completion_output` builds the vLLM
@@ -59,6 +59,12 @@ def vllm_logprobs(lps: list[TokenLogprob], token_text: dict[int, str]) -> list[d
             entry.setdefault(token, Logprob(value, rank, token_text.get(token)))
         out.append(entry)
     return out
+
+
+def vllm_prompt_logprobs(lps: list[TokenLogprob | None], token_text: dict[int, str]) -> list[dict[int, Logprob] | None]:
+    """Our per-prompt-token logprobs in vLLM's shape: None where ours is None (the first token,
+    which nothing before it scores), else the entry vllm_logprobs gives a generated token."""
+    return [None if lp is None else vllm_logprobs([lp], token_text)[0] for lp in lps]
 
 
 def completion_output(out: RequestOutput, index: int = 0) -> CompletionOutput:

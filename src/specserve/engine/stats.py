@@ -11,7 +11,7 @@ import functools
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from .completion import CompletionOutput, completion_output
+from .completion import CompletionOutput, Logprob, completion_output, vllm_prompt_logprobs
 
 SOURCES = ("prediction", "prompt", "ngram", "draft", "none")  # "none": a step with no draft at all
 
@@ -173,7 +173,8 @@ class RequestOutput:
     token_sources: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     steps: list[dict] = field(default_factory=list)  # per-step timeline: source, proposed, accepted, time
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (None for the first)
+    # ours, per prompt token (None for the first); `prompt_logprobs` is vLLM's view of it
+    prompt_token_logprobs: list[TokenLogprob | None] | None = None
     # the text of each token the logprobs name, decoded alone (LLM fills it): outputs' decoded_token
     token_text: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
     request_id: str = ""  # the engine's id for the request, as vLLM's (a string)
@@ -211,6 +212,14 @@ class RequestOutput:
         each of other_samples (SamplingParams.n). Built once, on first read, from the flat fields."""
         return [completion_output(out, i) for i, out in enumerate([self, *self.other_samples])]
 
+    @functools.cached_property
+    def prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
+        """vLLM's `RequestOutput.prompt_logprobs`: per prompt token None for the first, then
+        {token_id: Logprob} with the prompt's token first and the top k after it; None when not
+        asked. Built once, on first read, from prompt_token_logprobs (the server reads those)."""
+        lps = self.prompt_token_logprobs
+        return None if lps is None else vllm_prompt_logprobs(lps, self.token_text)
+
     @property
     def cached_tokens(self) -> int:
         """Prompt tokens reused from the prefix cache (OpenAI's usage.prompt_tokens_details)."""
@@ -225,6 +234,6 @@ class RequestOutput:
         }
         if self.logprobs is not None:
             d["logprobs"] = [asdict(lp) for lp in self.logprobs]
-        if self.prompt_logprobs is not None:
-            d["prompt_logprobs"] = [asdict(lp) if lp else None for lp in self.prompt_logprobs]
+        if self.prompt_token_logprobs is not None:
+            d["prompt_logprobs"] = [asdict(lp) if lp else None for lp in self.prompt_token_logprobs]
         return d

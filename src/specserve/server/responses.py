@@ -353,7 +353,7 @@ class CompletionDialect(Dialect):
                     ctx,
                     [] if scored else ctx.listed(o.logprobs),
                     i,
-                    (o.prompt_token_ids, o.prompt_logprobs) if echo else None,
+                    (o.prompt_token_ids, o.prompt_token_logprobs) if echo else None,
                 ),
                 "finish_reason": "length" if scored else finish_reason(o),
             }
