@@ -96,6 +96,25 @@ def test_request_level_fields_are_vllms(smol):
         assert "add two numbers" in out.prompt and smol.encode(out.prompt) == out.prompt_token_ids
 
 
+def test_a_streams_output_has_the_prompt_and_decoded_tokens_as_generates_has(smol):
+    """LLM.stream's `.output` had prompt None (and no decoded_token in its logprobs) where
+    generate's has the text given: the same request read two ways gave two answers."""
+    ids = smol.prompt_ids(PROMPT)
+    params = SamplingParams(max_tokens=3, logprobs=1)
+    for given, prompt in (
+        (PROMPT, PROMPT),
+        ({"prompt": PROMPT}, PROMPT),
+        (ids, None),
+        ({"prompt_token_ids": ids}, None),
+    ):
+        gen = smol.stream(given, params)
+        for _ in gen:
+            pass
+        assert gen.output.prompt == prompt == smol.generate(given, params).prompt
+        assert all(lp.decoded_token is not None for entry in gen.output.outputs[0].logprobs for lp in entry.values())
+    assert smol.stream(PROMPT, params).run().prompt == PROMPT
+
+
 def test_stop_reason_names_the_stop_string_that_ended_the_answer(smol):
     """vLLM's stop_reason is the stop string matched (None at EOS or length); ours had none, so a
     script could not tell which of its stop strings ended an answer."""

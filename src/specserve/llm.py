@@ -593,9 +593,10 @@ class LLM:
 
         guide: a structured-output grammar (JSON schema, regex, EBNF) the output must follow.
         Iterating drives the engine: requests started from other threads advance with it.
+        Its `.output` at the end is what `generate` gives (`prompt`, decoded tokens included).
         """
         req = self.request(prompt, params, prediction, speculation, should_cancel, guide)
-        return Generation(self.engine.core, req)
+        return Generation(self.engine.core, req, lambda out: self._finished([out], prompt))
 
     def generate(
         self,

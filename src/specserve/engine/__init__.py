@@ -165,15 +165,21 @@ class Generation:
     """One request as an iterator of StepEvents; `.output` holds its RequestOutput at the end.
 
     Iterating drives the engine (every request in flight advances, not only this one); the
-    request joins the engine on the first `next()`."""
+    request joins the engine on the first `next()`. finish: applied once to the output when it is
+    first read (LLM fills the fields that need the caller's prompt or the tokenizer)."""
 
-    def __init__(self, core: EngineCore, request: Request):
+    def __init__(self, core: EngineCore, request: Request, finish: Callable[[RequestOutput], object] | None = None):
         self.core, self.request = core, request
+        self._finish = finish
         self._events = _drive(core, request)  # holds no reference back: dropping this closes it
 
     @property
     def output(self) -> RequestOutput | None:
-        return self.request.output
+        out = self.request.output
+        if out is not None and self._finish is not None:
+            finish, self._finish = self._finish, None
+            finish(out)
+        return out
 
     def __iter__(self) -> Iterator[StepEvent]:
         return self._events
