@@ -238,6 +238,13 @@ def test_a_reader_that_leaves_ends_generate_quietly(model_dir):
         (["--ray", "--target-ongoing-requests", "nan"], "--target-ongoing-requests must be a number above 0"),
         (["--ray", "--replica-cpus", "-1"], "--replica-cpus must be a number at least 0"),
         (["--ray", "--replica-cpus", "inf"], "--replica-cpus must be a number at least 0, got inf"),
+        # the replicas' own flags: each replica refused them after Ray had started, in config fields' words
+        (["--ray", "-k", "0"], "-k/--num-speculative-tokens must be in [1, 256], got 0"),
+        (["--ray", "--num-speculative-tokens", "300"], "-k/--num-speculative-tokens must be in [1, 256], got 300"),
+        (["--ray", "--max-context", "10"], "--max-context must be at least 256 tokens, got 10"),
+        (["--ray", "--gpu-layers", "-2"], "--gpu-layers must be 0 or more (leave it out for all), got -2"),
+        (["--ray", "--device", "foo"], "--device must be cpu, cuda, cuda:N or mps, got 'foo'"),
+        (["--ray", "--threads", "0"], "--threads must be at least 1, got 0"),  # was taken as --replica-cpus
     ],
 )
 def test_serve_refuses_ray_flags_it_would_ignore_or_ray_would_refuse(model_dir, capsys, args, message):

@@ -41,6 +41,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--speculation", default="auto", choices=METHODS, help="default speculation method (default auto)")
     p.add_argument(
+        "-k",
         "--num-speculative-tokens",
         type=int,
         default=None,
@@ -115,31 +116,39 @@ def check_ray_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"{flags}: Ray Serve flags, which need --ray")
 
 
+def speculation_config(args: argparse.Namespace):
+    """The --speculation / -k flags as a SpeculationConfig; a bad value is an error naming the flag.
+    Checked with --ray too, before the cluster starts: each replica refused it only after Ray had
+    started, as "num_speculative_tokens must be in [1, 256]", the config field's name."""
+    from ..config import SpeculationConfig
+
+    with flag_errors():
+        return SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the LLM and serve until interrupted (or hand over to Ray Serve with --ray)."""
     check_model_paths(args)
     check_ray_flags(args)
     if args.ray and args.ray_address is None:  # the local cluster's proxy listens here (a taken port was
         check_address(args.host, args.port)  # a Ray traceback, "Failed to bind", after the cluster started)
+    speculation, loading = speculation_config(args), load_options(args)  # --ray: what each replica loads
     if args.ray:
         return serve_ray.run(args, engine_limits(args))
     check_address(args.host, args.port)
     folder = Path(args.host_cache_dir).expanduser() if args.host_cache_dir else None
     if folder is not None and folder.exists() and not folder.is_dir():
         raise ValueError(f"--host-cache-dir {args.host_cache_dir} is a file, not a folder")
-    from ..config import SpeculationConfig
     from ..llm import LLM
     from ..server.app import ServerOptions, serve
 
-    with flag_errors():
-        speculation = SpeculationConfig(method=args.speculation, num_speculative_tokens=args.num_speculative_tokens)
     options = ServerOptions(
         api_key=args.api_key or os.environ.get("SPECSERVE_API_KEY") or None,
         max_queue=args.max_queue,
         request_timeout=args.request_timeout or None,
         max_body_bytes=args.max_body_bytes,
     )
-    llm = LLM.from_options(args.model, args.draft_model, load_options(args), speculation, engine_limits(args))
+    llm = LLM.from_options(args.model, args.draft_model, loading, speculation, engine_limits(args))
     core = llm.engine.core
     if core.host is not None:
         print(
