@@ -30,6 +30,17 @@ def test_generate_range_errors_name_the_flag(flags, message, capsys):
     assert capsys.readouterr().err == f"specserve: error: {message}\n"
 
 
+@pytest.mark.parametrize("ray", [[], ["--ray"]])
+def test_serve_names_both_flags_of_a_two_flag_error(ray, capsys):
+    """A second config field in the message is named as its flag too: it said "... must exceed max_num_seqs"."""
+    code = main(["serve", "--model", "no-such-pack", "--port", "0", *ray, "--max-num-batched-tokens", "8"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "specserve: error: --max-num-batched-tokens must exceed --max-num-seqs "
+        "(one pending token each, plus room for prefill)\n"
+    )
+
+
 def test_the_python_api_keeps_its_field_names():
     """The mapping lives in the CLI: the engine (and so the server's 400s) still says top_p."""
     with pytest.raises(ValueError, match=r"^top_p must be in \[0, 1\]"):

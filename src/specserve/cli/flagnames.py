@@ -28,11 +28,16 @@ FLAGS = {
 }
 
 _LEADING_FIELD = re.compile(r"^(\w+)\b")
+# a field named later in the message ("... must exceed max_num_seqs"): only names with an underscore,
+# which prose does not use (a plain "threads" or "seed" further on is a word, not the field)
+_LATER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(f for f in FLAGS if "_" in f) + r")(?!\w)")
 
 
 def as_flags(message: str) -> str:
-    """`message` with the config field it starts with named as its flag (others as they are)."""
-    return _LEADING_FIELD.sub(lambda m: FLAGS.get(m.group(1), m.group(1)), message, count=1)
+    """`message` with the config field it starts with, and any other flag's field with an
+    underscore in it, named as its flag (other words as they are)."""
+    head = _LEADING_FIELD.sub(lambda m: FLAGS.get(m.group(1), m.group(1)), message, count=1)
+    return _LATER_FIELD.sub(lambda m: FLAGS[m.group(1)], head)
 
 
 @contextlib.contextmanager
