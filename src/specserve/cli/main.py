@@ -15,7 +15,7 @@ import sys
 from .. import __version__
 from ..errors import SpecServeError
 from .environment import environment_problem
-from .streams import StdoutWriteError, closed_stdout, drop_stdout, guarded_stdout
+from .streams import StdoutWriteError, closed_stdout, drop_stdout, guarded_stdout, print_or_exit
 
 SUBCOMMANDS = ("generate", "models", "serve", "bench", "edit", "replay")
 
@@ -26,13 +26,31 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"specserve: error: {message} (see {self.prog} --help)\n")
 
+    def print_help(self, file=None) -> None:
+        """--help on stdout, or one line and exit 2 where stdout is closed or refuses writes (argparse
+        wrote it to stderr, or nowhere, and exited 0 as if it were where it was asked for)."""
+        if file is not None:
+            return super().print_help(file)
+        print_or_exit(self, self.format_help(), f"{self.prog} --help")
+
+
+class _Version(argparse.Action):
+    """--version: the version on stdout and exit 0, or one line and exit 2 as for --help."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print_or_exit(parser, f"specserve {__version__}\n", "specserve --version")
+        parser.exit()
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="specserve",
         description="Lossless speculative decoding: Predicted Outputs, n-gram and draft-model drafting.",
     )
-    parser.add_argument("--version", action="version", version=f"specserve {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"specserve.cli.{name}").add_parser(sub)

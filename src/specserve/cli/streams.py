@@ -22,8 +22,13 @@ def closed_stdout(command: str | None) -> str | None:
         sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - the process's stdin, for its lifetime
     if sys.stdout is not None or command in QUIET_COMMANDS:
         return None
+    return nowhere_to_write(f"specserve {command}")
+
+
+def nowhere_to_write(command_line: str) -> str:
+    """The one-line error for `command_line` run with stdout closed (its output would be lost)."""
     return (
-        f"stdout is closed, so `specserve {command}` has nowhere to write its output: "
+        f"stdout is closed, so `{command_line}` has nowhere to write its output: "
         "redirect it to a file (> FILE), or to > /dev/null to drop it"
     )
 
@@ -86,3 +91,21 @@ def drop_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # stdout is no file descriptor (main() called from a test)
         pass
+
+
+def print_or_exit(parser, text: str, command_line: str) -> None:
+    """Writes argparse's own output (--help, --version) to stdout, or exits with its one line: 2 on a
+    closed stdout or one that refuses writes, a quiet 141 when the reader left. argparse fell back
+    to stderr on a closed stdout and dropped write errors, exiting 0 either way."""
+    if sys.stdout is None:
+        parser.exit(2, f"specserve: error: {nowhere_to_write(command_line)}\n")
+    try:
+        with _named_stdout():
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except BrokenPipeError:
+        drop_stdout()
+        parser.exit(141)
+    except StdoutWriteError as e:
+        drop_stdout()
+        parser.exit(2, f"specserve: error: {e}\n")
