@@ -9,6 +9,7 @@ metric the reference tables leave out (a newcomer reads the tables, not the pars
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import io
@@ -392,3 +393,37 @@ def test_the_metrics_table_lists_every_series_and_label(client):
         if isinstance(metric, MetricWrapperBase):
             exported[metric._name + ("_total" if metric._type == "counter" else "")] = set(metric._labelnames)
     assert documented == exported
+
+
+def streaming_examples(text: str) -> list[str]:
+    """The streaming requests of a doc's code blocks: each Python call with `stream=True` or to a
+    `.stream(...)` method (a block that is not Python fails the test), and each curl command line
+    (continuations joined) with `"stream": true`."""
+    found = []
+    for lang, block in fenced(text):
+        if lang == "python":
+            for node in ast.walk(ast.parse(block)):
+                streams = isinstance(node, ast.Call) and (
+                    any(k.arg == "stream" and getattr(k.value, "value", None) is True for k in node.keywords)
+                    or (isinstance(node.func, ast.Attribute) and node.func.attr == "stream")
+                )
+                found += [ast.unparse(node)] if streams else []
+        elif lang in ("", "sh", "bash", "console"):
+            commands = re.split(r"\n(?=\S)", block.replace("\\\n", " "))
+            found += [c for c in commands if c.startswith("curl") and re.search(r'"stream":\s*true', c)]
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_streaming_example_asks_for_few_tokens(doc):
+    """A streaming example without `max_tokens` ran as long as the answer went: a chat answer may
+    run to the end of the context, and on a CPU a newcomer trying server.md's example waited for it."""
+    unbounded = [example for example in streaming_examples(read(doc)) if "max_tokens" not in example]
+    assert not unbounded, f"{doc}: streaming examples without max_tokens: {unbounded}"
+
+
+def test_streaming_examples_are_found():
+    """The examples the test above reads: the README's LLM.stream loop, server.md's chat and curl streams."""
+    assert any("llm.stream(" in e for e in streaming_examples(read("README.md")))
+    server = streaming_examples(read("docs/server.md"))
+    assert any("chat.completions.create" in e for e in server) and any(e.startswith("curl") for e in server)
