@@ -409,7 +409,16 @@ class EngineCore:
         self._drop_cancelled()
         if self.prefix is not None:
             self._track_running()
-        held = []  # requests waiting for a running prefill that will hold their prefix
+        held: list[Request] = []  # requests waiting for a running prefill that will hold their prefix
+        try:
+            self._admit_waiting(held)
+        finally:  # an error out of the loop (freeing an evicted entry) leaves them queued, not lost
+            sched.waiting.extendleft(reversed(held))
+
+    def _admit_waiting(self, held: list[Request]) -> None:
+        """Admit from the head of the queue while the batch and the cache have room; a request
+        that will copy a running request's prefill moves to `held` (the caller queues it again)."""
+        sched = self.scheduler
         while sched.waiting:
             req = sched.waiting[0]
             if self._awaits_prefill(req):
@@ -439,7 +448,6 @@ class EngineCore:
             if self.prefix is not None:
                 self._reused(req, hit)
             req.above_others = len(sched.running) > 1 or bool(self.prefix is not None and self.prefix.entries)
-        sched.waiting.extendleft(reversed(held))
 
     # -- prefix caching (prefix_cache.py) ---------------------------------------------------------
     def _valid(self, r: Request) -> int:
