@@ -88,3 +88,38 @@ def test_a_request_held_for_a_running_prefill_is_answered_when_the_admission_aft
     assert not backend.armed  # the fault fired
     for r in (a, b, c):
         assert r.finished, f"request {r.id} was never answered"
+
+
+class FailingSave(TransformersBackend):
+    """A backend whose copies out of the cells fail (memory short for the copy's buffer)."""
+
+    saves_tried = 0
+
+    def save_sequence(self, seq: int):
+        self.saves_tried += 1
+        raise MemoryError("no memory for the copy")
+
+
+def test_a_prefix_cache_entry_that_cannot_be_saved_is_dropped_and_fails_no_request():
+    """Two requests run; the shorter one ends, and keeping its prefix evicts the older entry,
+    whose copy to the host tier fails. The failed save escaped the step: the running request
+    failed with it (the worker's fail_all; LLM.generate raised it), though the cache only lost
+    an entry it could prefill again."""
+    backend = FailingSave(tiny_model("qwen2", 0), max_sequences=4)  # one entry slot beside 2 requests and the spare
+    limits = EngineLimits(max_num_seqs=2, max_num_batched_tokens=256, host_cache_bytes=64 << 20)
+    llm = LLM.from_backends(backend, tiny_tokenizer(), name="tiny", speculation="none", limits=limits)
+    steady_prices(llm)
+    core = llm.engine.core
+    first = make(llm, ENTRY, 4)
+    core.add(first)
+    run_out(core, [first])
+    assert core.prefix.entries == 1
+    short, long = make(llm, OTHER, 2), make(llm, SHARED, 12)
+    core.add(short)
+    core.add(long)
+    run_out(core, [short, long])
+    assert backend.saves_tried  # the eviction tried to save the entry
+    for r in (first, short, long):
+        assert r.finished and r.error is None, f"request {r.id} failed: {r.error}"
+    assert len(long.output.token_ids) == 12
+    assert core.prefix.entries == 1 and core.host.stats()["entries"] == 0  # the newest entry stays; none was saved

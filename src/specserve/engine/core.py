@@ -523,7 +523,17 @@ class EngineCore:
         return hit.length, hit
 
     def _spill(self, owner: Owner) -> None:
-        """An entry leaves the cells by rent or LRU: a copy of them goes to the host tier first."""
+        """An entry leaves the cells by rent or LRU: a copy of them goes to the host tier first. A
+        copy that fails (no memory for its buffer) leaves without one, as an entry that cannot be
+        saved does: the tier is a cache, and the failure was raised out of whatever evicted the
+        entry (a request's retirement or admission, the step's rent), failing every running request."""
+        try:
+            self._save_entry(owner)
+        except Exception:  # noqa: BLE001 - lose the copy, never a request
+            log.warning("prefix cache: an entry leaving the KV cache could not be copied to host memory", exc_info=True)
+
+    def _save_entry(self, owner: Owner) -> None:
+        """Copy an entry's cells (and its draft sequence's) to the host tier."""
         copy = self.target.save_sequence(owner.seq)
         if copy is not None:
             draft = self.draft_prefixes.save(owner.seq) if self.draft_prefixes is not None else None
