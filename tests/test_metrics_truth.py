@@ -72,6 +72,19 @@ def test_latencies_and_prefix_hits_count_each_request_once_whatever_its_n(client
     assert got == {**dict.fromkeys(counted[:4], 2.0), counted[4]: 1.0, counted[5]: float(cached)}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_with_a_long_stop_string_has_its_time_to_first_token_counted(client, stream):
+    """A stop string holds back the text that may start it, and the tokens of that text with it:
+    the first step's event then lists no token. Without stream only each choice's first event
+    reached the handler, which takes the time to first token from an event that lists tokens, so
+    with a stop string longer than the first token's text no time to first token (nor per output
+    token) was ever observed; a stream's was, at its first text."""
+    counted = ("specserve_time_to_first_token_seconds_count", "specserve_time_per_output_token_seconds_count")
+    usage = _post(client, {**CHAT, "stop": ["</never-written>"]}, stream)
+    assert usage["completion_tokens"] == CHAT["max_tokens"]  # the stop string never came: a whole answer
+    assert _series(client, *counted) == dict.fromkeys(counted, 1.0)
+
+
 class _Truth:
     """Counts each step's draft as it is fed and what the step committed, apart from the engine's
     own counting: a draft token is accepted when it is the token committed at its position (a

@@ -147,7 +147,7 @@ class Job:
         self.reason: str | None = None  # why it was cancelled: "client" | "timeout" | "shutdown"
         self.requests: list = []
         self._cancelled = threading.Event()
-        self._seen: set[int] = set()  # choices whose first event was posted
+        self._seen: set[int] = set()  # choices with an event that lists tokens posted
         self._closed = False  # "done" or "error" was posted
         self.status: int | None = None  # the outcome, settled once on the event loop (see settle)
         self.recorded = False  # counted in the metrics (once, whatever path the answer took)
@@ -200,8 +200,11 @@ class Job:
             self.post("error", req.error)
             return
         index = self.requests.index(req)
-        if self.prepared.stream or index not in self._seen:  # non-streaming: the first only (time to first token)
-            self._seen.add(index)
+        # non-streaming: a choice's events up to the first that lists tokens (the time to first token);
+        # a stop string's held-back text holds its tokens back too, so the first step may list none
+        if self.prepared.stream or index not in self._seen:
+            if event.token_ids:
+                self._seen.add(index)
             self.post("event", (index, event))
         if all(r.finished for r in self.requests):
             self._closed = True
