@@ -24,6 +24,7 @@ import openai
 import pytest
 from server_proc import ServerProcess, metric_value
 from tiny import save_tiny
+from waiting import wait_until
 
 from specserve.server import faults, ray_serve
 from specserve.server.ray_serve import (
@@ -440,17 +441,40 @@ def test_session_affinity_pays_off_in_cached_tokens(ray_server):
     assert moved and all(extra < 0 for _, _, extra in moved), free  # not even turn 1's prompt
 
 
+def _completions_counted(text: str, **labels: str) -> float:
+    return metric_value(text, "specserve_requests_total", endpoint="completions", status="200", **labels)
+
+
+def _own_metrics(srv, session: str) -> str:
+    """/metrics/replica of the replica `session` routes to: its own series, unlabelled."""
+    return httpx.get(f"{srv.url}/metrics/replica", headers={"X-Session-Id": session}, timeout=10).text
+
+
 @pytest.mark.ray
 def test_metrics_have_a_replica_label(ray_server):
+    """/metrics answers every live replica's series with a `replica` label, as each last pushed
+    them (every PUSH_INTERVAL_S); /metrics/replica the answering replica's own, unlabelled. Waits
+    for the pushes, not a fixed time: each replica's count in /metrics must come to equal the
+    count that replica gives of itself (a fixed 3 s sleep, and a total that earlier tests had
+    already half made)."""
     client = _client(ray_server)
-    for _ in range(6):
-        client.completions.create(model=MODEL, prompt="x", max_tokens=2)
-    time.sleep(3)  # one push interval
-    text = ray_server.metrics()
-    assert len(_replicas_in_metrics(ray_server)) == 2
-    assert metric_value(text, "specserve_requests_total", endpoint="completions", status="200") >= 6
-    own = httpx.get(f"{ray_server.url}/metrics/replica", timeout=10).text
-    assert "replica=" not in own and "specserve_queue_depth" in own
+    own = {}
+    for replica, session in _session_per_replica(ray_server).items():
+        before = _completions_counted(_own_metrics(ray_server, session))
+        for _ in range(3):
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_headers={"X-Session-Id": session})
+        text = _own_metrics(ray_server, session)
+        assert "replica=" not in text and "specserve_queue_depth" in text, text[:2000]
+        own[replica] = _completions_counted(text)
+        assert own[replica] - before == 3, (replica, before, own[replica])
+
+    def merged_matches() -> bool:
+        text = ray_server.metrics()
+        return _replicas_in_metrics(ray_server) == set(own) and all(
+            _completions_counted(text, replica=r) == n for r, n in own.items()
+        )
+
+    wait_until(merged_matches, 30, lambda: f"each replica's own counts {own}, /metrics:\n{ray_server.metrics()}")
 
 
 def _session_per_replica(srv) -> dict[str, str]:
