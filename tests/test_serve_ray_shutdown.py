@@ -198,7 +198,7 @@ def test_a_sigterm_while_the_cluster_starts_leaves_no_ray_process(tmp_path):
         proc.kill()
     deadline = time.monotonic() + 20  # a stopped cluster's processes end within seconds
     while (left := _ray_processes() - before) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     for pid in left:  # not to leave them to the next test
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert not left, subprocess.run(
@@ -216,7 +216,7 @@ def test_a_sigterm_once_serving_stops_the_command_and_its_cluster(tmp_path):
         assert srv.proc.wait(60) == 0, srv.log_path.read_text()[-3000:]
     deadline = time.monotonic() + 20
     while (left := _ray_processes() - before) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     for pid in left:
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert not left
@@ -305,7 +305,7 @@ def test_a_sigkill_of_the_command_leaves_no_process_of_its_cluster(tmp_path):
         srv.proc.wait(10)
     deadline = time.monotonic() + 20  # the agents hung for about 60 s
     while (left := {p for p, t in cluster.items() if _started(p) == t}) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     listing = subprocess.run(["ps", "-o", "pid,cmd", "-p", ",".join(map(str, left))], capture_output=True, text=True)
     for pid in left:  # not to leave them to the next test
         subprocess.run(["kill", "-9", str(pid)], check=False)
@@ -351,7 +351,7 @@ running = alive()
 serve.shutdown()
 deadline = time.monotonic() + 30
 while (left := alive()) and time.monotonic() < deadline:
-    time.sleep(0.5)
+    time.sleep(0.1)
 print(json.dumps({"running": running, "after_shutdown": left}))
 """
 
