@@ -12,6 +12,8 @@ The pure helpers (metrics merging, rendezvous order, flag parsing) are tested wi
 from __future__ import annotations
 
 import functools
+import json
+import socket
 import subprocess
 import sys
 import threading
@@ -487,6 +489,41 @@ def _session_per_replica(srv) -> dict[str, str]:
             break
     assert len(found) == 2, found
     return found
+
+
+# a non-streamed completion of 8 x 450 tokens: seconds of decoding on the tiny model, 450 engine steps
+LONG = {"model": MODEL, "prompt": "x", "max_tokens": 450, "n": 8, "temperature": 0.8, "seed": 0}
+LONG |= {"ignore_eos": True, "speculation": "none"}
+
+
+def _replica_health(srv, session: str) -> dict:
+    return httpx.get(f"{srv.url}/health", headers={"X-Session-Id": session}, timeout=30).json()
+
+
+def _hold_long_request(srv, session: str) -> socket.socket:
+    """LONG, pinned to the replica `session` routes to, sent on a raw socket the caller closes
+    (leaving the request) or keeps open; returns once that replica's engine runs it."""
+    body = json.dumps(LONG).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {srv.host}\r\nContent-Type: application/json\r\n"
+    head += f"X-Session-Id: {session}\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock = socket.create_connection((srv.host, srv.port), timeout=30)
+    sock.sendall(head.encode() + body)
+    wait_until(lambda: _replica_health(srv, session)["active"] >= 1, 60, lambda: _replica_health(srv, session))
+    return sock
+
+
+@pytest.mark.ray
+def test_a_request_without_a_session_goes_to_the_less_loaded_replica(ray_server):
+    """README: requests go to the less loaded of two random replicas (power of two choices). The
+    spread test only saw both replicas used, which any random pick does too. Here one replica runs
+    a long request and every request without a session goes to the other: a router that picked
+    one replica at random would send each there half the time."""
+    busy, session = next(iter(_session_per_replica(ray_server).items()))
+    with _hold_long_request(ray_server, session):
+        seen = [httpx.get(f"{ray_server.url}/health", timeout=30).headers["x-specserve-replica"] for _ in range(10)]
+        still = _replica_health(ray_server, session)["active"]
+    assert still >= 1, "the long request ended during the probes: nothing was tested"
+    assert busy not in seen, (busy, seen)
 
 
 @pytest.mark.ray
