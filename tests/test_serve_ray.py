@@ -527,6 +527,28 @@ def test_a_request_without_a_session_goes_to_the_less_loaded_replica(ray_server)
 
 
 @pytest.mark.ray
+def test_a_client_that_leaves_is_cancelled_in_its_replicas_engine(ray_server):
+    """docs/deploy.md: a client that disconnects is cancelled in its replica's engine, as on a single
+    server (a non-streamed request ran to its end). Here a long request's client leaves while it
+    runs: its replica goes idle well before the 450 steps it would take, and counts a 499. (Either
+    of the app's two ways does it: the handler's cancellation, and the disconnect its watcher reads.)"""
+    session = next(iter(_session_per_replica(ray_server).values()))
+
+    def counts() -> tuple[float, float]:
+        text = _own_metrics(ray_server, session)
+        gone = metric_value(text, "specserve_requests_total", endpoint="completions", status="499")
+        return metric_value(text, "specserve_batch_size_count"), gone
+
+    steps, gone = counts()
+    _hold_long_request(ray_server, session).close()
+    idle = lambda: (h := _replica_health(ray_server, session))["active"] == h["queued"] == 0  # noqa: E731
+    wait_until(idle, 60, lambda: _replica_health(ray_server, session))
+    steps_after, gone_after = counts()
+    assert steps_after - steps < LONG["max_tokens"], "the request ran to its end after its client left"
+    assert gone_after - gone == 1
+
+
+@pytest.mark.ray
 def test_a_stored_response_is_found_through_any_replica(ray_server):
     """Each replica kept its own Responses: GET /v1/responses/{id} and previous_response_id found
     a response only when the request happened to land on the replica that made it (about half)."""
