@@ -184,6 +184,22 @@ def test_factory_cache_evicts_compiled_grammars():
     assert f.cache.bytes <= f.cache.max_bytes
 
 
+def test_cache_counts_the_schema_text_it_keeps_as_its_key():
+    """A cached grammar's key holds the whole schema's text, descriptions included, which xgrammar
+    ignores: a schema with a 100 kB description compiled to the same few kB as one without. Only the
+    compiled size was counted, so distinct schemas with long descriptions piled up in memory far past
+    the budget (each request a new one kept 100 kB more; a 256 MB budget held ~68,000 such keys,
+    1 MB each at the body cap). Found by the leak hunt of 2026-12-06."""
+    f = ConstraintFactory.from_vocab(VOCAB, {len(VOCAB) - 1})
+    f.cache = GrammarCache(max_bytes=1 << 20)
+    for i in range(40):  # 40 distinct schemas, 100 kB of description each: 4 MB of keys
+        schema = {**SIMPLE_SCHEMA, "description": f"{i} " + "x" * 100_000}
+        f.prepare(GrammarSpec("json_schema", schema))
+    kept = sum(len(key[1]) for key in f.cache._items)
+    assert 0 < kept <= f.cache.max_bytes and f.cache.bytes <= f.cache.max_bytes
+    assert len(f.cache) < 40
+
+
 def accepts(factory: ConstraintFactory, spec: GrammarSpec, text: str) -> bool:
     m = xgr.GrammarMatcher(factory.compile(spec))
     return m.accept_string(text) and m.is_completed()

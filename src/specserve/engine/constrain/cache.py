@@ -1,12 +1,16 @@
 """The LRU cache of compiled grammars, bounded in bytes.
 
 Compiled grammars are kept per tokenizer in a `GrammarCache` bounded by `GRAMMAR_CACHE_BYTES`,
-each counted with xgrammar's `memory_size_bytes`; xgrammar's own (unbounded) cache is off.
+each counted with xgrammar's `memory_size_bytes` plus its key (`key_bytes`: the schema, regex or
+EBNF text); xgrammar's own (unbounded) cache is off. Until 2026-12-06 the key was not counted: a
+schema's descriptions, which xgrammar ignores, made keys of up to the body cap (megabytes) for
+grammars of a few kB, and distinct ones piled up far past the budget.
 A retry of a grammar whose compilation overran its request's time limit finds it here.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -15,6 +19,13 @@ if TYPE_CHECKING:
     from .spec import CompiledGuide
 
 GRAMMAR_CACHE_BYTES = 256 << 20  # compiled grammars kept (LRU), per tokenizer
+
+
+def key_bytes(key: tuple) -> int:
+    """The memory of a cache key's text parts (the schema, regex or EBNF it was compiled from):
+    what an entry holds besides its compiled grammar, and for a schema with long descriptions
+    (which do not reach the grammar) by far the larger part."""
+    return sum(sys.getsizeof(part) for part in key if isinstance(part, str))
 
 
 class GrammarCache:

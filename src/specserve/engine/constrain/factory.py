@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..tokenizer import shared
-from .cache import GRAMMAR_CACHE_BYTES, GrammarCache
+from .cache import GRAMMAR_CACHE_BYTES, GrammarCache, key_bytes
 from .constraint import Constraint, next_allows_any
 from .errors import ConstraintError, compile_errors
 from .library import xgrammar
@@ -119,7 +119,7 @@ class ConstraintFactory:
         compiled = self.compile(spec)
         guide = CompiledGuide(compiled, self.banned(spec.banned))
         check_satisfiable(spec, compiled, self.vocab_size, guide.banned)
-        self.cache.put(key, guide, compiled.memory_size_bytes)
+        self.cache.put(key, guide, compiled.memory_size_bytes + key_bytes(key))
         return guide
 
     def prepare(self, spec: GrammarSpec | CompiledGuide | PendingGuide) -> CompiledGuide:
