@@ -453,8 +453,26 @@ def idle_stats(url: str, pid: int) -> tuple[dict, float]:
     wait_idle(url)
     time.sleep(KEEP_ALIVE_S + 1)
     stats = proc_stats(pid)  # before the request below opens a connection of its own
+    return stats, host_tier_mb(url)
+
+
+def host_tier_mb(url: str) -> float:
+    """The MB the prefix cache's host tier holds, as /health reports it (0 without one)."""
     cache = (httpx.get(f"{url}/health", timeout=10).json().get("prefix_cache") or {}).get("host") or {}
-    return stats, cache.get("bytes", 0) / 2**20
+    return cache.get("bytes", 0) / 2**20
+
+
+def half(requests: int, start: dict, start_cache: float, end: dict, end_cache: float) -> dict:
+    """One half of the soak: its requests and RSS growth, in all and beyond the host tier's own.
+    A leak grows with the requests served, alike in both halves; the high-water of bounded
+    memory grows in the first half only."""
+    grown = end["rss_mb"] - start["rss_mb"]
+    return {
+        "requests": requests,
+        "rss_growth_mb": round(grown, 1),
+        "host_tier_growth_mb": round(end_cache - start_cache, 1),
+        "beyond_host_tier_mb": round(grown - (end_cache - start_cache), 1),
+    }
 
 
 def wait_idle(url: str, timeout: float = 60.0) -> dict:
@@ -586,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         run_mix(url, mix, args.workers, warmup_s, warm, args.seed)
         wait_idle(url)
         time.sleep(2)
-        base = proc_stats(pid)
+        base, base_cache = proc_stats(pid), host_tier_mb(url)
         print(f"warm-up: {warm.total()} requests; baseline {base}", flush=True)
 
         tally, stop = Tally(), threading.Event()
@@ -596,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         run_mix(url, mix, args.workers, soak_s / 2, tally, args.seed + 1)
         mid, mid_cache = idle_stats(url, pid)
+        mid_requests = tally.total()
         print(f"half-way: {tally.total()} requests; {mid}", flush=True)
         if args.inject_leak_mb:  # the memory check, seen to fail: each pass keeps 1 MiB until it has leaked this much
             httpx.post(f"{url}/debug/fault", json={"kind": "leak", "after": args.inject_leak_mb}, timeout=10)
@@ -653,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
         "rss_growth_mb": round(end["rss_mb"] - base["rss_mb"], 1),
         "host_tier_mb": round(end_cache, 1),
         "rss_growth_second_half_mb": round(leak_mb, 1),
+        "halves": [
+            half(mid_requests, base, base_cache, mid, mid_cache),
+            half(tally.total() - mid_requests, mid, mid_cache, end, end_cache),
+        ],
         "health_end": {k: health[k] for k in ("status", "active", "queued", "kv_cache_usage")},
         "gauges_end": gauges,
         "worker_death": death,
