@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "docs/design.md", "docs/server.md", "docs/deploy.md", "docs/models.md", "docs/gpu.md"]
 COMMAND_DOCS = [*DOCS, "docs/benchmarks.md"]  # benchmarks.md: its commands, not its measured figures
 FLAG = r"(?<![\w-])--[a-z][a-z0-9-]*"
-EXTERNAL_FLAGS = {"--message"}  # aider's own flag (server.md, "With a coding agent")
+EXTERNAL_FLAGS = {"--message", "--cache-prompts", "--chat-mode"}  # aider's own flags (server.md, "With a coding agent")
 
 
 def read(doc: str) -> str:
