@@ -14,7 +14,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 
-from .lru_store import LruStore, json_size
+from .lru_store import LruStore, Packed, json_size
 
 REMEMBERED_CURSORS = 1 << 16  # dropped ids whose place a list cursor may still name (about 12 MB at most)
 
@@ -59,17 +59,19 @@ class ChatCompletionStore:
             self._keep(next(self._made), body, listed, size)
 
     def _keep(self, made: int, body: dict, listed: list[dict], size: int) -> None:
-        """Keep an entry of `size` bytes (json_size of body and listed), the lock held."""
-        self._kept.put(body["id"], (made, body, listed), size)
+        """Keep an entry of `size` bytes (json_size of body and listed), the lock held: what a list
+        query filters on as it is, the body and messages packed."""
+        kept = (made, body.get("model"), body["metadata"], Packed((body, listed)))
+        self._kept.put(body["id"], kept, size)
         self._places.pop(body["id"], None)  # kept (an update replaces it): not a dropped one to remember
 
     def get(self, completion_id: str) -> dict | None:
         kept = self._kept.get(completion_id)
-        return None if kept is None else kept[1]
+        return None if kept is None else kept[3].unpack()[0]
 
     def messages(self, completion_id: str) -> list[dict] | None:
         kept = self._kept.get(completion_id)
-        return None if kept is None else kept[2]
+        return None if kept is None else kept[3].unpack()[1]
 
     def update(self, completion_id: str, metadata: dict | None) -> dict | None:
         """Replace a kept completion's metadata (the one thing OpenAI lets change); its new body.
@@ -79,7 +81,7 @@ class ChatCompletionStore:
             kept = self._kept.get(completion_id)
             if kept is None:
                 return None
-            made, body, listed = kept
+            made, body, listed = kept[0], *kept[3].unpack()
             body = {**body, "metadata": metadata or {}}
             size = json_size(body, listed)
             with self._kept.lock:
@@ -126,11 +128,11 @@ class ChatCompletionStore:
                 return None
             kept = self._kept.values()
         matches = (
-            (made, body)
-            for made, body, _ in kept
-            if (model is None or body.get("model") == model)
-            and want <= body["metadata"].items()
+            (made, packed)
+            for made, kept_model, kept_metadata, packed in kept
+            if (model is None or kept_model == model)
+            and want <= kept_metadata.items()
             and (start is None or (made < start if desc else made > start))
         )
         first = heapq.nlargest if desc else heapq.nsmallest
-        return [body for _, body in first(count, matches, key=lambda m: m[0])]
+        return [packed.unpack()[0] for _, packed in first(count, matches, key=lambda m: m[0])]

@@ -5,11 +5,16 @@ completions' `ChatCompletionStore`): entries by id, each with its size (the JSON
 `json_size` counts it), dropped least recently used first once their sizes add up past the bound
 (the newest one is always kept). It is thread-safe (the event loop writes, the prep thread reads)
 and lives in one process: a restart forgets everything.
+
+The bound counts JSON, so the stores keep their heavy parts `Packed`: as Python dicts and strings a
+stored chat completion took 5.6 times its JSON (5,155 bytes for 917), and a 64 MB store could hold
+about 360 MB; packed, it holds about what it counts.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,6 +24,19 @@ from typing import Any
 def json_size(*objects) -> int:
     """The bytes of the objects' JSON, in UTF-8."""
     return sum(len(json.dumps(x, ensure_ascii=False).encode()) for x in objects)
+
+
+class Packed:
+    """A value kept as its pickle, about the size of its JSON, rather than as Python objects;
+    each `unpack` gives a fresh copy, so a caller that changes it changes nothing kept."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, value: Any):
+        self._data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def unpack(self) -> Any:
+        return pickle.loads(self._data)
 
 
 class LruStore:

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from ..engine.stats import RequestOutput, TokenLogprob
 from .errors import APIError, bad_request, engine_error, not_a_string, unsupported
 from .input_items import listed
-from .lru_store import LruStore, json_size
+from .lru_store import LruStore, Packed, json_size
 from .protocol import Prepared, prepare_chat, refusal_text
 from .responses import ChatDialect, Dialect, ResponseContext
 from .schemas import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
@@ -476,26 +476,32 @@ class ResponseStore:
         input_items = input_items or []
         size = json_size(messages, body, input_items)  # before the lock: encoding a big one held up every other call
         with self._kept.lock:
-            self._kept.put(response_id, (messages, body, input_items), size)
+            outputs = tuple(item["id"] for item in body.get("output", ()) if item.get("id"))
+            self._kept.put(response_id, (outputs, Packed((messages, body, input_items))), size)
             self._owners |= {item["id"]: response_id for item in body.get("output", ()) if item.get("id")}
 
     def _forget_items(self, response_id: str, kept: tuple) -> None:
         """A response left: its output items' ids no longer find it (the lock held)."""
-        for output in kept[1].get("output", ()):
-            if self._owners.get(output.get("id")) == response_id:
-                del self._owners[output["id"]]
+        for output_id in kept[0]:
+            if self._owners.get(output_id) == response_id:
+                del self._owners[output_id]
+
+    def _unpacked(self, response_id: str) -> tuple | None:
+        """(messages, body, input items) of a kept response, a fresh copy; None if not kept."""
+        kept = self._kept.get(response_id)
+        return None if kept is None else kept[1].unpack()
 
     def messages(self, response_id: str) -> list[dict] | None:
-        item = self._kept.get(response_id)
+        item = self._unpacked(response_id)
         return None if item is None else item[0]
 
     def body(self, response_id: str) -> dict | None:
-        item = self._kept.get(response_id)
+        item = self._unpacked(response_id)
         return None if item is None else item[1]
 
     def input_items(self, response_id: str) -> list[dict] | None:
         """A response's input items as listed (the earlier turns' first, when it continued one)."""
-        item = self._kept.get(response_id)
+        item = self._unpacked(response_id)
         return None if item is None else item[2]
 
     def item(self, item_id: str) -> dict | None:
