@@ -89,6 +89,43 @@ def test_a_failure_after_data_is_written_leaves_the_file_and_no_temporary(tmp_pa
     assert path.read_text() == ORIGINAL and [p.name for p in tmp_path.iterdir()] == ["greet.py"]
 
 
+def _fail_unlink_of(monkeypatch, prefix: str, code: int) -> None:
+    """os.unlink fails with `code` for a temporary file whose name starts with `prefix` (a file system
+    gone read-only: Linux answers EROFS to an unlink on one even for a name that is not there)."""
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if os.path.basename(os.fspath(path)).startswith(prefix):
+            raise OSError(code, os.strerror(code), os.fspath(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+
+
+def test_an_error_removing_the_temporary_file_does_not_hide_the_write_s(server, src, monkeypatch, capsys):  # noqa: F811
+    """An I/O error while the new text was synced often remounts the file system read-only, so the
+    temporary file could not be removed either: that second error replaced the first, and the line
+    named the hidden temporary file ("cannot write .../.greet.py.specserve-...tmp: Read-only file
+    system"). It names the user's file and the write's own reason."""
+    _fail_fsync_of(monkeypatch, ".greet.py.specserve-", errno.EIO)
+    _fail_unlink_of(monkeypatch, ".greet.py.specserve-", errno.EROFS)
+    assert edit_cli(server, src, "--in-place") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"specserve: error: cannot write {src}: Input/output error", err
+    assert src.read_text() == ORIGINAL
+
+
+def test_a_write_that_succeeded_is_not_reported_failed_by_its_clean_up(tmp_path, monkeypatch):
+    """After the rename the temporary name is gone, yet it was unlinked again: on a file system
+    remounted read-only just then, that unlink fails (EROFS), and a file already written in full
+    was reported as not written. Nothing is removed after a rename."""
+    path = tmp_path / "greet.py"
+    path.write_text(ORIGINAL)
+    _fail_unlink_of(monkeypatch, ".greet.py.specserve-", errno.EROFS)
+    atomic.write_atomic(path, [EDITED.encode()])
+    assert path.read_text() == EDITED
+
+
 def test_an_older_name_is_matched_exactly_never_as_a_pattern(tmp_path):
     """Older versions' names are removed once old, and only those exact names: a name with regex
     characters (`.` `+` `[`) matches itself alone, and another file's older name, a cache's plain

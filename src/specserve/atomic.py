@@ -14,6 +14,7 @@ the sync and the rename: the file is never in place without them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,7 +31,7 @@ def write_atomic(
 ) -> None:
     """Write `chunks` to `path` through a temporary file in the same folder, then rename it over
     `path` (the name itself: a symlink there is replaced); on any failure the temporary file is
-    removed and the error raised. `prepare(fd)` runs once the data is written and flushed;
+    removed and the write's own error raised. `prepare(fd)` runs once the data is written and flushed;
     `on_leftover(path, pid)` hears of each temporary file a killed writer left, removed first (pid
     None: an older version's, old). `cache`: `path` is a cache's file (tempfiles.remove_leftovers)."""
     for leftover, pid in remove_leftovers(path, cache):  # a cache entry can be gigabytes, an edit the user's text
@@ -49,5 +50,14 @@ def write_atomic(
                 prepare(f.fileno())
             os.fsync(f.fileno())  # on disk before the rename: a crash must not leave an empty file
         os.replace(tmp, path)
-    finally:
+    except BaseException:  # Ctrl-C too; after the rename nothing is removed: the name is the file's now
+        _discard(tmp)
+        raise
+
+
+def _discard(tmp: Path) -> None:
+    """Remove the temporary file of a write that failed. An error doing so (the file system remounted
+    read-only by the very I/O error that failed the write) must not replace the write's own error,
+    which names the file being written; the file stays, named for this process, for the next write."""
+    with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)
