@@ -15,6 +15,7 @@ import pytest
 from test_edit import EDITED, ORIGINAL, edit_cli, server, src  # noqa: F401  (fixtures)
 
 from specserve import atomic
+from specserve.edit import files
 
 
 def _fd_name(fd: int) -> str:
@@ -126,6 +127,24 @@ def test_a_write_that_succeeded_is_not_reported_failed_by_its_clean_up(tmp_path,
     assert path.read_text() == EDITED
 
 
+@pytest.mark.parametrize("writer", ["edit", "cache"])
+def test_the_rename_is_on_disk_before_the_write_returns(tmp_path, monkeypatch, writer):
+    """The rename was never synced: after `specserve edit` said the file was written (and FILE.bak
+    made), a power cut could bring back the old name's entry, the old text, though the new one was
+    reported. The folder is synced after the rename."""
+    path = tmp_path / "greet.py"
+    path.write_text(ORIGINAL)
+    calls, real_fsync, real_replace = [], os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", _fd_name(fd))), real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("replace", str(b))), real_replace(a, b)))
+    if writer == "edit":
+        files.write_atomic(path, EDITED)
+    else:
+        atomic.write_atomic(path, [EDITED.encode()])
+    assert path.read_text() == EDITED
+    assert calls[-2:] == [("replace", str(path)), ("fsync", str(tmp_path))], calls
+
+
 def test_an_older_name_is_matched_exactly_never_as_a_pattern(tmp_path):
     """Older versions' names are removed once old, and only those exact names: a name with regex
     characters (`.` `+` `[`) matches itself alone, and another file's older name, a cache's plain
@@ -179,3 +198,18 @@ def test_a_symlinked_file_keeps_its_link_and_its_target_is_written_whole(server,
     assert sorted(p.name for p in real_dir.iterdir()) == ["greet.py"]
     assert sorted(p.name for p in link_dir.iterdir()) == ["greet.py", "greet.py.bak"]
     assert (link_dir / "greet.py.bak").read_text() == ORIGINAL and not (link_dir / "greet.py.bak").is_symlink()
+
+
+def test_a_folder_that_cannot_be_synced_does_not_fail_a_write_that_was_made(tmp_path, monkeypatch):
+    """Some file systems refuse an fsync of a folder (EINVAL): the file is in place by then, so the
+    write is not reported failed."""
+    path, real_fsync = tmp_path / "greet.py", os.fsync
+
+    def fsync(fd):
+        if os.path.isdir(_fd_name(fd)):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    atomic.write_atomic(path, [EDITED.encode()])
+    assert path.read_text() == EDITED and [p.name for p in tmp_path.iterdir()] == ["greet.py"]

@@ -3,7 +3,8 @@ the cache files (engine/host_store.py, engine/prices.py) and of the edit tool's 
 
 The data goes to a temporary file in the same folder, which is renamed over the real one, so a crash
 or a concurrent reader sees the old file or the new one (the data is synced before the rename: some
-file systems write a rename before the data it names). The temporary file is made by mkstemp: a random
+file systems write a rename before the data it names; the folder after it, so the rename is on disk
+when the write returns). The temporary file is made by mkstemp: a random
 name, created with O_EXCL and mode 0600, so a symbolic link planted at a guessable name is never
 followed, two writers of one file never share a temporary file, and the text is never readable by
 all on its way. Its name also says whose it is, and one a killed writer left is removed by the next
@@ -53,6 +54,7 @@ def write_atomic(
     except BaseException:  # Ctrl-C too; after the rename nothing is removed: the name is the file's now
         _discard(tmp)
         raise
+    _sync_folder(path.parent)  # the rename on disk too: a crash must not bring back the old text, reported replaced
 
 
 def _discard(tmp: Path) -> None:
@@ -61,3 +63,22 @@ def _discard(tmp: Path) -> None:
     which names the file being written; the file stays, named for this process, for the next write."""
     with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Put `folder`'s entries, the rename just made, on disk: until then a power cut may bring back the
+    old name's file though the write returned (and `edit --in-place` goes on to replace FILE once
+    FILE.bak is made). Where a folder cannot be opened or synced (Windows, some network file systems)
+    nothing more can be done, and the file is in place: no error for a write that was made."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
