@@ -213,3 +213,19 @@ def test_a_folder_that_cannot_be_synced_does_not_fail_a_write_that_was_made(tmp_
     monkeypatch.setattr(os, "fsync", fsync)
     atomic.write_atomic(path, [EDITED.encode()])
     assert path.read_text() == EDITED and [p.name for p in tmp_path.iterdir()] == ["greet.py"]
+
+
+def test_the_file_s_mode_is_on_the_new_file_before_it_takes_the_name(server, src, monkeypatch):  # noqa: F811
+    """The temporary file is made 0600; an executable, group-readable FILE (0750) must have its mode
+    back before the rename, or for a moment (for good, after a crash) the script cannot be run by
+    its group, nor FILE.bak read by it."""
+    src.chmod(0o750)
+    at_rename, real_replace = {}, os.replace
+
+    def replace(tmp, target):
+        at_rename[Path(target).name] = os.stat(tmp).st_mode & 0o7777
+        return real_replace(tmp, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert edit_cli(server, src, "--in-place") == 0
+    assert at_rename == {"greet.py.bak": 0o750, "greet.py": 0o750} and src.read_text() == EDITED
