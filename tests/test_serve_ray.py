@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -213,6 +214,24 @@ def test_removing_the_app_kills_every_actor_it_created(monkeypatch):
     assert sorted(fake.created) == ["app-chat", "app-metrics", "app-responses"]
     ray_serve._remove_app("app", drain=False)
     assert sorted(fake.killed) == sorted(fake.created)
+
+
+def test_ctrl_c_stops_the_command_though_it_started_with_sigint_ignored(monkeypatch):
+    """A shell without job control starts a background job (`specserve serve --ray &` in a script,
+    or a test run put in the background) with SIGINT ignored, and Python then leaves it ignored:
+    Ctrl-C or `kill -INT` did nothing to `serve --ray`, which ran on until a SIGTERM (a stopped test
+    server exited 0 more than 120 s after its SIGINT). The single server (uvicorn) sets its own
+    handler; the --ray command now sets SIGINT, like SIGTERM, to the clean stop (KeyboardInterrupt)."""
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(init=lambda **kw: None))
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the background job inherits it
+    try:
+        ray_serve._init_ray(types.SimpleNamespace(ray_address=None, log_level="warning"))
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert handlers == {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.default_int_handler}
 
 
 def test_every_actor_of_the_app_runs_calls_from_many_replicas_at_once(monkeypatch):

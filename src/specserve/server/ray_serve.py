@@ -777,10 +777,12 @@ def run(args: argparse.Namespace, limits) -> int:
 
 
 def _init_ray(args: argparse.Namespace) -> None:
-    """ray.init, then SIGTERM turned into KeyboardInterrupt (the clean stop). ray.init puts in
+    """ray.init, then SIGTERM and SIGINT turned into KeyboardInterrupt (the clean stop). ray.init puts in
     SIGTERM handlers of its own: at first one that exits (SystemExit, taken here for an interrupt:
     the stop then ends what the cluster had started), then one that ends the process without the
-    drain. A SIGTERM during ray.init used to leave Ray's dashboard and runtime-env agents running."""
+    drain. A SIGTERM during ray.init used to leave Ray's dashboard and runtime-env agents running.
+    SIGINT too: a background job of a shell without job control starts with SIGINT ignored, and
+    Ctrl-C or `kill -INT` then did nothing (uvicorn, on a single server, sets its own handler)."""
     import ray
 
     try:
@@ -789,6 +791,7 @@ def _init_ray(args: argparse.Namespace) -> None:
         raise KeyboardInterrupt from None
     finally:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _check_cluster_fits(scale: ScaleConfig, local: bool) -> None:
