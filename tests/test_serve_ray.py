@@ -234,6 +234,31 @@ def test_ctrl_c_stops_the_command_though_it_started_with_sigint_ignored(monkeypa
     assert handlers == {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.default_int_handler}
 
 
+def test_the_drain_ends_within_its_bound_though_the_hub_answers_slowly(monkeypatch):
+    """drain_replicas waits DRAIN_GRACE_S + 2 push intervals + a step for the replicas to go idle,
+    but each call to the metrics hub had STALE_AFTER_S of its own on top: a hub slow to answer (a
+    loaded machine) stretched the Ctrl-C of `serve --ray` to about 2.5 times the bound. Every call
+    is now given only what is left of it. A fake clock: each hub call takes STALE_AFTER_S - 1 s
+    unless its timeout ends it first, and the replicas never say they are idle."""
+    clock = [0.0]
+    hub = types.SimpleNamespace(drain=types.SimpleNamespace(remote=lambda: False))
+    hub.drained = hub.drain
+
+    def get(ref, timeout):
+        took = ray_serve.STALE_AFTER_S - 1
+        clock[0] += min(took, timeout)
+        if timeout < took:
+            raise TimeoutError("the hub did not answer in time")
+        return ref
+
+    fake = types.SimpleNamespace(get_actor=lambda name, namespace: hub, get=get)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(ray_serve.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ray_serve.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    assert ray_serve.drain_replicas("app") is False
+    assert clock[0] <= ray_serve.drain_wait_s()
+
+
 def test_every_actor_of_the_app_runs_calls_from_many_replicas_at_once(monkeypatch):
     """The metrics hub and both stores were plain actors: one call at a time, so one slow call (a
     large chat list, a big response stored) queued every other replica's store call behind it.

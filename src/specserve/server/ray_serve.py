@@ -354,25 +354,37 @@ def _push_forever(server, replica: str, app_name: str) -> None:
         time.sleep(PUSH_INTERVAL_S)
 
 
+def drain_wait_s() -> float:
+    """The longest drain_replicas waits: the drain's grace, two pushes (the replicas hear of the
+    drain, then say they are idle) and an engine step to end the last requests."""
+    from .app import DRAIN_GRACE_S
+
+    return DRAIN_GRACE_S + 2 * PUSH_INTERVAL_S + DRAIN_STEP_S
+
+
 def drain_replicas(app_name: str = APP_NAME) -> bool:
     """Tell every replica to drain and wait until none has a request in flight: running requests
     get DRAIN_GRACE_S, then end as on a single server (a 503, or an error event and [DONE]).
-    False when the replicas did not all say so in time (the caller stops them anyway)."""
+    False when the replicas did not all say so in time (the caller stops them anyway). Never
+    longer than drain_wait_s(): each call to the hub gets only what is left of it."""
     import ray
 
-    from .app import DRAIN_GRACE_S
-
+    deadline = time.monotonic() + drain_wait_s()
     try:
         hub = ray.get_actor(f"{app_name}-metrics", namespace=HUB_NAMESPACE)
-        ray.get(hub.drain.remote(), timeout=STALE_AFTER_S)
-        deadline = time.monotonic() + DRAIN_GRACE_S + 2 * PUSH_INTERVAL_S + DRAIN_STEP_S
+        ray.get(hub.drain.remote(), timeout=_left(deadline))
         while time.monotonic() < deadline:
-            if ray.get(hub.drained.remote(), timeout=STALE_AFTER_S):
+            if ray.get(hub.drained.remote(), timeout=_left(deadline)):
                 return True
-            time.sleep(PUSH_INTERVAL_S / 4)
-    except Exception:  # noqa: BLE001 - best effort on the way out: no hub, or Ray already gone
+            time.sleep(min(PUSH_INTERVAL_S / 4, _left(deadline)))
+    except Exception:  # noqa: BLE001 - best effort on the way out: no hub, Ray already gone, or out of time
         log.debug("draining the replicas failed", exc_info=True)
     return False
+
+
+def _left(deadline: float) -> float:
+    """Seconds until deadline (time.monotonic), at most STALE_AFTER_S and never negative."""
+    return max(0.0, min(STALE_AFTER_S, deadline - time.monotonic()))
 
 
 def _serve_cluster_metrics(app, server, replica: str, app_name: str) -> None:
