@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -35,6 +36,31 @@ def test_in_place_keeps_the_file_s_owner_and_group(server, src, monkeypatch):  #
     assert src.read_text() == EDITED
     assert (src.stat().st_uid, src.stat().st_gid) == owner
     assert owner in given
+
+
+def test_an_owner_this_system_cannot_give_leaves_the_file_the_editor_s(server, src, monkeypatch):  # noqa: F811
+    """In a rootless container a file can belong to an id the container does not map, and chown to
+    it fails with EINVAL, not EPERM: the edit stopped with "cannot write FILE: Invalid argument".
+    Like an owner the user may not give, the new file now stays the editor's, and the edit is written."""
+
+    def unmapped(fd, uid, gid):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(os, "fchown", unmapped)
+    assert edit_cli(server, src, "--in-place") == 0
+    assert src.read_text() == EDITED
+
+
+def test_an_unexpected_chown_error_still_stops_the_write(src, monkeypatch):  # noqa: F811
+    """Only the errors that mean "this owner cannot be given" are let go: an I/O error is not."""
+
+    def broken(fd, uid, gid):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fchown", broken)
+    with pytest.raises(OSError):
+        files.write_atomic(src, "changed\n", mode_of=src)
+    assert src.read_text() == ORIGINAL
 
 
 def test_the_backup_is_not_written_through_a_link_at_its_name(server, src, tmp_path):  # noqa: F811

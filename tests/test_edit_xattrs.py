@@ -72,10 +72,9 @@ USER_OBJ, USER, GROUP_OBJ, MASK, OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
 UNDEFINED = 0xFFFFFFFF
 
 
-def test_an_acl_is_kept_and_the_group_gains_nothing(server, src):  # noqa: F811
-    """Under an ACL the mode's group bits are the mask: a file readable and writable by one named
-    user (uid 1234) and not by its group shows 0660. Without the ACL the rewritten file had mode
-    0660 and nothing else, so the group could read and write it. The ACL is kept."""
+def _share_with_one_user(path) -> bytes:
+    """Give `path` an ACL by which one named user (uid 1234) may read and write it and its group
+    nothing (its mode then shows 0660, the mask); the ACL. Skips where the file system keeps none."""
     acl = _acl(
         (USER_OBJ, 6, UNDEFINED),
         (USER, 6, 1234),
@@ -84,9 +83,17 @@ def test_an_acl_is_kept_and_the_group_gains_nothing(server, src):  # noqa: F811
         (OTHER, 0, UNDEFINED),
     )
     try:
-        os.setxattr(src, "system.posix_acl_access", acl)
+        os.setxattr(path, "system.posix_acl_access", acl)
     except OSError as e:
         pytest.skip(f"this file system keeps no POSIX ACL: {e.strerror}")
+    return acl
+
+
+def test_an_acl_is_kept_and_the_group_gains_nothing(server, src):  # noqa: F811
+    """Under an ACL the mode's group bits are the mask: a file readable and writable by one named
+    user (uid 1234) and not by its group shows 0660. Without the ACL the rewritten file had mode
+    0660 and nothing else, so the group could read and write it. The ACL is kept."""
+    acl = _share_with_one_user(src)
     assert edit_cli(server, src, "--in-place") == 0
     for path in (src, src.with_name("greet.py.bak")):
         assert os.getxattr(path, "system.posix_acl_access") == acl
@@ -99,17 +106,7 @@ def test_a_new_output_file_takes_the_file_s_acl_and_no_other_attribute(server, s
     read and write the edit. A new file now takes FILE's ACL with its mode: the same people may
     read it as FILE. It takes no other attribute (its folder decides a label, as for any new file)
     and stays the user's."""
-    acl = _acl(
-        (USER_OBJ, 6, UNDEFINED),
-        (USER, 6, 1234),
-        (GROUP_OBJ, 0, UNDEFINED),
-        (MASK, 6, UNDEFINED),
-        (OTHER, 0, UNDEFINED),
-    )
-    try:
-        os.setxattr(src, "system.posix_acl_access", acl)
-    except OSError as e:
-        pytest.skip(f"this file system keeps no POSIX ACL: {e.strerror}")
+    acl = _share_with_one_user(src)
     if os.geteuid() == 0:  # another user's file, edited by root: the new file is still root's
         os.chown(src, 1234, 5678)
     new = src.with_name("greet_new.py")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import os
 import re
 import signal
@@ -58,6 +59,8 @@ LANGUAGES = {
 }
 
 _BOM = "\ufeff"
+# chown errors that mean "this owner cannot be given here": the new file then stays the editor's
+CANNOT_GIVE_OWNER = (errno.EPERM, errno.EACCES, errno.EINVAL)
 
 
 def language_for(path: str | Path | None) -> str:
@@ -288,14 +291,18 @@ def _interrupt_deferred():
 def _keep_owner(fd: int, old: os.stat_result) -> None:
     """Give the new file the old one's owner and group: root editing a user's file must not leave
     the user a file of root's they cannot write. Where the user may not (another user's file in a
-    folder they can write), the new file stays theirs, as an editor's save would leave it."""
+    folder they can write), or this system cannot give that owner at all (an id a rootless container
+    does not map: EINVAL), the new file stays theirs, as an editor's save would leave it."""
     try:
         os.fchown(fd, old.st_uid, old.st_gid)
-    except PermissionError:
+    except OSError as e:
+        if e.errno not in CANNOT_GIVE_OWNER:
+            raise
         try:
             os.fchown(fd, -1, old.st_gid)  # the group alone, when it is one of the user's
-        except PermissionError:
-            pass
+        except OSError as e:
+            if e.errno not in CANNOT_GIVE_OWNER:
+                raise
 
 
 def _umask() -> int:
