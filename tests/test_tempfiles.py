@@ -117,6 +117,45 @@ def test_the_cache_writer_names_and_removes_its_leftovers_too(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry.kv"] and entry.read_bytes() == b"whole entry"
 
 
+def test_a_cache_entry_never_written_again_loses_its_leftover_on_the_next_save(tmp_path):
+    """A host-cache entry is named for its tokens: a server killed while it wrote one left that
+    entry's temporary file, and only a later write of the very same entry removed it, so most
+    stayed for good (gigabytes of KV). Any save into the cache's folder now removes every dead
+    writer's leftover there; a running writer's, another host's and other files stay."""
+    dead, live = _dead_pid(), subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    store = HostStore(tmp_path / "host", "key")
+    try:
+        gone = [
+            f".{'a' * 24}.kv.specserve-{HOST}-{dead}.abcdefgh.tmp",
+            f".{INDEX}.specserve-{HOST}-{dead}.zzzzzzzz.tmp",
+        ]
+        kept = [
+            f".{'b' * 24}.kv.specserve-{HOST}-{live.pid}.abcdefgh.tmp",
+            f".{'c' * 24}.kv.specserve-elsewhere-{dead}.abcdefgh.tmp",
+            "notes.txt",
+        ]
+        for name in gone + kept:
+            (store.folder / name).write_bytes(b"half an entry")
+        entry = Saved([1, 2], SavedSequence(bytearray(200), 2), 0, None)
+        assert store.save([entry]) == 1
+    finally:
+        store.close()
+        live.kill()
+        live.wait()
+    names = {p.name for p in store.folder.iterdir()}
+    assert not names & set(gone) and names >= set(kept), names
+
+
+def test_a_user_s_folder_keeps_other_files_leftovers(tmp_path):
+    """Beside a user's file (not a cache's folder) only the written file's own leftovers go: the
+    folder is theirs, and another file's temporary file may be another tool's write under way."""
+    dead = _dead_pid()
+    other = tmp_path / f".notes.txt.specserve-{HOST}-{dead}.abcdefgh.tmp"
+    other.write_text("x\n")
+    files.write_atomic(tmp_path / "greet.py", EDITED)
+    assert other.exists()
+
+
 def test_the_file_being_written_is_never_taken_for_a_leftover(tmp_path, monkeypatch):
     """This process's own temporary file, of a write under way in another thread, is kept."""
     path = tmp_path / "greet.py"
@@ -201,11 +240,13 @@ def test_an_older_version_s_cache_leftovers_are_removed_once_they_are_old(tmp_pa
     """The caches' temporary files were `NAME.XXXXXXXX.tmp` (mkstemp), before that
     `NAME.PID-THREAD.tmp` (the host cache) and `KEY.json.tmpPID` (the price cache): a server killed
     while it wrote a KV entry left gigabytes there for good. In a cache's own folder those names
-    are ours: untouched for over an hour, the next write of NAME removes them; recent ones stay."""
+    are ours, whatever file they were for: untouched for over an hour, the next write removes them;
+    recent ones stay, and so do today's hidden names (another host's, however old)."""
     monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "home"))
     folder = prices.cache_dir()
     folder.mkdir(parents=True)
-    gone, kept = ["k.json.abcdefgh.tmp", "k.json.tmp4242"], ["k.json.zz99zz99.tmp", "other.json.abcdefgh.tmp"]
+    gone = ["k.json.abcdefgh.tmp", "k.json.tmp4242", "other.json.abcdefgh.tmp", ".other.json.specserve-tmp"]
+    kept = ["k.json.zz99zz99.tmp", f".other.json.specserve-elsewhere-{os.getpid()}.abcdefgh.tmp"]
     _made(folder, gone + kept[1:], hours_ago=2)
     _made(folder, kept[:1], hours_ago=0.5)
     prices.save("k", CostModel(((1, 1.0), (2, 1.5), (128, 40.0)), 0.0, True))

@@ -9,6 +9,9 @@ by this one's processes; XXXXXXXX: mkstemp's random part, the file made with O_E
 NAME cut short where the whole would pass the file system's limit on a name).
 The next write of NAME removes the ones of this host whose process is gone: only regular files
 named exactly so, for that NAME, in that folder; never a running writer's, never anything else.
+In a cache's own folder (`cache`: the host cache's and the price cache's, which only specserve
+writes) every name's are removed, not only NAME's: a cache entry is named for its tokens and may
+never be written again, so a leftover waiting for its own name's next write stayed for good.
 
 Older versions' names say no host or process (the edit's `.NAME.specserve-tmp`, to 2026-12-04, and
 `.NAME.XXXXXXXX.specserve-tmp`, on 2026-12-05; the caches' `NAME.XXXXXXXX.tmp`, `NAME.PID-THREAD.tmp`
@@ -55,12 +58,12 @@ def _short_name(target: Path) -> str:
 
 def remove_leftovers(target: Path, cache: bool = False) -> list[tuple[Path, int | None]]:
     """Remove the temporary files for `target` that a writer on this host left when it died, and
-    older versions' that are old (`cache`: `target` is a cache's file, whose older names are plain):
-    (path, its process id, None for an older version's) for each one removed. A folder that cannot be
-    listed, or a file that cannot be removed, is left as it is: the write that follows is what matters."""
-    pattern = re.compile(
-        rf"\.{re.escape(_short_name(target))}\.specserve-{re.escape(socket.gethostname())}-(\d+)\.{_RANDOM}\.tmp"
-    )
+    older versions' that are old (`cache`: `target` is a cache's file, in a folder only specserve
+    writes: the leftovers of every name there go, and older names are plain): (path, its process id,
+    None for an older version's) for each one removed. A folder that cannot be listed, or a file that
+    cannot be removed, is left as it is: the write that follows is what matters."""
+    name = r"[^/]+" if cache else re.escape(_short_name(target))
+    pattern = re.compile(rf"\.{name}\.specserve-{re.escape(socket.gethostname())}-(\d+)\.{_RANDOM}\.tmp")
     old = _old_names(target, cache)
     removed = []
     try:
@@ -78,11 +81,13 @@ def remove_leftovers(target: Path, cache: bool = False) -> list[tuple[Path, int 
 
 
 def _old_names(target: Path, cache: bool) -> re.Pattern:
-    """The names older versions gave `target`'s temporary files (module docstring)."""
-    name = re.escape(target.name)
+    """The names older versions gave `target`'s temporary files (module docstring); in a cache's
+    folder, those of any name."""
+    name = r"[^/]+?" if cache else re.escape(target.name)
     kinds = [rf"\.{name}(?:\.{_RANDOM})?\.specserve-tmp"]
-    if cache:
-        kinds += [rf"{name}\.(?:{_RANDOM}|\d+-\d+)\.tmp", rf"{name}\.tmp\d+"]
+    if cache:  # a cache's own names never start with a dot: today's hidden ones are not taken for old
+        plain = rf"[^./]{name}"
+        kinds += [rf"{plain}\.(?:{_RANDOM}|\d+-\d+)\.tmp", rf"{plain}\.tmp\d+"]
     return re.compile("|".join(kinds))
 
 
