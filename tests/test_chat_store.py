@@ -234,7 +234,9 @@ def test_unknown_ids_and_bad_update_bodies(http):
 
 
 def test_the_store_drops_the_least_recently_used_beyond_its_size():
-    store = ChatCompletionStore(max_bytes=500)  # two of these (234 bytes each), not three
+    probe = ChatCompletionStore()
+    probe.put({"id": "c0", "model": "m"}, [{"role": "user", "content": "x" * 100}], {"i": "0"})
+    store = ChatCompletionStore(max_bytes=probe._kept.size * 5 // 2)  # two of these, not three
     for i in range(3):
         store.put({"id": f"c{i}", "model": "m"}, [{"role": "user", "content": "x" * 100}], {"i": str(i)})
     assert store.get("c0") is None and store.get("c2") is not None  # c0 went first

@@ -325,10 +325,21 @@ def test_stored_responses_are_read_and_deleted_and_store_false_keeps_nothing(cli
     assert e.value.body["param"] == "previous_response_id" and e.value.body["code"] == "previous_response_not_found"
 
 
+def _room_for_two(put_one) -> int:
+    """A store size with room for two entries like the one `put_one(store)` keeps, not three."""
+    from specserve.server.responses_api import ResponseStore
+
+    probe = ResponseStore()
+    put_one(probe)
+    return probe._kept.size * 5 // 2
+
+
 def test_the_store_drops_the_least_recently_used_beyond_its_size():
     from specserve.server.responses_api import ResponseStore
 
-    store = ResponseStore(max_chars=400)
+    store = ResponseStore(
+        max_chars=_room_for_two(lambda st: st.put("r0", [{"role": "user", "content": "x" * 100}], {"id": "r0"}))
+    )
     for i in range(3):
         store.put(f"r{i}", [{"role": "user", "content": "x" * 100}], {"id": f"r{i}"})
     assert store.messages("r0") is None and store.messages("r2") is not None  # r0 went first
@@ -340,7 +351,10 @@ def test_the_store_drops_the_least_recently_used_beyond_its_size():
 def test_the_store_finds_an_item_only_while_its_response_is_kept():
     from specserve.server.responses_api import ResponseStore
 
-    store = ResponseStore(max_chars=400)
+    one = {"id": "r0", "output": [{"id": "fc_0"}]}
+    store = ResponseStore(
+        max_chars=_room_for_two(lambda st: st.put("r0", [{"role": "user", "content": "x" * 100}], one))
+    )
     for i in range(3):
         store.put(f"r{i}", [{"role": "user", "content": "x" * 100}], {"id": f"r{i}", "output": [{"id": f"fc_{i}"}]})
     assert store.item("fc_0") is None and store.item("fc_2") == {"id": "fc_2"}  # r0 went, and its item with it

@@ -59,9 +59,9 @@ def test_a_list_walk_misses_no_completion_stored_at_the_same_time():
 
 
 def _sizing_checked(monkeypatch, module, store) -> list[bool]:
-    """Patch `module.json_size` to record, each time it sizes an entry, whether another thread
+    """Patch `module.pack` to record, each time it packs and sizes an entry, whether another thread
     could take `store`'s lock at that moment (a non-blocking try: True when it is free)."""
-    free, size = [], module.json_size
+    free, size = [], module.pack
 
     def try_lock():
         got = store._kept.lock.acquire(blocking=False)
@@ -75,13 +75,13 @@ def _sizing_checked(monkeypatch, module, store) -> list[bool]:
         other.join()
         return size(*objects)
 
-    monkeypatch.setattr(module, "json_size", checked)
+    monkeypatch.setattr(module, "pack", checked)
     return free
 
 
 def test_an_entry_is_sized_without_the_store_s_lock(monkeypatch):
-    """Sizing an entry (its JSON encoded, to bound the store) ran with the store's lock held: a big
-    response or completion being stored held up every other call on its store meanwhile."""
+    """Sizing an entry (its JSON encoded, to bound the store; now its pickle) ran with the store's lock
+    held: a big response or completion being stored held up every other call on its store meanwhile."""
     chats = ChatCompletionStore()
     chats_free = _sizing_checked(monkeypatch, chat_store, chats)
     chats.put(chat_body("chatcmpl-a"), ASK, None)
@@ -101,15 +101,15 @@ def test_an_update_while_another_client_deletes_or_updates_keeps_the_store_s_ord
     store.put(chat_body("chatcmpl-a"), ASK, None)
     store.put(chat_body("chatcmpl-b"), ASK, None)
     midway = {"chatcmpl-a": lambda: store.delete("chatcmpl-a"), "chatcmpl-b": lambda: store.update("chatcmpl-b", {})}
-    size = chat_store.json_size
+    size = chat_store.pack
 
-    def other_call_first(body, listed):
-        other = midway.pop(body["id"], None)
+    def other_call_first(value, *as_is):
+        other = midway.pop(value[0]["id"], None)
         if other is not None:
             other()
-        return size(body, listed)
+        return size(value, *as_is)
 
-    monkeypatch.setattr(chat_store, "json_size", other_call_first)
+    monkeypatch.setattr(chat_store, "pack", other_call_first)
     assert store.update("chatcmpl-a", {"k": "v"}) is None
     assert store.get("chatcmpl-a") is None
     assert store.update("chatcmpl-b", {"k": "v"})["metadata"] == {"k": "v"}

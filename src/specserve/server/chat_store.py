@@ -14,7 +14,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 
-from .lru_store import LruStore, Packed, json_size
+from .lru_store import LruStore, Packed, pack
 
 REMEMBERED_CURSORS = 1 << 16  # dropped ids whose place a list cursor may still name (about 12 MB at most)
 
@@ -54,14 +54,14 @@ class ChatCompletionStore:
         """Keep a finished completion (its body, the request's messages as sent, its metadata)."""
         listed = [stored_message(body["id"], i, m) for i, m in enumerate(messages)]
         body = {**body, "metadata": metadata or {}}
-        size = json_size(body, listed)  # before the lock: encoding a big one held up every other call
+        packed, size = pack((body, listed), body.get("model"), body["metadata"])  # before the lock
         with self._kept.lock:  # numbered as it is kept: a list walk cannot pass it while it is not there yet
-            self._keep(next(self._made), body, listed, size)
+            self._keep(next(self._made), body, packed, size)
 
-    def _keep(self, made: int, body: dict, listed: list[dict], size: int) -> None:
-        """Keep an entry of `size` bytes (json_size of body and listed), the lock held: what a list
-        query filters on as it is, the body and messages packed."""
-        kept = (made, body.get("model"), body["metadata"], Packed((body, listed)))
+    def _keep(self, made: int, body: dict, packed: Packed, size: int) -> None:
+        """Keep an entry of `size` bytes (lru_store.pack's count), the lock held: what a list query
+        filters on as it is, the body and messages packed."""
+        kept = (made, body.get("model"), body["metadata"], packed)
         self._kept.put(body["id"], kept, size)
         self._places.pop(body["id"], None)  # kept (an update replaces it): not a dropped one to remember
 
@@ -83,10 +83,10 @@ class ChatCompletionStore:
                 return None
             made, body, listed = kept[0], *kept[3].unpack()
             body = {**body, "metadata": metadata or {}}
-            size = json_size(body, listed)
+            packed, size = pack((body, listed), body.get("model"), body["metadata"])
             with self._kept.lock:
                 if self._kept.peek(completion_id) is kept:  # else updated or dropped since it was read
-                    self._keep(made, body, listed, size)
+                    self._keep(made, body, packed, size)
                     return body
 
     def delete(self, completion_id: str) -> bool:

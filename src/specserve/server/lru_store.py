@@ -1,14 +1,15 @@
 """What the stateful endpoints keep: entries in memory, least recently used first out.
 
 `LruStore` is the one memory both stores use (the Responses API's `ResponseStore`, the stored chat
-completions' `ChatCompletionStore`): entries by id, each with its size (the JSON it holds, as
-`json_size` counts it), dropped least recently used first once their sizes add up past the bound
-(the newest one is always kept). It is thread-safe (the event loop writes, the prep thread reads)
-and lives in one process: a restart forgets everything.
+completions' `ChatCompletionStore`): entries by id, each with its size, dropped least recently used
+first once their sizes add up past the bound (the newest one is always kept). It is thread-safe (the
+event loop writes, the prep thread reads) and lives in one process: a restart forgets everything.
 
-The bound counts JSON, so the stores keep their heavy parts `Packed`: as Python dicts and strings a
-stored chat completion took 5.6 times its JSON (5,155 bytes for 917), and a 64 MB store could hold
-about 360 MB; packed, it holds about what it counts.
+The bound is on memory: the stores keep each entry's heavy parts `Packed` (pickled), and `pack`
+counts an entry as its pickle, the JSON of what it keeps as it is (what list queries filter on), and
+ENTRY_OVERHEAD for the rest. Kept as Python dicts and strings, a stored chat completion took 5.6
+times its JSON (5,155 bytes for 917), so a 64 MB store could hold about 360 MB; packed and counted
+so, a store holds about its bound whatever the size of its entries (tests/test_store_memory.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def json_size(*objects) -> int:
     return sum(len(json.dumps(x, ensure_ascii=False).encode()) for x in objects)
 
 
+# Bytes an entry keeps besides its pickle and its unpacked parts' JSON: the Packed object, the
+# entry's tuple, its id and the LRU's node, the unpacked parts' Python objects over their JSON.
+# Measured: about 630 for a small chat completion (tests/test_store_memory.py).
+ENTRY_OVERHEAD = 640
+
+
 class Packed:
     """A value kept as its pickle, about the size of its JSON, rather than as Python objects;
     each `unpack` gives a fresh copy, so a caller that changes it changes nothing kept."""
@@ -35,8 +42,21 @@ class Packed:
     def __init__(self, value: Any):
         self._data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
+    @property
+    def size(self) -> int:
+        """Bytes of the pickle."""
+        return len(self._data)
+
     def unpack(self) -> Any:
         return pickle.loads(self._data)
+
+
+def pack(value: Any, *as_is: Any) -> tuple[Packed, int]:
+    """`value` packed, and the size to count for an entry that keeps it and `as_is` (kept unpacked,
+    for list queries): the memory it takes. Call it before taking a store's lock: pickling a big
+    entry would hold up every other call on the store."""
+    packed = Packed(value)
+    return packed, packed.size + (json_size(*as_is) if as_is else 0) + ENTRY_OVERHEAD
 
 
 class LruStore:

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from ..engine.stats import RequestOutput, TokenLogprob
 from .errors import APIError, bad_request, engine_error, not_a_string, unsupported
 from .input_items import listed
-from .lru_store import LruStore, Packed, json_size
+from .lru_store import LruStore, pack
 from .protocol import Prepared, prepare_chat, refusal_text
 from .responses import ChatDialect, Dialect, ResponseContext
 from .schemas import ChatCompletionRequest, InputTokensRequest, ResponsesRequest
@@ -474,10 +474,11 @@ class ResponseStore:
     def put(self, response_id: str, messages: list[dict], body: dict, input_items: list[dict] | None = None) -> None:
         """Keep a response: its conversation, its body and its listed input items."""
         input_items = input_items or []
-        size = json_size(messages, body, input_items)  # before the lock: encoding a big one held up every other call
+        outputs = tuple(item["id"] for item in body.get("output", ()) if item.get("id"))
+        # the item ids twice: in the entry and in the owners' index
+        packed, size = pack((messages, body, input_items), outputs, outputs)  # before the lock
         with self._kept.lock:
-            outputs = tuple(item["id"] for item in body.get("output", ()) if item.get("id"))
-            self._kept.put(response_id, (outputs, Packed((messages, body, input_items))), size)
+            self._kept.put(response_id, (outputs, packed), size)
             self._owners |= {item["id"]: response_id for item in body.get("output", ()) if item.get("id")}
 
     def _forget_items(self, response_id: str, kept: tuple) -> None:
