@@ -11,7 +11,9 @@ from tiny import steady_prices, tiny_model, tiny_tokenizer
 from specserve import SamplingParams, SpeculationConfig
 from specserve.backends.transformers import TransformersBackend
 from specserve.config import EngineLimits
+from specserve.engine.core import EngineFault
 from specserve.engine.request import PREFILL
+from specserve.errors import ContextLengthError
 from specserve.llm import LLM
 
 PLAIN = SpeculationConfig(method="none")
@@ -123,3 +125,204 @@ def test_a_prefix_cache_entry_that_cannot_be_saved_is_dropped_and_fails_no_reque
         assert r.finished and r.error is None, f"request {r.id} failed: {r.error}"
     assert len(long.output.token_ids) == 12
     assert core.prefix.entries == 1 and core.host.stats()["entries"] == 0  # the newest entry stays; none was saved
+
+
+class Faulty(TransformersBackend):
+    """A backend whose chosen call raises once, when `arm`'s condition holds for its arguments (a
+    backend in trouble with one sequence); `on_new` runs at each `new_sequence`."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.faults: dict[str, object] = {}
+        self.fired: list[str] = []
+        self.on_new = None
+
+    def arm(self, method: str, when) -> None:
+        self.faults[method] = when
+
+    def _fault(self, method: str, *args) -> None:
+        when = self.faults.get(method)
+        if when is not None and when(*args):
+            del self.faults[method]
+            self.fired.append(method)
+            raise RuntimeError(f"{method} failed")
+
+    def free_sequence(self, seq: int) -> None:
+        self._fault("free_sequence", seq)
+        super().free_sequence(seq)
+
+    def truncate(self, seq: int, length: int) -> None:
+        self._fault("truncate", seq, length)
+        super().truncate(seq, length)
+
+    def new_sequence(self) -> int:
+        if self.on_new is not None:
+            self.on_new()
+        return super().new_sequence()
+
+
+def faulty_llm(**limits) -> tuple[LLM, Faulty]:
+    """An engine of three requests on a Faulty backend (five sequence ids: one prefix-cache entry
+    slot beside them and the spare one), no host tier, prices pinned."""
+    backend = Faulty(tiny_model("qwen2", 0), max_sequences=5)
+    limits = EngineLimits(**({"max_num_seqs": 3, "host_cache_bytes": 0} | limits))
+    llm = LLM.from_backends(backend, tiny_tokenizer(), name="tiny", speculation="none", limits=limits)
+    steady_prices(llm)
+    return llm, backend
+
+
+def long_make(llm: LLM, text: str, max_tokens: int):
+    """A request that writes exactly max_tokens tokens."""
+    ids = tiny_tokenizer().encode(text)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return llm.engine.request(ids, params, PLAIN)
+
+
+def final_events(r) -> list[str]:
+    return [e.finish_reason for e in r.events if e.finish_reason is not None]
+
+
+def answered(r, tokens: int) -> None:
+    """The request ended once, with its whole answer and no error."""
+    assert r.finished and r.error is None, f"request {r.id} failed: {r.error}"
+    assert len(r.output.token_ids) == tokens
+    assert final_events(r) == ["length"]
+
+
+def test_a_finished_request_whose_sequence_cannot_be_freed_keeps_its_answer_and_fails_no_other():
+    """The short request ends and its free raises at its retirement: the step raised, and the
+    worker failed the long one beside it. Now the sequence is retired: its cells leave the cache
+    (admission must not promise them again), and later requests run."""
+    llm, backend = faulty_llm(prefix_caching=False)
+    core = llm.engine.core
+    short, long = long_make(llm, OTHER, 2), long_make(llm, SHARED, 12)
+    backend.arm("free_sequence", lambda seq: seq == short.seq)
+    cache = core.scheduler.cache_tokens
+    core.add(short)
+    core.add(long)
+    run_out(core, [short, long])
+    assert backend.fired == ["free_sequence"]
+    answered(short, 2)
+    answered(long, 12)
+    held = backend.length(short.seq)  # still allocated in the backend: never freed again, never reused
+    assert held > 0 and core.lost_sequences == 1
+    assert core.scheduler.cache_tokens == cache - held and core.scheduler.reserved == 0
+    later = long_make(llm, OTHER, 4)
+    core.add(later)
+    run_out(core, [later])
+    answered(later, 4)
+    assert later.seq != short.seq and short.seq in backend._caches
+
+
+def test_a_queued_request_that_no_longer_fits_the_shrunk_cache_fails_instead_of_waiting_for_ever():
+    """The first request's sequence cannot be freed: its cells are out of use, and the second,
+    queued for them, can never fit. It ends with the context-length error, not a wait."""
+    llm, backend = faulty_llm(prefix_caching=False, kv_cache_tokens=100)
+    core = llm.engine.core
+    first, big = long_make(llm, OTHER, 8), long_make(llm, SHARED, 30)  # 46 + 73 cells: one at a time
+    backend.arm("free_sequence", lambda seq: seq == first.seq)
+    core.add(first)
+    core.add(big)
+    run_out(core, [first, big])
+    answered(first, 8)
+    assert isinstance(big.error.__cause__, ContextLengthError), big.error
+    assert final_events(big) == ["error"] and not core.has_work()
+
+
+def test_an_evicted_entry_whose_free_fails_is_dropped_and_fails_no_request():
+    """Admitting c evicts the cached entry, and freeing it raises: the step raised out of its
+    admission, and the worker failed a, b and c though none was at fault."""
+    llm, backend = faulty_llm(kv_cache_tokens=110, max_num_batched_tokens=20, min_prefill_chunk=4)
+    core = llm.engine.core
+    entry = long_make(llm, ENTRY, 4)
+    core.add(entry)
+    run_out(core, [entry])
+    assert core.prefix.entries == 1
+    a = long_make(llm, SHARED, 8)
+    core.add(a)
+    core.step()
+    b, c = long_make(llm, SHARED, 8), long_make(llm, OTHER, 8)
+    backend.arm("free_sequence", lambda seq: seq == entry.seq)
+    core.add(b)
+    core.add(c)
+    run_out(core, [a, b, c])
+    assert backend.fired == ["free_sequence"]
+    for r in (a, b, c):
+        answered(r, 8)
+    assert entry.seq not in core.prefix.owners and core.lost_sequences == 1
+
+
+def test_an_entry_released_after_its_sibling_copied_it_fails_no_request_when_its_free_fails():
+    """`again` copies the entry `first` left and the entry is released (`_reused`); freeing it
+    raises. That escaped the admission after `again` had joined the batch: both running requests
+    failed."""
+    llm, backend = faulty_llm()
+    core = llm.engine.core
+    first = long_make(llm, SHARED, 4)
+    core.add(first)
+    run_out(core, [first])
+    assert core.prefix.entries == 1
+    other, again = long_make(llm, OTHER, 12), long_make(llm, SHARED, 4)
+    backend.arm("free_sequence", lambda seq: seq == first.seq)
+    core.add(other)
+    core.add(again)
+    run_out(core, [other, again])
+    assert backend.fired == ["free_sequence"]
+    answered(other, 12)
+    answered(again, 4)
+    assert again.cached > 0 and first.seq not in core.prefix.owners
+
+
+def test_a_finished_request_whose_sequence_cannot_be_cut_is_not_cached_and_fails_no_request():
+    """Keeping the finished request's sequence as an entry cuts it first, and the cut raises: the
+    step raised out of the retirement, failing the request beside it."""
+    llm, backend = faulty_llm()
+    core = llm.engine.core
+    short, long = long_make(llm, SHARED, 3), long_make(llm, OTHER, 12)
+    backend.arm("truncate", lambda seq, n: seq == short.seq and short not in core.scheduler.running)
+    core.add(short)
+    core.add(long)
+    run_out(core, [short, long])
+    assert backend.fired == ["truncate"]
+    answered(short, 3)
+    answered(long, 12)
+    assert short.seq not in core.prefix.owners and short.seq not in backend._caches  # freed, not kept
+
+
+def test_a_request_failing_in_its_commit_ends_with_its_error_when_its_sequence_cannot_be_freed():
+    """`bad`'s commit raises (its cut after verification) and `_fail` frees its sequence, which
+    raises too: out of `_fail`, out of the step, and the worker failed `good` with it."""
+    llm, backend = faulty_llm()
+    core = llm.engine.core
+    bad, good = long_make(llm, SHARED, 12), long_make(llm, OTHER, 12)
+    backend.arm("truncate", lambda seq, n: seq == bad.seq)
+    backend.arm("free_sequence", lambda seq: seq == bad.seq)
+    core.add(bad)
+    core.add(good)
+    run_out(core, [bad, good])
+    assert sorted(backend.fired) == ["free_sequence", "truncate"]
+    assert isinstance(bad.error, EngineFault) and "truncate failed" in str(bad.error)
+    assert final_events(bad) == ["error"]
+    answered(good, 12)
+    assert bad.seq not in core.prefix.owners and core.lost_sequences == 1
+
+
+def test_a_request_finished_in_a_commit_whose_cut_fails_keeps_its_answer_and_is_not_cached():
+    """The cut after the finishing step raises: the request has its answer and keeps it, but its
+    cells past the answer hold the step's draft (or a rejected token): it was kept as a
+    prefix-cache entry all the same, for later prompts to copy."""
+    llm, backend = faulty_llm()
+    core = llm.engine.core
+    done, other = long_make(llm, SHARED, 3), long_make(llm, OTHER, 12)
+    backend.arm("truncate", lambda seq, n: seq == done.seq and done.finished)
+    core.add(done)
+    core.add(other)
+    for _ in range(MAX_STEPS):  # until done leaves (later, other's own entry would evict it)
+        if done.finished and done not in core.scheduler.running:
+            break
+        step_as_worker(core)
+    assert backend.fired == ["truncate"]
+    answered(done, 3)
+    assert done.seq not in core.prefix.owners and done.seq not in backend._caches
+    run_out(core, [other])
+    answered(other, 12)

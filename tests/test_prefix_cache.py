@@ -90,6 +90,32 @@ def test_an_unused_entry_pays_rent_until_it_goes():
     assert free_cache.charge(10**6) == 0 and free_cache.entries == 1
 
 
+class BoundedEvictions(PrefixCache):
+    """A PrefixCache whose evictions are counted, so that a loop that never ends fails the test."""
+
+    evictions = 0
+
+    def evict(self, keep=None):
+        self.evictions += 1
+        assert self.evictions < 10, "keep() evicts for ever"
+        return super().evict(keep)
+
+
+def test_keeping_an_entry_while_the_slots_shrink_keeps_it_not():
+    """Keeping an entry evicts the older one, whose free fails: the engine retires that sequence
+    and gives up its entry slot (EngineCore._lose), here the only one. keep() went on evicting
+    with nothing left to evict, for ever."""
+    cache = None
+
+    def lose(seq: int) -> None:  # what EngineCore._free_entry does when the backend's free raises
+        cache.max_entries -= 1
+
+    cache = BoundedEvictions(lose, max_entries=1)
+    assert cache.keep(1, list(range(40)), 40)
+    assert not cache.keep(2, list(range(100, 140)), 40)  # the caller frees it
+    assert cache.entries == 0 and not cache.owners and cache.max_entries == 0
+
+
 def test_a_hash_collision_is_not_a_match(monkeypatch):
     monkeypatch.setattr(prefix_cache, "hash", lambda t: 0, raising=False)  # every block collides
     cache = PrefixCache(lambda seq: None, max_entries=1)

@@ -152,6 +152,7 @@ class EngineCore:
         self._prices: CostModel | None = None
         self._context_cost: ContextCost | None = None  # bench reports only (context_cost)
         self._incoming: deque[Request] = deque()
+        self.lost_sequences = 0  # target sequences the backend failed to free, out of use for good (_lose)
         self.lock = threading.RLock()
         self.on_step = None  # optional callback(StepInfo), e.g. the server's metrics
         self._copies: bool | None = None  # whether copying cells out pays here (_price_copies)
@@ -205,10 +206,7 @@ class EngineCore:
             on_event=on_event,
         )
         if not self.scheduler.fits_ever(req):
-            raise ContextLengthError(
-                f"the request needs {req.reserve} cache cells (prompt + max_tokens - 1) but the "
-                f"engine's cache holds {self.scheduler.cache_tokens}; lower max_tokens"
-            )
+            raise ContextLengthError(self._no_room(req))
         req.draft_runner = SequenceRunner(self.draft) if self.draft is not None else None
         req.chain = build_chain(
             ProposerContext(
@@ -224,6 +222,12 @@ class EngineCore:
             )
         )
         return req
+
+    def _no_room(self, req: Request) -> str:
+        return (
+            f"the request needs {req.reserve} cache cells (prompt + max_tokens - 1) but the "
+            f"engine's cache holds {self.scheduler.cache_tokens}; lower max_tokens"
+        )
 
     def add(self, req: Request) -> None:
         """Queue a request; it joins the running batch at a coming step. Any thread."""
@@ -412,7 +416,7 @@ class EngineCore:
         held: list[Request] = []  # requests waiting for a running prefill that will hold their prefix
         try:
             self._admit_waiting(held)
-        finally:  # an error out of the loop (freeing an evicted entry) leaves them queued, not lost
+        finally:  # an error out of the loop (a bug) leaves them queued, not lost
             sched.waiting.extendleft(reversed(held))
 
     def _admit_waiting(self, held: list[Request]) -> None:
@@ -426,7 +430,11 @@ class EngineCore:
                 continue
             hit = self._make_room(req)
             if not sched.can_admit(req):
-                break
+                if sched.running or sched.fits_ever(req):
+                    break
+                sched.waiting.popleft()  # the cache shrank since it was queued (_lose): it would wait for ever
+                self._fail(req, ContextLengthError(self._no_room(req)))
+                continue
             sched.waiting.popleft()
             seq = None
             try:
@@ -442,7 +450,7 @@ class EngineCore:
             except Exception as e:  # noqa: BLE001 - this request fails; the others run on
                 self._fail(req, e)
                 if seq is not None:  # the request never ran: its sequence goes back
-                    self.target.free_sequence(seq)
+                    self._free_sequence(seq, f"request {req.id}'s")
                 continue
             sched.start(req)
             if self.prefix is not None:
@@ -591,23 +599,89 @@ class EngineCore:
             self._fail(req, e)
 
     def _free_entry(self, seq: int) -> None:
-        """A prefix-cache entry left: its target sequence and the draft sequence kept beside it."""
-        self.target.free_sequence(seq)
+        """A prefix-cache entry left (the index has forgotten it): its target sequence and the draft
+        sequence kept beside it are freed. A backend that fails to free them costs the engine
+        those sequences (`_lose`), never a request: raised, the failure left whatever evicted the
+        entry (an admission, a retirement, the step's rent) and failed every request in flight."""
+        self._free_sequence(seq, "a prefix-cache entry's")
         if self.draft_prefixes is not None:
-            self.draft_prefixes.free(seq)
+            try:
+                self.draft_prefixes.free(seq)
+            except Exception:  # noqa: BLE001 - the draft sequence is lost, not a request
+                self._lose_draft("a prefix-cache entry's")
 
-    def _free(self, r: Request) -> None:
-        """A request left the batch: keep its sequence as a prefix-cache entry, or free it."""
-        if self.prefix is not None and r.error is None:
+    def _free(self, r: Request, cache: bool = True) -> None:
+        """A request left the batch: keep its sequence as a prefix-cache entry, or free it (always
+        when not `cache`). Never raises: the request has its answer (or its error) already, and
+        the others are not at fault."""
+        if self.prefix is not None:
+            if cache and r.error is None and self._keep(r):
+                return
+            self.prefix.drop(r.seq)
+        self._free_sequence(r.seq, f"request {r.id}'s")
+
+    def _keep(self, r: Request) -> bool:
+        """Keep a finished request's sequence as a prefix-cache entry, cut to the tokens it holds
+        (False: not kept). One the backend cannot cut is not kept: its cells past the cut may hold
+        rejected draft tokens, and a later request copying them would read them."""
+        try:
             n = self._valid(r)
             self.target.truncate(r.seq, n)
-            if self.prefix.keep(r.seq, r.tokens, n, prompt=len(r.prompt_ids)):
-                if self.draft_prefixes is not None:
-                    self.draft_prefixes.keep(r.seq, r, n)
-                return
-        elif self.prefix is not None:
-            self.prefix.drop(r.seq)
-        self.target.free_sequence(r.seq)
+        except Exception:  # noqa: BLE001 - the entry is lost, not the answer
+            log.warning("prefix cache: request %s's sequence could not be cut to its tokens", r.id, exc_info=True)
+            return False
+        if not self.prefix.keep(r.seq, r.tokens, n, prompt=len(r.prompt_ids)):
+            return False
+        if self.draft_prefixes is not None:
+            try:
+                self.draft_prefixes.keep(r.seq, r, n)
+            except Exception:  # noqa: BLE001 - the entry stays without its draft cells: the draft reads them again
+                log.warning("prefix cache: request %s's draft sequence could not be kept", r.id, exc_info=True)
+        return True
+
+    def _free_sequence(self, seq: int, whose: str) -> None:
+        """Free a target sequence; one the backend fails to free is retired (`_lose`), not raised."""
+        try:
+            self.target.free_sequence(seq)
+        except Exception:  # noqa: BLE001 - that sequence's fault, not the step's
+            self._lose(seq, whose)
+
+    def _lose(self, seq: int, whose: str) -> None:
+        """The backend failed to free `seq` (called in the handler: the log line carries why).
+
+        A backend keeps a sequence it did not free: llama.cpp leaves its id out of the free ids and
+        its cells tagged, transformers keeps its cache. The engine never frees it again nor counts
+        on it: the cells it holds leave the scheduler's cache, so admission does not promise them
+        twice, and its id leaves the prefix cache's entry slots (entries, running requests and the
+        spare sequence share the backend's ids). A backend that no longer knows the sequence has
+        freed it after all: nothing is lost."""
+        try:
+            cells = self.target.length(seq)
+        except Exception:  # noqa: BLE001
+            log.warning("freeing %s sequence %d raised, but the backend freed it", whose, seq, exc_info=True)
+            return
+        self.scheduler.cache_tokens = max(0, self.scheduler.cache_tokens - cells)
+        self._retire_id()
+        log.warning(
+            "the backend failed to free %s sequence %d: it is retired, never used again "
+            "(%d cells and one sequence id out of use; %d lost in all)",
+            whose,
+            seq,
+            cells,
+            self.lost_sequences,
+            exc_info=True,
+        )
+
+    def _lose_draft(self, whose: str) -> None:
+        """The draft backend failed to free a sequence (called in the handler): as `_lose`, its id
+        leaves the entry slots (the draft model has a sequence beside each of the target's)."""
+        self._retire_id()
+        log.warning("the draft model failed to free %s draft sequence: it is retired", whose, exc_info=True)
+
+    def _retire_id(self) -> None:
+        self.lost_sequences += 1
+        if self.prefix is not None and self.prefix.max_entries > 0:
+            self.prefix.max_entries -= 1
 
     def release(self, req: Request) -> None:
         """A request nobody will read again (its Generation was closed or collected): cancel it and
@@ -689,17 +763,22 @@ class EngineCore:
 
     def _fail(self, req: Request, error: Exception) -> None:
         """The request ends with `error`, wrapped in an EngineFault (everything raised in a step is
-        one), except a grammar's dead end, which is the caller's grammar at fault (a 400)."""
+        one), except a grammar's dead end, which is the caller's grammar at fault (a 400). A
+        request that had finished keeps its answer, but not as a prefix-cache entry: what failed
+        (its cut after the finishing step) leaves its cells in doubt."""
         req.fail(error if isinstance(error, (EngineFault, GrammarDeadEnd)) else EngineFault(error))
         if req in self.scheduler.running:
             self.scheduler.stop(req)
-            self._free(req)
+            self._free(req, cache=False)
         self._close(req)
 
-    @staticmethod
-    def _close(req: Request) -> None:
+    def _close(self, req: Request) -> None:
+        """Free the request's draft sequence (never raises: the request has ended already)."""
         if getattr(req, "draft_runner", None) is not None:
-            req.draft_runner.close()
+            try:
+                req.draft_runner.close()
+            except Exception:  # noqa: BLE001
+                self._lose_draft(f"request {req.id}'s")
 
     def abort_all(self) -> None:
         """End every request, queued or running (shutdown)."""

@@ -182,8 +182,11 @@ class PrefixCache:
         owner = self.owners[seq]
         owner.tokens, owner.live, owner.used = list(tokens[:length]), False, next(self._clock)
         owner.prompt, owner.rent = prompt, 0
-        while self.entries > self.max_entries:
-            self.evict(keep=seq)
+        while self.entries > self.max_entries and self.evict(keep=seq):
+            pass
+        if self.entries > self.max_entries:  # the slots shrank while evicting (a free failed: see EngineCore._lose)
+            self.drop(seq)
+            return False
         return True
 
     def drop(self, seq: int) -> None:
