@@ -326,3 +326,26 @@ def test_a_request_finished_in_a_commit_whose_cut_fails_keeps_its_answer_and_is_
     assert done.seq not in core.prefix.owners and done.seq not in backend._caches
     run_out(core, [other])
     answered(other, 12)
+
+
+def test_num_waiting_counts_the_requests_an_admission_holds_aside_or_is_admitting():
+    """b waits for a's prefill (set aside in the admission's own list) while c is admitted: other
+    threads read num_waiting as 0 meanwhile (an admission may measure prices for seconds), and
+    the server's queue-full check let that many more requests in."""
+    llm, backend = faulty_llm(max_num_batched_tokens=20, min_prefill_chunk=4)
+    core = llm.engine.core
+    a = long_make(llm, SHARED, 4)
+    core.add(a)
+    core.step()
+    assert a.phase == PREFILL
+    seen = []
+    backend.on_new = lambda: seen.append(core.num_waiting)
+    b, c = long_make(llm, SHARED, 4), long_make(llm, OTHER, 4)
+    core.add(b)
+    core.add(c)
+    core.step()
+    assert seen == [2] and core.num_waiting == 1  # b, c while c is admitted; b after
+    backend.on_new = None
+    run_out(core, [a, b, c])
+    for r in (a, b, c):
+        answered(r, 4)

@@ -152,6 +152,7 @@ class EngineCore:
         self._prices: CostModel | None = None
         self._context_cost: ContextCost | None = None  # bench reports only (context_cost)
         self._incoming: deque[Request] = deque()
+        self._held: list[Request] = []  # requests a step's admission set aside (see _admit), still waiting
         self.lost_sequences = 0  # target sequences the backend failed to free, out of use for good (_lose)
         self.lock = threading.RLock()
         self.on_step = None  # optional callback(StepInfo), e.g. the server's metrics
@@ -236,10 +237,14 @@ class EngineCore:
     @property
     def num_waiting(self) -> int:
         """Requests queued for a place in the running batch, not counting those cancelled (their
-        client left, or their deadline passed) that the next step will drop. Any thread."""
+        client left, or their deadline passed) that the next step will drop. Any thread. Those a
+        step's admission holds aside, or is admitting (it may measure prices for seconds first),
+        count too: they were missed, and the server's queue-full check let that many more in."""
         while True:
             try:  # snapshots: the stepping thread may move requests meanwhile
-                queued = {id(r): r for r in (*tuple(self._incoming), *tuple(self.scheduler.waiting))}
+                queued = {
+                    id(r): r for r in (*tuple(self._incoming), *tuple(self._held), *tuple(self.scheduler.waiting))
+                }
                 break
             except RuntimeError:  # "deque mutated during iteration": take them again
                 continue
@@ -413,11 +418,14 @@ class EngineCore:
         self._drop_cancelled()
         if self.prefix is not None:
             self._track_running()
-        held: list[Request] = []  # requests waiting for a running prefill that will hold their prefix
+        # requests waiting for a running prefill that will hold their prefix (num_waiting reads them)
+        held: list[Request] = []
+        self._held = held
         try:
             self._admit_waiting(held)
         finally:  # an error out of the loop (a bug) leaves them queued, not lost
             sched.waiting.extendleft(reversed(held))
+            self._held = []
 
     def _admit_waiting(self, held: list[Request]) -> None:
         """Admit from the head of the queue while the batch and the cache have room; a request
@@ -435,8 +443,7 @@ class EngineCore:
                 sched.waiting.popleft()  # the cache shrank since it was queued (_lose): it would wait for ever
                 self._fail(req, ContextLengthError(self._no_room(req)))
                 continue
-            sched.waiting.popleft()
-            seq = None
+            seq = None  # the request stays at the head of the queue (num_waiting) until it runs
             try:
                 governor = None
                 if self._needs_prices(req):  # measured before the request takes its sequence
@@ -448,10 +455,12 @@ class EngineCore:
                 cached, hit = self._start_from(req, seq, hit)
                 req.admit(seq, governor, self.tokenizer, self.eos_token_ids, self.target.vocab_size, cached=cached)
             except Exception as e:  # noqa: BLE001 - this request fails; the others run on
+                sched.waiting.popleft()
                 self._fail(req, e)
                 if seq is not None:  # the request never ran: its sequence goes back
                     self._free_sequence(seq, f"request {req.id}'s")
                 continue
+            sched.waiting.popleft()
             sched.start(req)
             if self.prefix is not None:
                 self._reused(req, hit)
