@@ -155,6 +155,10 @@ class Faulty(TransformersBackend):
         self._fault("truncate", seq, length)
         super().truncate(seq, length)
 
+    def length(self, seq: int) -> int:
+        self._fault("length", seq)
+        return super().length(seq)
+
     def new_sequence(self) -> int:
         if self.on_new is not None:
             self.on_new()
@@ -349,3 +353,92 @@ def test_num_waiting_counts_the_requests_an_admission_holds_aside_or_is_admittin
     run_out(core, [a, b, c])
     for r in (a, b, c):
         answered(r, 4)
+
+
+def test_a_draft_sequence_that_cannot_be_freed_fails_no_request():
+    """The short request ends, and closing its draft sequence raises (the draft model's free): out
+    of the retirement, out of the step, and the long request beside it failed."""
+    target, draft = (
+        TransformersBackend(tiny_model("qwen2", 0), max_sequences=5),
+        Faulty(tiny_model("qwen2", 1), max_sequences=5),
+    )
+    limits = EngineLimits(max_num_seqs=3, host_cache_bytes=0, prefix_caching=False)
+    llm = LLM.from_backends(target, tiny_tokenizer(), draft, name="tiny", speculation="draft", limits=limits)
+    steady_prices(llm)
+    core = llm.engine.core
+    ids = tiny_tokenizer().encode(OTHER), tiny_tokenizer().encode(SHARED)
+    spec = SpeculationConfig(method="draft")
+    short, long = (
+        llm.engine.request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), spec)
+        for p, n in zip(ids, (2, 12))
+    )
+    draft.arm("free_sequence", lambda seq: short.finished and seq == short.draft_runner.seq)
+    core.add(short)
+    core.add(long)
+    run_out(core, [short, long])
+    assert draft.fired == ["free_sequence"]
+    answered(short, 2)
+    answered(long, 12)
+    assert core.lost_sequences == 1
+
+
+def test_an_entry_whose_draft_sequence_cannot_be_freed_fails_no_request():
+    """The short request's entry evicts the older one, and freeing the draft sequence kept beside
+    it raises: out of the retirement, out of the step, and the long request beside it failed."""
+    target, draft = (
+        TransformersBackend(tiny_model("qwen2", 0), max_sequences=5),
+        Faulty(tiny_model("qwen2", 1), max_sequences=5),
+    )
+    limits = EngineLimits(max_num_seqs=3, host_cache_bytes=0)  # one entry slot
+    llm = LLM.from_backends(target, tiny_tokenizer(), draft, name="tiny", speculation="draft", limits=limits)
+    steady_prices(llm)
+    core = llm.engine.core
+    spec = SpeculationConfig(method="draft")
+
+    def request(text: str, n: int):
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        return llm.engine.request(tiny_tokenizer().encode(text), params, spec)
+
+    first = request(ENTRY, 4)
+    core.add(first)
+    run_out(core, [first])
+    kept = core.draft_prefixes.held[first.seq][0]  # the draft sequence beside first's entry
+    short, long = request(OTHER, 2), request(SHARED, 12)
+    draft.arm("free_sequence", lambda seq: seq == kept)
+    core.add(short)
+    core.add(long)
+    run_out(core, [short, long])
+    assert draft.fired == ["free_sequence"]
+    answered(short, 2)
+    answered(long, 12)
+    assert first.seq not in core.prefix.owners and core.lost_sequences == 1
+
+
+def test_a_draft_sequence_that_cannot_be_kept_leaves_its_entry_without_it_and_fails_no_request():
+    """The short request's entry keeps its draft sequence, and the draft backend raises while it
+    is kept (reading its length, to cut it to the tokens both hold): out of the retirement, out
+    of the step, and the long request beside it failed. The entry stays without draft cells (a
+    later draft reads the prompt again), and the draft sequence goes with the request."""
+    target, draft = (
+        TransformersBackend(tiny_model("qwen2", 0), max_sequences=5),
+        Faulty(tiny_model("qwen2", 1), max_sequences=5),
+    )
+    limits = EngineLimits(max_num_seqs=3, host_cache_bytes=0)
+    llm = LLM.from_backends(target, tiny_tokenizer(), draft, name="tiny", speculation="draft", limits=limits)
+    steady_prices(llm)
+    core = llm.engine.core
+    spec = SpeculationConfig(method="draft")
+    short, long = (
+        llm.engine.request(
+            tiny_tokenizer().encode(p), SamplingParams(max_tokens=n, temperature=0, ignore_eos=True), spec
+        )
+        for p, n in ((SHARED, 5), (OTHER, 12))
+    )
+    draft.arm("length", lambda seq: short.finished and short not in core.scheduler.running)
+    core.add(short)
+    core.add(long)
+    run_out(core, [short, long])
+    assert draft.fired == ["length"]
+    answered(short, 5)
+    answered(long, 12)
+    assert short.seq not in core.draft_prefixes.held and short.draft_runner.seq is None  # freed with the request
