@@ -383,6 +383,19 @@ def test_gauges_return_to_zero_when_the_engine_is_idle(server):
     assert health["active"] == 0 and health["queued"] == 0 and health["kv_cache_usage"] == 0
 
 
+def test_a_sequence_the_backend_cannot_free_is_counted_and_the_server_serves_on(server):
+    """A backend that fails to free a sequence used to fail the whole step's batch; the engine now
+    retires that sequence (engine.core._lose). It must show: `lost_sequences` in /health and the
+    `specserve_lost_sequences` gauge count it, and the next request is answered as before."""
+    assert server.health()["lost_sequences"] == 0
+    arm(server, "free")
+    arm(server, "step")  # the failed request's sequence is freed at once (not kept as a cache entry)
+    assert chat(server).status_code == 500
+    assert server.health()["lost_sequences"] == 1
+    assert metric_value(server.metrics(), "specserve_lost_sequences") == 1
+    assert chat(server).status_code == 200
+
+
 def test_speculation_accepts_a_method_name_as_shorthand(server):
     r = chat(server, speculation="ngram", max_tokens=48)  # the server's default is "none"
     assert r.status_code == 200, r.text

@@ -589,6 +589,7 @@ class Server:
             "max_queue": s.max_queue,
             "kv_cache_usage": round(self.llm.engine.core.cache_used, 4),
             "prefix_cache": self.llm.engine.core.prefix_stats(),
+            "lost_sequences": self.llm.engine.core.lost_sequences,
             **self._exactness(),
             "worker_alive": s.alive,
             "threads": threading.active_count(),
@@ -607,6 +608,7 @@ class Server:
             self.engine.num_waiting, self.engine.num_running, core.cache_used, cached_cells, host
         )
         self.metrics.set_prefix_reuse(core.prefix_stats())
+        self.metrics.lost_sequences.set(core.lost_sequences)
         return self.metrics.render()
 
     def _exactness(self) -> dict:

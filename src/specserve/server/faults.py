@@ -4,8 +4,8 @@ Off unless the server process starts with SPECSERVE_FAULT_INJECT=1 in its enviro
 server reads the variable in one place only (`create_app`). When on:
 
 - the engine's target backend is wrapped in a `FaultyBackend`;
-- `POST /debug/fault {"kind": "step" | "worker" | "leak", "after": N}` arms one fault: the N-th
-  target pass from now (N >= 1, default 1) raises instead of running (a leak: see below).
+- `POST /debug/fault {"kind": "step" | "worker" | "leak" | "free", "after": N}` arms one fault: the
+  N-th target pass from now (N >= 1, default 1) raises instead of running (a leak and a free: see below).
 
     step    an `InjectedFault` (a ValueError, on purpose: a backend fault whose type validation
             errors also use must still be a 500). The requests of that pass fail with a 500;
@@ -15,6 +15,9 @@ server reads the variable in one place only (`create_app`). When on:
             503, /health says unavailable (the server must be restarted).
     leak    each of the next N passes runs, and keeps 1 MiB of memory for good: a leak made on
             purpose, so that a soak's memory check is seen to fail once.
+    free    the N-th freeing of a target sequence from now raises and frees nothing, as a backend
+            that cannot free one: the engine retires that sequence (`lost_sequences` in /health,
+            `specserve_lost_sequences` in /metrics); every request is answered as before.
 
 Every injected error's message contains "injected", so a soak can tell them from real faults.
 Never set the variable on a server that serves users: anyone who can reach it can break it.
@@ -29,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 ENV = "SPECSERVE_FAULT_INJECT"
-KINDS = ("step", "worker", "leak")
+KINDS = ("step", "worker", "leak", "free")
 LEAK_BYTES = 2**20  # kept per pass by the "leak" fault
 
 
@@ -52,6 +55,7 @@ class FaultyBackend:
         self._inner = inner
         self._lock = threading.Lock()
         self._armed: list[tuple[int, str]] = []  # (passes left before it fires, kind)
+        self._frees: list[int] = []  # sequence frees left before each armed "free" fires
         self._leaking = 0  # passes left that each keep LEAK_BYTES
         self._leaked: list[bytearray] = []
 
@@ -64,6 +68,8 @@ class FaultyBackend:
         with self._lock:
             if kind == "leak":
                 self._leaking += max(1, after)
+            elif kind == "free":
+                self._frees.append(max(1, after))
             else:
                 self._armed.append((max(1, after), kind))
 
@@ -85,6 +91,14 @@ class FaultyBackend:
         if fire == "step":
             raise InjectedFault("injected fault in a target pass (SPECSERVE_FAULT_INJECT)")
         return self._inner.forward(inputs)
+
+    def free_sequence(self, seq: int) -> None:
+        with self._lock:
+            fire = any(left <= 1 for left in self._frees)
+            self._frees = [left - 1 for left in self._frees if left > 1]
+        if fire:
+            raise InjectedFault(f"injected failure to free sequence {seq} (SPECSERVE_FAULT_INJECT)")
+        self._inner.free_sequence(seq)
 
 
 def install(app: FastAPI, core) -> FaultyBackend:

@@ -106,6 +106,11 @@ class Metrics:
             "Prompt tokens restored from host memory instead of prefilled",
             registry=r,
         )
+        self.lost_sequences = Gauge(
+            "specserve_lost_sequences",
+            "Sequences the backend failed to free, retired for good with their cells (0 unless the backend is failing)",
+            registry=r,
+        )
         self.completion_tokens = Counter("specserve_completion_tokens", "Output tokens generated", registry=r)
         self.queue_depth = Gauge(
             "specserve_queue_depth", "Requests waiting for a place in the running batch", registry=r
