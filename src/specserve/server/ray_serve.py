@@ -847,39 +847,87 @@ def _replica_summary(scale: ScaleConfig) -> str:
     return f"autoscaling {scale.min_replicas or 1}..{scale.upper()} replicas"
 
 
+# Each step of the stop is given at most this long (seconds), then left behind: Ray's own waits are
+# 60 s (serve.delete), 30 s (serve.shutdown) and none at all (ray.shutdown), and one that hung held
+# the Ctrl-C of `serve --ray` as long. Each normally takes a few seconds.
+STOP_STEP_S = {"serve.delete": 20.0, "ray.kill": 5.0, "serve.shutdown": 15.0, "ray.shutdown": 15.0}
+SETTLE_S = 3.0  # after an interrupted ray.init: how long the stop looks for the processes it still starts
+END_WAIT_S = 5.0  # how long the cluster's processes get to end, after ray.shutdown and again after SIGTERM
+
+
+def stop_bound_s() -> float:
+    """The longest the stop of `serve --ray` takes, Ctrl-C to exit: the drain, every step at its
+    deadline, and the cluster's last processes given SIGTERM, then SIGKILL."""
+    return drain_wait_s() + SETTLE_S + sum(STOP_STEP_S.values()) + 2 * END_WAIT_S
+
+
 def shutdown(local: bool, app_name: str = APP_NAME, drain: bool = True) -> None:
     """Drain the replicas (when they may be serving), remove the app and its hubs; stop Serve and
-    Ray too when we started the cluster."""
+    Ray too when we started the cluster. Never longer than stop_bound_s(): a step that hangs is
+    left behind with a warning naming it, and the next one runs."""
     import ray
     from ray import serve
 
     # what ray.shutdown may leave behind: a raylet stopped while it started its agents left them
-    cluster = _cluster_processes(settle_s=0.0 if ray.is_initialized() else 3.0) if local else set()
+    cluster = _cluster_processes(settle_s=0.0 if ray.is_initialized() else SETTLE_S) if local else set()
     if ray.is_initialized():
         _remove_app(app_name, drain)
     if local:
         if ray.is_initialized():
-            serve.shutdown()
-        ray.shutdown()  # also what an interrupted ray.init had started
-        _end_processes(cluster)
+            _bounded("serve.shutdown", serve.shutdown)
+        if not _bounded("ray.shutdown", ray.shutdown):  # also what an interrupted ray.init had started
+            _skip_exit_shutdown(ray)
+        _end_processes(cluster, END_WAIT_S)
 
 
 def _remove_app(app_name: str, drain: bool) -> None:
     """Drain the replicas (when they may be serving), then remove the app and its hubs."""
-    import ray
     from ray import serve
 
     if drain and not drain_replicas(app_name):
         log.warning("replicas still busy after the drain: stopping them anyway")
-    try:
-        serve.delete(app_name)
-    except Exception:  # noqa: BLE001 - best effort on the way out
-        pass
+    _bounded("serve.delete", serve.delete, app_name)
+    _bounded("ray.kill", _kill_hubs, app_name)
+
+
+def _kill_hubs(app_name: str) -> None:
+    """Kill the app's detached actors by name (those never created are not found)."""
+    import ray
+
     for hub in ("metrics", "responses", "chat"):
         try:
             ray.kill(ray.get_actor(f"{app_name}-{hub}", namespace=HUB_NAMESPACE))
         except Exception:  # noqa: BLE001 - best effort on the way out (never created, or Ray gone)
             pass
+
+
+def _bounded(step: str, fn, *args) -> bool:
+    """Run one step of the stop on a thread of its own for at most STOP_STEP_S[step] seconds; False,
+    and a warning naming it, when it was cut short (it is left running; the process ends anyway).
+    Its errors are logged at debug level only: best effort on the way out."""
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - Ray already gone, or the app never deployed
+            log.debug("stopping: %s failed", step, exc_info=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name=f"specserve-stop-{step}", daemon=True).start()
+    if done.wait(STOP_STEP_S[step]):
+        return True
+    log.warning("stopping: %s did not finish within %g s; going on without it", step, STOP_STEP_S[step])
+    return False
+
+
+def _skip_exit_shutdown(ray) -> None:
+    """Drop Ray's own ray.shutdown at interpreter exit: after one that hung, a second would hang the
+    exit the same way."""
+    import atexit
+
+    atexit.unregister(ray.shutdown)
 
 
 def _cluster_processes(settle_s: float) -> set[int]:
