@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import httpx
 import pytest
 from server_proc import ServerProcess
 from tiny import save_tiny, tiny_model, tiny_tokenizer
+from waiting import wait_until
 
 from specserve.server.app import DRAIN_GRACE_S
 from specserve.server.launch import free_port
@@ -212,6 +214,63 @@ def test_a_sigterm_while_the_cluster_starts_leaves_no_ray_process(tmp_path):
     assert not left, subprocess.run(
         ["ps", "-o", "pid,cmd", "-p", ",".join(map(str, left))], capture_output=True, text=True
     ).stdout
+
+
+# The command with its early check of --port skipped: the port taken after that check (or on a
+# cluster joined with --ray-address, which has no such check) is found by Ray Serve's proxy.
+WITHOUT_PORT_CHECK = """
+import sys
+import specserve.cli.serve
+from specserve.cli.main import main
+specserve.cli.serve.check_address = lambda host, port: None
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.ray
+def test_a_ray_serve_that_fails_to_start_ends_the_command_with_one_line_and_no_process(tmp_path):
+    """serve.start raising (here Ray Serve's proxy finding its port taken: RayTaskError(RuntimeError)
+    "Failed to bind", as ActorDiedError under load) ended `serve --ray` in a Python traceback. It is
+    now one line naming the step, Ray's reason and what to do, exit status 2, and the cluster the
+    command started is gone."""
+    before = _ray_processes()
+    port = free_port()
+    flags = ["--ray", "--replicas", "1", "--port", str(port), "--model", save_tiny(tmp_path / "tiny")]
+    with socket.create_server(("127.0.0.1", port)):
+        done = subprocess.run(
+            [sys.executable, "-c", WITHOUT_PORT_CHECK, "serve", *flags, "--dtype", "float32"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    _no_ray_process_left(before)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == (
+        "specserve: error: Ray Serve (its controller and HTTP proxy) failed to start (serve.start: RuntimeError: "
+        f"Failed to bind to address '127.0.0.1:{port}'.); this command stopped the cluster it started: see the "
+        "Ray logs (/tmp/ray/session_latest/logs), then try again"
+    ), done.stderr[-3000:]
+
+
+def _no_ray_process_left(before: set[int]) -> None:
+    """Wait (a stopped cluster's processes end within seconds) until no Ray process but those running
+    `before` runs; else fail, listing them. Those left are killed, not to be left to the next test."""
+
+    def listing() -> str:
+        return subprocess.run(
+            ["ps", "-o", "pid,cmd", "-p", ",".join(map(str, left_now())) or "0"], capture_output=True, text=True
+        ).stdout
+
+    def left_now() -> set[int]:
+        return {pid for pid in _ray_processes() - before if _exists(str(pid))}
+
+    try:
+        wait_until(lambda: not left_now(), 20, listing)
+    finally:
+        for pid in left_now():
+            subprocess.run(["kill", "-9", str(pid)], check=False)
 
 
 @pytest.mark.ray

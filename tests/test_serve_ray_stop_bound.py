@@ -1,5 +1,5 @@
-"""The stop of `specserve serve --ray` ends within a known bound though one of Ray's calls hangs:
-without Ray (a fake `ray` module).
+"""The stop of `specserve serve --ray` ends within a known bound though one of Ray's calls hangs,
+and a start that fails is said in one line: without Ray (a fake `ray` module).
 
 serve.delete waits up to 60 s by Ray's default, serve.shutdown 30 s and ray.shutdown has no limit;
 one that hung held the command's Ctrl-C for as long. Each step now runs with a deadline of its own
@@ -87,3 +87,48 @@ def test_the_stop_bound_counts_the_drain_every_step_and_the_last_kills():
     expected = ray_serve.drain_wait_s() + ray_serve.SETTLE_S + 2 * ray_serve.END_WAIT_S
     assert ray_serve.stop_bound_s() == expected + sum(ray_serve.STOP_STEP_S.values())
     assert ray_serve.stop_bound_s() < 120  # Ray's own waits alone came to 90 s, and ray.shutdown had none
+
+
+class _RayTaskError(RuntimeError):
+    """Ray's error for an exception raised in an actor: its text opens with the actor, `cause` is
+    the exception the actor raised."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"ray::ProxyActor.ready() (pid=6729, ip=10.0.0.1)\n  File ...\n{cause!r}")
+        self.cause = cause
+
+
+@pytest.mark.parametrize(
+    ("step", "error", "local", "reason", "todo"),
+    [
+        (
+            "serve.start",
+            _RayTaskError(RuntimeError("Failed to bind to address '127.0.0.1:8000'.")),
+            True,
+            "RuntimeError: Failed to bind to address '127.0.0.1:8000'.",
+            "this command stopped the cluster it started: see the Ray logs (/tmp/ray/session_latest/logs)",
+        ),
+        (
+            "serve.run",
+            type("ActorDiedError", (Exception,), {})("The actor died unexpectedly.\n\tclass_name: ServeController"),
+            False,
+            "ActorDiedError: The actor died unexpectedly.",
+            "the cluster was left running: see the cluster's Ray logs (on its head node)",
+        ),
+    ],
+)
+def test_a_failed_start_is_one_line_naming_the_step_rays_reason_and_what_to_do(step, error, local, reason, todo):
+    line = ray_serve.start_failure(step, error, local)
+    assert "\n" not in line
+    assert line == f"{ray_serve.START_STEPS[step]} failed to start ({step}: {reason}); {todo}, then try again"
+
+
+def test_a_ray_error_while_starting_becomes_one_line_for_the_cli():
+    """Any error of Ray's while starting reaches the CLI as a SpecServeError (its one line and exit
+    status 2); an ActorDiedError under load ended the command in a Python traceback."""
+
+    def start():
+        raise type("ActorDiedError", (Exception,), {})("The actor died unexpectedly before finishing this task.")
+
+    with pytest.raises(ray_serve.SpecServeError, match=r"^Ray Serve .* failed to start \(serve.start: ActorDied"):
+        ray_serve._start_step("serve.start", True, start)

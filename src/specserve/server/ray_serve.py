@@ -759,33 +759,83 @@ def configs_from_args(args: argparse.Namespace, limits) -> tuple[ReplicaConfig, 
 
 
 def run(args: argparse.Namespace, limits) -> int:
-    """Start (or join) a Ray cluster, run the app on --host:--port, block until interrupted."""
+    """Start (or join) a Ray cluster, run the app on --host:--port, block until interrupted. A start
+    that fails ends in one line (SpecServeError) after the stop: the cluster this command started
+    is stopped, one it joined is left running."""
     replica, scale = configs_from_args(args, limits)  # bad flags first, Ray installed or not
     try:
         from ray import serve
     except ImportError:
         raise SystemExit("specserve serve --ray needs Ray Serve: pip install 'specserve[ray]'") from None
-    started = False  # whether replicas may be serving (then the stop drains them)
-    if args.ray_address is None:  # the cluster this command starts ends with it, SIGKILL included
+    local = args.ray_address is None
+    serving = False  # whether replicas may be serving (then the stop drains them)
+    if local:  # the cluster this command starts ends with it, SIGKILL included
         ray_reaper.start()
     try:  # from here on: the app may serve before serve.run returns, and a Ctrl-C then must clean up too
-        _init_ray(args)
-        _check_cluster_fits(scale, local=args.ray_address is None)
-        serve.start(http_options={"host": args.host, "port": args.port})
-        started = True
+        _start_step("ray.init", local, _init_ray, args)
+        _start_step("ray.init", local, _check_cluster_fits, scale, local)  # asks the cluster: may raise Ray's errors
+        _start_step("serve.start", local, serve.start, http_options={"host": args.host, "port": args.port})
+        serving = True
         try:
-            serve.run(deployment(replica, scale), name=APP_NAME, route_prefix="/")
-        except RuntimeError:  # Serve gave up deploying: the replicas' constructor raised
-            started = False
-            raise SpecServeError(f"the replicas failed to start: {_deploy_failure()}") from None
+            _deploy(replica, scale, local)
+        except SpecServeError:  # it never served: nothing to drain
+            serving = False
+            raise
         print(f"specserve on Ray Serve: http://{args.host}:{args.port}/v1 ({_replica_summary(scale)})", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
-        shutdown(local=args.ray_address is None, drain=started)
+        shutdown(local=local, drain=serving)
     return 0
+
+
+def _deploy(replica: ReplicaConfig, scale: ScaleConfig, local: bool) -> None:
+    """serve.run of the app; a replica whose constructor raised is named by its own exception."""
+    from ray import serve
+
+    try:
+        _start_step("serve.run", local, serve.run, deployment(replica, scale), name=APP_NAME, route_prefix="/")
+    except SpecServeError as e:
+        if type(e.__cause__) is not RuntimeError:  # Ray's own errors (RayTaskError(RuntimeError) too): as raised
+            raise
+        # Serve gave up deploying ("Deploying application specserve failed"): the replicas' constructor raised
+        raise SpecServeError(f"the replicas failed to start: {_deploy_failure()}") from None
+
+
+# What failed, for the one line a failed start ends in (keyed by the step that raised).
+START_STEPS = {
+    "ray.init": "the Ray cluster",
+    "serve.start": "Ray Serve (its controller and HTTP proxy)",
+    "serve.run": "the specserve app on Ray Serve",
+}
+RAY_LOGS = "/tmp/ray/session_latest/logs"
+
+
+def _start_step(step: str, local: bool, fn, *args, **kwargs):
+    """fn(*args, **kwargs), its errors (but ours and an interrupt) turned into one line naming the
+    step and what to do. Ray's own (ActorDiedError under load, a proxy that cannot bind, a GCS or
+    dashboard that did not start) ended `serve --ray` in a Python traceback."""
+    try:
+        return fn(*args, **kwargs)
+    except SpecServeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure to start is said in one line
+        raise SpecServeError(start_failure(step, e, local)) from e
+
+
+def start_failure(step: str, error: BaseException, local: bool) -> str:
+    """The line a failed start ends in: what failed, Ray's reason (its first line), what to do. An
+    error raised in one of Ray's actors (RayTaskError, whose text opens with the actor's name and
+    pid) is named by the exception the actor raised: "RuntimeError: Failed to bind to address"."""
+    cause = getattr(error, "cause", None)
+    error = cause if isinstance(cause, BaseException) else error
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+    where = f"the Ray logs ({RAY_LOGS})" if local else "the cluster's Ray logs (on its head node)"
+    todo = "this command stopped the cluster it started" if local else "the cluster was left running"
+    return f"{START_STEPS[step]} failed to start ({step}: {reason}); {todo}: see {where}, then try again"
 
 
 def _init_ray(args: argparse.Namespace) -> None:
