@@ -74,6 +74,8 @@ def test_scale_flags_become_ray_deployment_options():
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["max_ongoing_requests"] == 2 and fixed["max_queued_requests"] == 12
     assert fixed["request_router_config"].request_router_class == "specserve.server.ray_serve.AffinityRouter"
+    # a full queue answers as on a single server (test_serve_ray_queue_full checks it through the proxy)
+    assert fixed["backpressure_config"].status_code == 429 and fixed["backpressure_config"].retry_after_s == 1
     # a replica Ray stops (scale-down, redeploy) may finish its longest request: it was 5 s, and
     # longer streams were cut with no error
     assert fixed["graceful_shutdown_timeout_s"] > ReplicaConfig(max_queue=4).request_timeout == 600.0

@@ -58,6 +58,9 @@ HUB_CONCURRENCY = 32
 STALE_AFTER_S = 15.0  # a replica that stopped pushing (dead) drops out of /metrics
 DRAIN_STEP_S = 10.0  # after the drain's grace, how long ending the last requests may take (an engine step)
 NO_TIMEOUT_SHUTDOWN_WAIT_S = 3600.0  # with --request-timeout 0, how long a stopped replica's requests may still run
+# A request beyond every replica's queue is refused by Ray's proxy, before any replica sees it: with
+# the single server's status for a full queue (429) and this Retry-After, which OpenAI's SDKs wait out.
+PROXY_RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -165,12 +168,15 @@ class ScaleConfig:
 
     def deployment_options(self, replica: ReplicaConfig) -> dict:
         """Ray Serve `.options(...)` for the deployment: fixed or autoscaled replicas, the router, and
-        a bound on requests waiting in the proxy (--max-queue per replica; beyond it Ray answers 503)."""
-        from ray.serve.config import RequestRouterConfig
+        a bound on requests waiting in the proxy (--max-queue per replica; beyond it Ray's proxy
+        answers 429 with Retry-After, as the single server does for a full queue: it was Ray's
+        default, 503 with no Retry-After)."""
+        from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
         opts: dict[str, Any] = {
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": max(1, replica.max_queue * self.upper()),
+            "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=PROXY_RETRY_AFTER_S),
             "ray_actor_options": {"num_cpus": self.replica_cpus},
             "request_router_config": RequestRouterConfig(request_router_class=f"{__name__}.AffinityRouter"),
             "health_check_period_s": 2.0,
