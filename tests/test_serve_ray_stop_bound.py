@@ -81,6 +81,19 @@ def test_a_stop_whose_steps_return_says_nothing_and_keeps_rays_exit_hook(hanging
     assert not caplog.records and hanging_ray.unregistered == []
 
 
+def test_leaving_a_joined_cluster_disconnects_within_its_deadline_and_stops_nothing(hanging_ray, caplog):
+    """With --ray-address the cluster is not ours: the stop removes the app and disconnects, and
+    serve.shutdown (which would stop Serve for every app there) never runs. The disconnect was left
+    to Ray's exit hook, with no deadline."""
+    caplog.set_level(logging.WARNING, logger="specserve.ray")
+    stop = threading.Thread(target=ray_serve.shutdown, kwargs={"local": False, "drain": False}, daemon=True)
+    stop.start()
+    stop.join(30)
+    assert not stop.is_alive(), f"the stop hung in {hanging_ray.ray.calls[-1]}"
+    assert hanging_ray.ray.calls == ["serve.delete", "ray.kill", "ray.shutdown"]
+    assert hanging_ray.ended == [] and hanging_ray.unregistered == [hanging_ray.ray.shutdown]
+
+
 def test_the_stop_bound_counts_the_drain_every_step_and_the_last_kills():
     """stop_bound_s is what docs/deploy.md promises: the drain, each step at its deadline, the
     settle after an interrupted start, and SIGTERM then SIGKILL of the cluster's last processes."""

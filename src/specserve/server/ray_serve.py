@@ -934,6 +934,8 @@ def shutdown(local: bool, app_name: str = APP_NAME, drain: bool = True) -> None:
         if not _bounded("ray.shutdown", ray.shutdown):  # also what an interrupted ray.init had started
             _skip_exit_shutdown(ray)
         _end_processes(cluster, END_WAIT_S)
+    elif not _bounded("ray.shutdown", ray.shutdown):  # a joined cluster: only this driver disconnects
+        _skip_exit_shutdown(ray)  # else Ray's exit hook disconnected, with no deadline
 
 
 def _remove_app(app_name: str, drain: bool) -> None:
