@@ -46,8 +46,12 @@ def not_a_string(value, param: str) -> APIError:
     return bad_request(f"{param} must be a string", param, "invalid_type")
 
 
-def unsupported(param: str, what: str) -> APIError:
-    return APIError(400, f"{param}: {what} is not supported by this server", param=param, code="unsupported_parameter")
+def unsupported(param: str, what: str, instead: str | None = None) -> APIError:
+    """The 400 for a feature this server does not implement: `what` is the feature (in the
+    singular: "... is not supported"), `instead` what the client can send in its place, said after
+    the refusal so the one line reads as a sentence and ends with the way out."""
+    message = f"{param}: {what} is not supported by this server" + (f"; {instead}" if instead else "")
+    return APIError(400, message, param=param, code="unsupported_parameter")
 
 
 def engine_error(exc: Exception) -> APIError:

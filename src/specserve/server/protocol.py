@@ -79,7 +79,7 @@ def content_text(content: Content | None, param: str, assistant: bool = False) -
             texts.append(refusal_text(part.model_extra or {}, f"{param}[{j}]"))
             continue
         if part.type != "text":
-            raise unsupported(f"{param}[{j}]", f"content part type {part.type!r} (only 'text' parts)")
+            raise unsupported(f"{param}[{j}]", f"content part type {part.type!r}", "send only 'text' parts")
         if part.text is None:  # was "content part type 'text' (only 'text' parts) is not supported"
             raise not_a_string(None, f"{param}[{j}].text")
         texts.append(part.text)
@@ -96,7 +96,10 @@ def refusal_text(part: dict, param: str) -> str:
 def _refuse_chat(req: ChatCompletionRequest) -> None:
     """Refuse the chat features we do not implement, naming the parameter."""
     if req.functions or req.function_call not in (None, "none"):
-        raise unsupported("functions" if req.functions else "function_call", "function calling")
+        # "function calling is not supported" read as if tool calls were not served either
+        param = "functions" if req.functions else "function_call"
+        instead = "send tools and tool_choice, which replace functions and function_call"
+        raise unsupported(param, "legacy function calling", instead)
     if req.audio is not None or "audio" in (req.modalities or ()):
         raise unsupported("audio" if req.audio is not None else "modalities", "audio output")
     if req.web_search_options is not None:  # served without a search, the model made its results up
@@ -160,8 +163,7 @@ def refuse_unserved_sampling(req: _Common) -> None:
     for name, (defaults, instead) in UNSERVED_SAMPLING.items():
         value = getattr(req, name)
         if value not in defaults:
-            hint = f"; use {instead}" if instead else ""
-            raise unsupported(name, f"{name}={value!r} (vLLM's sampling field{hint})")
+            raise unsupported(name, f"vLLM's sampling field {name}={value!r}", instead and f"use {instead}")
 
 
 def sampling_params(req: _Common, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -262,7 +264,7 @@ def _prediction_text(pred: Prediction | None, llm) -> str | None:
 def _chat_message(m: ChatMessage, i: int) -> dict:
     """One OpenAI message as the chat template wants it, tool calls and tool results included."""
     if m.role == "function":
-        raise unsupported(f"messages[{i}].role", "legacy 'function' messages (use role 'tool')")
+        raise unsupported(f"messages[{i}].role", "a legacy 'function' message", "send role 'tool' with a tool_call_id")
     out = {
         "role": "system" if m.role == "developer" else m.role,
         "content": content_text(m.content, f"messages[{i}].content", assistant=m.role == "assistant"),
@@ -366,7 +368,8 @@ def continues_final_message(req: ChatCompletionRequest) -> bool:
         raise unsupported(
             "add_generation_prompt",
             f"add_generation_prompt={str(req.add_generation_prompt).lower()} with "
-            f"continue_final_message={str(go_on).lower()} (exactly one of the two opens the answer)",
+            f"continue_final_message={str(go_on).lower()}",
+            "exactly one of the two opens the answer",
         )
     return go_on
 
@@ -439,7 +442,8 @@ def prepare_completion(req: CompletionRequest, llm) -> Prepared:
     if req.best_of not in (None, 1):
         raise unsupported(
             "best_of",
-            f"best_of={req.best_of} (server-side ranking of extra samples; ask for n choices and rank them yourself)",
+            f"best_of={req.best_of}, the server's ranking of extra samples,",
+            "ask for n choices and rank them yourself",
         )
     prompts, n = _prompts(req.prompt), check_n(req.n)
     if len(prompts) * n > MAX_BATCH_CHOICES:

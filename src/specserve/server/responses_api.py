@@ -91,7 +91,7 @@ def _text(content, param: str, assistant: bool = False) -> str:
             texts.append(refusal_text(part, f"{param}[{j}]"))
             continue
         if kind not in TEXT_PARTS:
-            raise unsupported(f"{param}[{j}]", f"content part type {kind!r} (only text parts)")
+            raise unsupported(f"{param}[{j}]", f"content part type {kind!r}", "send only text parts")
         if not isinstance(part.get("text"), str):  # was "content part type 'input_text' ... is not supported"
             raise not_a_string(part.get("text"), f"{param}[{j}].text")
         texts.append(part["text"])
@@ -216,7 +216,7 @@ def _tools(tools: list[dict] | None) -> list[dict] | None:
     out = []
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
-            raise unsupported(f"tools[{i}].type", f"tool type {tool.get('type')!r} (only function tools)")
+            raise unsupported(f"tools[{i}].type", f"tool type {tool.get('type')!r}", "send only function tools")
         if "name" not in tool and isinstance(tool.get("function"), dict):
             raise _chat_shaped_tool(i)
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
@@ -320,11 +320,11 @@ def prepare_responses(req: ResponsesRequest, llm, store: ResponseStore, compile_
     """Validate against the model, as chat (the server renames the fields its 400s name);
     compile_guide=False checks the grammar without compiling it (`count_input_tokens`)."""
     if req.conversation is not None:
-        raise unsupported("conversation", "conversation objects (continue with previous_response_id)")
+        raise unsupported("conversation", "the Conversations API", "continue with previous_response_id")
     if req.background:
-        raise unsupported("background", "background responses")
+        raise unsupported("background", "background mode")
     if req.prompt is not None:  # its instructions live at OpenAI: answered without them, an agent had none
-        raise unsupported("prompt", "stored prompt templates (send instructions and input instead)")
+        raise unsupported("prompt", "a stored prompt template", "send instructions and input instead")
     _check_include(req.include)
     history = []
     if req.previous_response_id is not None:
