@@ -38,6 +38,7 @@ from ..engine.constrain import (
     for_xgrammar,
     literal,
     xgrammar,
+    xgrammar_message,
 )
 from .errors import bad_request
 
@@ -244,7 +245,8 @@ def call_grammar(tool: dict) -> xgr.Grammar:
             json.dumps(for_xgrammar(params)), any_whitespace=False, strict_mode=True
         )
     except Exception as e:  # noqa: BLE001
-        raise ConstraintError(f"tools: cannot compile the schema of {fn['name']!r}: {e}", "tools") from None
+        message = f"tools: cannot compile the schema of {fn['name']!r}: {xgrammar_message(e)}"
+        raise ConstraintError(message, "tools") from None
     opening = literal('{"name": ' + json.dumps(fn["name"]) + ', "arguments": ')
     return xgrammar().Grammar.concat(opening, arguments, literal("}"))
 

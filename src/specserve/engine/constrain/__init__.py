@@ -29,7 +29,7 @@ The names other modules use are imported here; the limits (`GRAMMAR_TIME_LIMIT_S
 
 from .cache import GrammarCache
 from .constraint import Constraint
-from .errors import ConstraintError, GrammarBusy, GrammarDeadEnd
+from .errors import ConstraintError, GrammarBusy, GrammarDeadEnd, xgrammar_message
 from .factory import ConstraintFactory, factory_for
 from .formats import FORMAT_PATTERNS, uri_pattern
 from .library import xgrammar
@@ -65,4 +65,5 @@ __all__ = [
     "optional_groups",
     "uri_pattern",
     "xgrammar",
+    "xgrammar_message",
 ]
