@@ -159,7 +159,7 @@ def refactor_with_predicted_outputs(
             "or point --base-url (or $OPENAI_BASE_URL) at yours"
         ) from e
     except openai.APIStatusError as e:
-        raise EditError(f"the server refused the request ({e.status_code}): {_api_message(e)}") from e
+        raise EditError(_refusal(e, str(client.base_url))) from e
     except openai.APIError as e:  # an error event in the stream: the server failed while answering
         raise EditError(f"the server stopped answering: {e.message}; nothing written") from e
     result.code = strip_fence(result.raw, original_code)
@@ -227,6 +227,18 @@ def _read_usage(result: EditResult, usage) -> None:
     if details is not None:
         result.accepted_prediction_tokens = details.accepted_prediction_tokens or 0
         result.rejected_prediction_tokens = details.rejected_prediction_tokens or 0
+
+
+def _refusal(e, base_url: str) -> str:
+    """The one line for a request the server answered with an error status. A 404 that is not
+    about the model, from a base URL that does not end in /v1, says so: `--base-url
+    http://127.0.0.1:8000` (the server's address, as `specserve serve` prints it) got only
+    "Invalid URL (POST /chat/completions)", since OpenAI's clients add no /v1 themselves."""
+    message = f"the server refused the request ({e.status_code}): {_api_message(e)}"
+    base = base_url.rstrip("/")
+    if e.status_code == 404 and not base.endswith("/v1") and getattr(e, "code", None) != "model_not_found":
+        message += f"; an OpenAI-compatible base URL ends in /v1: try --base-url {base}/v1"
+    return message
 
 
 def _api_message(e) -> str:
