@@ -102,6 +102,18 @@ def check_address(host: str, port: int) -> None:
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def base_url_line(host: str, port: int, model: str, api_key: bool) -> str:
+    """The start-up line that says what to give a client: the OpenAI base URL (with /v1, which
+    the openai SDK does not add; uvicorn's own line, "Uvicorn running on http://127.0.0.1:8000",
+    has none, and a client given that address got 404s) and the model id to send. A wildcard
+    host is reached through loopback on this machine."""
+    local = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    shown = f"[{local}]" if ":" in local else local
+    everywhere = " (listening on every address)" if local != host else ""
+    key = ", with the API key as the bearer token" if api_key else ""
+    return f"OpenAI base URL: http://{shown}:{port}/v1{everywhere}; model {model!r}{key}"
+
+
 RAY_FLAGS = ("ray_address", "replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "replica_cpus")
 
 
@@ -168,5 +180,7 @@ def run(args: argparse.Namespace) -> int:
             f"(--no-prefix-cache, or {llm.backend_name} cannot copy a cache out)",
             file=sys.stderr,
         )
+    name = args.served_model_name or llm.model_name
+    print(base_url_line(args.host, args.port, name, options.api_key is not None), file=sys.stderr, flush=True)
     serve(llm, args.host, args.port, options, args.served_model_name, args.log_level)
     return 0
