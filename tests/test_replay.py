@@ -422,3 +422,32 @@ def test_cli_replay_offers_no_draft_method(tokenizer, tmp_path, capsys):
     assert main(["replay", *files, "--model", tokenizer.folder, "--method", "draft"]) == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'draft'" in err and "draft_model" not in err and len(err.splitlines()) == 1, err
+
+
+def test_a_pack_pulled_for_its_tokenizer_is_announced_with_its_size(tmp_path, monkeypatch, capsys):
+    """Replay loads only a tokenizer, but a pack that is not cached is pulled whole for it: the
+    default 1.5B pack was 1 GB downloaded without a word of why. A cached pack, or a folder, is
+    read as before, without the line."""
+    import specserve.models.packs as packs
+    from specserve.cli.replay import pull_notice
+    from specserve.errors import ModelLoadError
+
+    monkeypatch.setenv("SPECSERVE_HOME", str(tmp_path / "home"))  # nothing cached there
+    pulled = []
+
+    def offline(name, *args, **kwargs):
+        pulled.append(name)
+        raise ModelLoadError(f"cannot download {name}: offline")
+
+    monkeypatch.setattr(packs, "pull", offline)
+    files = [tmp_path / "before.py", tmp_path / "after.py"]
+    for f in files:
+        f.write_text("def f():\n    return 1\n")
+    assert main(["replay", "--prediction", str(files[0]), "--output", str(files[1])]) == 2
+    err = capsys.readouterr().err
+    assert pulled == ["qwen2.5-coder-1.5b-instruct"]
+    assert "replay reads only qwen2.5-coder-1.5b-instruct's tokenizer" in err and "1066 MiB" in err
+    assert err.index("1066 MiB") < err.index("offline")  # said before the pull starts
+    monkeypatch.setattr(packs, "is_cached", lambda name, home=None: tmp_path)
+    assert pull_notice(None) is None and pull_notice("smollm2-135m-instruct") is None
+    assert pull_notice(str(tmp_path)) is None  # a folder is no pack

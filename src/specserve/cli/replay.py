@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -83,7 +84,27 @@ def load_tokenizer(spec: str | None):
 
     if spec and (Path(spec).expanduser() / "tokenizer_config.json").is_file():  # a tokenizer-only folder is enough
         return AutoTokenizer.from_pretrained(Path(spec).expanduser())
+    notice = pull_notice(spec)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
     return loader.load_tokenizer(resolve_model(spec, role="target"))
+
+
+def pull_notice(spec: str | None) -> str | None:
+    """The line said before a pack that is not cached is pulled for its tokenizer: the pull is
+    the whole pack (the tokenizer comes out of its GGUF). Replay is documented as loading only
+    a tokenizer, and its default, the 1.5B pack, was 1 GB downloaded without a word of why."""
+    from ..models.packs import is_cached
+    from ..models.registry import PACKS, ROLE_DEFAULTS, get_pack
+
+    name = spec or ROLE_DEFAULTS["target"]
+    if name.lower() not in PACKS or is_cached(get_pack(name).name):
+        return None
+    pack = get_pack(name)
+    return (
+        f"replay reads only {pack.name}'s tokenizer, which comes out of its GGUF: pulling the pack "
+        f"({pack.size_mb} MiB, once); --model with a smaller pack or a tokenizer folder avoids it"
+    )
 
 
 def cost_ratio_for(args) -> float:
