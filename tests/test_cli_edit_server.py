@@ -92,3 +92,33 @@ def test_a_404_from_a_v1_url_or_for_the_model_gives_no_such_advice(src, capsys, 
     assert main(["edit", str(src), "-i", "x", "--base-url", not_found, "--model", "m"]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "try --base-url" not in err
+
+
+class _Unauthorized(_NotFound):
+    """Answers every request as `specserve serve --api-key` answers a wrong key."""
+
+    def _not_found(self):
+        data = json.dumps({"error": {"message": "incorrect API key provided", "code": "invalid_api_key"}})
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+
+
+def test_a_401_without_a_key_says_how_to_give_one(src, capsys, monkeypatch):
+    """With no --api-key and no $OPENAI_API_KEY the tool sends a placeholder key, which a server
+    with a key answered "incorrect API key provided": as if the user had given a wrong one."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Unauthorized)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        assert main(["edit", str(src), "-i", "x", "--base-url", url, "--model", "m"]) == 2
+        err = capsys.readouterr().err
+        assert "(401): incorrect API key provided; no key was given: pass the server's key with --api-key" in err
+        assert main(["edit", str(src), "-i", "x", "--base-url", url, "--model", "m", "--api-key", "wrong"]) == 2
+        err = capsys.readouterr().err
+        assert "incorrect API key provided" in err and "no key was given" not in err
+    finally:
+        httpd.shutdown()

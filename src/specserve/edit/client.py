@@ -89,12 +89,15 @@ def strip_fence(text: str, original: str = "") -> str:
     return code
 
 
+NO_KEY = "sk-no-key-needed"  # what a client sends when no key is configured (the SDK requires one)
+
+
 def make_client(base_url: str | None = None, api_key: str | None = None):
     """An `openai.OpenAI` client; local servers get a dummy key when none is configured."""
     import openai
 
     base_url = server_url(base_url)
-    api_key = api_key or os.environ.get("OPENAI_API_KEY") or "sk-no-key-needed"
+    api_key = api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY
     return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=3600.0)
 
 
@@ -159,7 +162,7 @@ def refactor_with_predicted_outputs(
             "or point --base-url (or $OPENAI_BASE_URL) at yours"
         ) from e
     except openai.APIStatusError as e:
-        raise EditError(_refusal(e, str(client.base_url))) from e
+        raise EditError(_refusal(e, str(client.base_url), client.api_key == NO_KEY)) from e
     except openai.APIError as e:  # an error event in the stream: the server failed while answering
         raise EditError(f"the server stopped answering: {e.message}; nothing written") from e
     result.code = strip_fence(result.raw, original_code)
@@ -229,12 +232,16 @@ def _read_usage(result: EditResult, usage) -> None:
         result.rejected_prediction_tokens = details.rejected_prediction_tokens or 0
 
 
-def _refusal(e, base_url: str) -> str:
+def _refusal(e, base_url: str, no_key: bool = False) -> str:
     """The one line for a request the server answered with an error status. A 404 that is not
     about the model, from a base URL that does not end in /v1, says so: `--base-url
     http://127.0.0.1:8000` (the server's address, as `specserve serve` prints it) got only
-    "Invalid URL (POST /chat/completions)", since OpenAI's clients add no /v1 themselves."""
+    "Invalid URL (POST /chat/completions)", since OpenAI's clients add no /v1 themselves. A 401
+    when no key was given says where to give one: the placeholder key sent instead was answered
+    "incorrect API key provided", which reads as if the user had given a wrong one."""
     message = f"the server refused the request ({e.status_code}): {_api_message(e)}"
+    if e.status_code == 401 and no_key:
+        return message + "; no key was given: pass the server's key with --api-key (or $OPENAI_API_KEY)"
     base = base_url.rstrip("/")
     if e.status_code == 404 and not base.endswith("/v1") and getattr(e, "code", None) != "model_not_found":
         message += f"; an OpenAI-compatible base URL ends in /v1: try --base-url {base}/v1"
