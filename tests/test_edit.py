@@ -1269,6 +1269,46 @@ def test_a_rename_that_also_rewrites_other_lines_is_refused():
     assert judge_answer(INTRANGES, rewritten, instruction + " Rewrite the docstring too.", "python").failure is None
 
 
+RENAMED_SOURCE = """def get_user(uid):
+    if uid:
+        log(uid)
+        audit(uid)
+    return load(uid)
+
+
+def get_users(ids):
+    return [get_user(i) for i in ids]
+"""
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        # a line moved out of its block: other code, which the set of stripped lines could not see
+        (RENAMED_SOURCE.replace("        audit(uid)", "    audit(uid)"), "'audit(uid)' (indented otherwise)"),
+        # two statements swapped
+        (RENAMED_SOURCE.replace("log(uid)\n        audit(uid)", "audit(uid)\n        log(uid)"), "'audit(uid)'"),
+        # the blank line between the functions dropped (found by a newcomer's edit on the 0.5B pack)
+        (RENAMED_SOURCE.replace("\n\n\ndef", "\n\ndef"), "a blank line removed at line 7 of the file"),
+        (RENAMED_SOURCE.replace("    return load", "\n    return load"), "a blank line added at line 5 of the file"),
+    ],
+)
+def test_a_rename_that_moves_reorders_or_respaces_lines_is_refused(answer, said):
+    """A pure rename's answer must be the file line for line but for the name: the check compared
+    sets of stripped lines, so a reindented line, swapped lines or a dropped blank line were
+    written as the rename."""
+    instruction = "Rename get_user to fetch_user."
+    answer = answer.replace("get_user(", "fetch_user(")
+    failure = judge_answer(RENAMED_SOURCE, answer, instruction, "python").failure
+    assert failure == f"the answer changes lines the rename does not touch: {said}", failure
+
+
+def test_a_rename_may_differ_in_trailing_spaces_and_blank_lines_at_the_ends():
+    """What a model's answer commonly drops or adds around the code is no change to refuse."""
+    answer = "\n" + RENAMED_SOURCE.replace("get_user(", "fetch_user(").replace("(uid):", "(uid):  ") + "\n\n"
+    assert judge_answer(RENAMED_SOURCE, answer, "Rename get_user to fetch_user.", "python").failure is None
+
+
 def test_the_decode_rate_counts_only_the_tokens_it_timed():
     """tokens/s was every completion token over the time after the first chunk, so the first
     chunk's tokens counted without their time: a specserve chunk is a step, and a prediction's

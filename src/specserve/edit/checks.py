@@ -7,6 +7,7 @@ splicing an answer of changed definitions back into the file (splice.py).
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -300,22 +301,46 @@ def _rename_problem(original: str, answer: str, instruction: str, language: str 
 
 def _beyond_rename(original: str, answer: str, instruction: str) -> str | None:
     """An instruction that only renames ("Rename X to Y.") changes no line but those naming X:
-    the answer with Y named X again must have the original's lines. Asked to rename a function
-    of idna's intranges.py, the 1.5B pack also rewrote the module's docstring, dropping a
-    sentence, and the tool wrote it. None when the instruction asks for more than the rename,
-    or the new name was in the file already (then the way back is ambiguous)."""
+    the answer with Y named X again must be the original, line for line (trailing spaces and blank
+    lines at either end aside). Asked to rename a function of idna's intranges.py, the 1.5B pack
+    also rewrote the module's docstring, dropping a sentence, and the tool wrote it. Lines were
+    compared as sets of stripped text until 2026-12-06: a line moved into or out of a block (in
+    Python, other code), lines reordered, or a blank line dropped passed. None when the instruction
+    asks for more than the rename, or the new name was in the file already (then the way back is
+    ambiguous)."""
     rename = parse_rename(instruction)
     if rename is None or instruction.replace(rename.said, "").strip(" \t\n.!") or word_count(original, rename.new):
         return None
     back = re.sub(rf"(?<!\w){re.escape(rename.new)}(?!\w)", rename.old, answer)
-    old_lines = {ln.strip() for ln in original.splitlines() if ln.strip()}
-    new_lines = {ln.strip() for ln in back.splitlines() if ln.strip()}
-    changed = [ln.strip() for ln in back.splitlines() if ln.strip() and ln.strip() not in old_lines]
-    lost = [ln.strip() for ln in original.splitlines() if ln.strip() and ln.strip() not in new_lines]
-    if changed or lost:
-        line = changed[0] if changed else lost[0]
-        return f"the answer changes lines the rename does not touch: {clip(line)!r}"
-    return None
+    before, after = _content_lines(original), _content_lines(back)
+    if before == after:
+        return None
+    return f"the answer changes lines the rename does not touch: {_first_difference(before, after)}"
+
+
+def _content_lines(text: str) -> list[str]:
+    """The text's lines without trailing spaces, and without blank lines at its start and end."""
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    while lines and not lines[0]:
+        lines.pop(0)
+    return lines
+
+
+def _first_difference(before: list[str], after: list[str]) -> str:
+    """The first place two line lists part, said as the user reads it: the line (of the answer,
+    or of the file when a line is gone), or the blank line added or removed, with its line number."""
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    op, i1, i2, j1, j2 = next(op for op in matcher.get_opcodes() if op[0] != "equal")
+    if op != "delete" and any(after[j1:j2]):
+        line = next(ln for ln in after[j1:j2] if ln)
+        moved = line.strip() in {ln.strip() for ln in before[i1:i2]}
+        return f"{clip(line.strip())!r}" + (" (indented otherwise)" if moved and line not in before[i1:i2] else "")
+    if op != "insert" and any(before[i1:i2]):
+        return f"{clip(next(ln for ln in before[i1:i2] if ln).strip())!r} is gone"
+    what = "a blank line added" if op == "insert" else "a blank line removed"
+    return f"{what} at line {i1 + 1} of the file"
 
 
 def _asks_for_removal(instruction: str, original: str, verbs: re.Pattern = _REMOVAL) -> bool:
