@@ -442,3 +442,54 @@ def test_a_draft_sequence_that_cannot_be_kept_leaves_its_entry_without_it_and_fa
     answered(short, 5)
     answered(long, 12)
     assert short.seq not in core.draft_prefixes.held and short.draft_runner.seq is None  # freed with the request
+
+
+class CallerBug(Exception):
+    """Raised by a caller's own callback."""
+
+
+def _raises_after(calls: int, error: Exception):
+    """A callback that returns normally `calls` times, then raises `error` every time."""
+    seen = []
+
+    def callback(*_args):
+        seen.append(1)
+        if len(seen) > calls:
+            raise error
+        return False
+
+    return callback
+
+
+def test_a_caller_s_should_cancel_that_raises_ends_that_request_with_its_error_and_no_other():
+    """`should_cancel` is the Python API's own parameter (LLM.stream, LLM.request): a callable that
+    raised, raised out of the step, and the worker failed every request in the batch with it."""
+    llm = tight_llm(TransformersBackend(tiny_model("qwen2", 0), max_sequences=5))
+    core = llm.engine.core
+    ids = tiny_tokenizer().encode(OTHER)
+    params = SamplingParams(max_tokens=8, temperature=0)
+    bug = CallerBug("the caller's should_cancel is broken")
+    broken = llm.engine.request(ids, params, PLAIN, should_cancel=_raises_after(3, bug))
+    fine = make(llm, SHARED)
+    core.add(broken)
+    core.add(fine)
+    run_out(core, [broken, fine])
+    assert broken.finished and broken.error is bug  # its caller gets its own error back
+    assert fine.finished and fine.error is None and len(fine.output.token_ids) == 8
+
+
+def test_a_caller_s_on_event_that_raises_ends_that_request_with_its_error_and_no_other():
+    """`on_event` (LLM.request's, the server's streams) raised inside the step's commit, and again
+    inside the failure handler, so the whole batch failed."""
+    llm = tight_llm(TransformersBackend(tiny_model("qwen2", 0), max_sequences=5))
+    core = llm.engine.core
+    ids = tiny_tokenizer().encode(OTHER)
+    params = SamplingParams(max_tokens=8, temperature=0)
+    bug = CallerBug("the caller's on_event is broken")
+    broken = llm.engine.request(ids, params, PLAIN, on_event=_raises_after(1, bug))
+    fine = make(llm, SHARED)
+    core.add(broken)
+    core.add(fine)
+    run_out(core, [broken, fine])
+    assert broken.finished and broken.error is bug
+    assert fine.finished and fine.error is None and len(fine.output.token_ids) == 8

@@ -592,6 +592,8 @@ class LLM:
         """Start one request; iterate it for StepEvents (text as soon as each step is accepted).
 
         guide: a structured-output grammar (JSON schema, regex, EBNF) the output must follow.
+        should_cancel: asked before each step; True ends the request (finish_reason "abort"). If it
+        raises, this request ends with that exception (iterating raises it); others run on.
         Iterating drives the engine: requests started from other threads advance with it.
         Its `.output` at the end is what `generate` gives (`prompt`, decoded tokens included).
         """

@@ -71,9 +71,9 @@ class Request:
         self.prompt_ids, self.params, self.spec = list(prompt_ids), params, spec
         self.prediction, self.constraint = prediction, constraint
         self.max_context = max_context
-        asked = should_cancel or (lambda: False)
+        self._asked = should_cancel
         self.dropped = False  # its caller stopped reading (Generation closed): cancelled like a client gone
-        self.should_cancel = lambda: self.dropped or asked()
+        self.callback_error: Exception | None = None  # raised by the caller's should_cancel or on_event
         self.on_event = on_event
         self.events: deque[StepEvent] = deque()
         self.phase = WAITING
@@ -291,9 +291,27 @@ class Request:
         return ids, sources, text, logprobs
 
     # -- finish -------------------------------------------------------------------------------
+    def should_cancel(self) -> bool:
+        """Whether the request is to end now: its caller stopped reading, asked to cancel, or one of
+        its callbacks raised. A caller's `should_cancel` or `on_event` that raises ends this request
+        with that error; raised in the step, it failed every request in the batch."""
+        if self.dropped or self.callback_error is not None:
+            return True
+        if self._asked is None:
+            return False
+        try:
+            return bool(self._asked())
+        except Exception as e:  # noqa: BLE001 - the caller's fault: this request ends with it
+            self.callback_error = e
+            return True
+
     def abort(self) -> None:
-        """End without another step (cancelled, timed out, or the engine is shutting down)."""
+        """End without another step (cancelled, timed out, or the engine is shutting down); after a
+        callback of the caller's raised, with that error."""
         if self.phase == FINISHED:
+            return
+        if self.callback_error is not None:
+            self.fail(self.callback_error)
             return
         if self.phase == WAITING:  # never admitted: nothing was decoded
             self.phase = FINISHED
@@ -338,7 +356,11 @@ class Request:
     def _deliver(self, event: StepEvent) -> None:
         self.events.append(event)
         if self.on_event is not None:
-            self.on_event(self, event)
+            try:
+                self.on_event(self, event)
+            except Exception as e:  # noqa: BLE001 - not called again: the request ends at the next step
+                self.on_event = None
+                self.callback_error = self.callback_error or e
 
 
 def _verify(
