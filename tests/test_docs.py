@@ -27,7 +27,15 @@ from specserve.cli import bench as bench_cli
 from specserve.cli.main import SUBCOMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/design.md", "docs/server.md", "docs/deploy.md", "docs/models.md", "docs/gpu.md"]
+DOCS = [
+    "README.md",
+    "docs/usage.md",
+    "docs/design.md",
+    "docs/server.md",
+    "docs/deploy.md",
+    "docs/models.md",
+    "docs/gpu.md",
+]
 COMMAND_DOCS = [*DOCS, "docs/benchmarks.md"]  # benchmarks.md: its commands, not its measured figures
 FLAG = r"(?<![\w-])--[a-z][a-z0-9-]*"
 EXTERNAL_FLAGS = {"--message", "--cache-prompts", "--chat-mode"}  # aider's own flags (server.md, "With a coding agent")
