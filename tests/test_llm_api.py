@@ -106,6 +106,27 @@ def test_a_prompt_of_another_shape_is_refused_by_name(prompt, words):
     assert words in str(e.value) and e.value.param == "prompt"
 
 
+@pytest.mark.parametrize("where", ["prompt", "prediction", "messages"])
+def test_a_lone_surrogate_is_refused_by_name(where):
+    """Text with a lone surrogate (Python's reading of a "\\ud800" escape, or of bytes that are
+    not UTF-8) has no UTF-8 form: the tokenizer raised "TextEncodeInput must be Union[...]"."""
+    bad = "def add(a, b):\ud800"
+    with pytest.raises(InvalidRequestError, match="lone surrogate U\\+D800 at character 14") as e:
+        if where == "prompt":
+            llm().generate(bad, FEW)
+        elif where == "prediction":
+            llm().generate(PROMPT, FEW, prediction=bad, speculation="prediction")
+        else:
+            llm().chat(
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": bad}]}],
+                FEW,
+                continue_final_message=True,
+            )
+    assert e.value.param == where
+    assert where != "messages" or str(e.value).startswith("messages[1].content[0].text is not valid")
+    assert held(llm()) == (0, 0, 0, 0)
+
+
 # -- sampling parameters ----------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kw,words",

@@ -50,6 +50,20 @@ def _warn_if_cut(req) -> None:
         )
 
 
+def _unicode_text(text: str, what: str, param: str | None = None) -> str:
+    """`text` as given; an InvalidRequestError for a lone surrogate in it (U+D800..U+DFFF, what
+    Python makes of a "\\ud800" escape or of bytes that are not UTF-8), which has no UTF-8 form:
+    the tokenizer raised a TypeError about its input types ("TextEncodeInput must be ...")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"{what} is not valid Unicode text: a lone surrogate U+{ord(text[e.start]):04X} at character {e.start}",
+            param or what,
+        ) from None
+    return text
+
+
 def _check_messages(messages) -> None:
     """Chat messages as the template reads them: a list of dicts, each with a string `role` and
     text `content` (a string or text parts; an assistant's may be None, beside its tool calls). A
@@ -70,6 +84,10 @@ def _check_messages(messages) -> None:
         ):
             raise InvalidRequestError(
                 f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}})", "messages"
+            )
+        for j, text in enumerate([content] if isinstance(content, str) else [p["text"] for p in content or ()]):
+            _unicode_text(
+                text, f"messages[{i}].content" + (f"[{j}].text" if isinstance(content, list) else ""), "messages"
             )
 
 
@@ -500,6 +518,7 @@ class LLM:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
             if continue_final_message:
                 text = text[: -len("\nassistant: ")]
+        _unicode_text(text, "the rendered chat prompt", "messages")  # a tool's or tool call's text
         if marks:  # a control token's spelling in a message is text (literal.py)
             return encode_marked(self.tokenizer, text, self.special_texts, marks)
         return self.encode(text)
@@ -517,7 +536,10 @@ class LLM:
         """Text (tokenized with the tokenizer's special tokens) or token ids, validated; vLLM's
         dict prompts too."""
         prompt = _unpack_prompt(prompt)
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else self._token_ids(prompt, "prompt")
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(_unicode_text(prompt, "prompt"))
+        else:
+            ids = self._token_ids(prompt, "prompt")
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         return ids
@@ -567,6 +589,8 @@ class LLM:
             raise InvalidRequestError(f"prediction must be text or token ids, got {type(prediction).__name__}")
         if prediction is not None and not isinstance(prediction, str):  # True was token 1, numpy ids refused
             prediction = self._token_ids(prediction, "prediction")
+        elif prediction is not None:
+            _unicode_text(prediction, "prediction")
         spec = self.speculation if speculation is None else SpeculationConfig.coerce(speculation)
         req = self.engine.request(
             self.prompt_ids(prompt),
