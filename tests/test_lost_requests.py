@@ -6,6 +6,7 @@ server's worker steps them (`step_as_worker`: a step that raises fails what is i
 
 from __future__ import annotations
 
+import pytest
 from tiny import steady_prices, tiny_model, tiny_tokenizer
 
 from specserve import SamplingParams, SpeculationConfig
@@ -461,35 +462,20 @@ def _raises_after(calls: int, error: Exception):
     return callback
 
 
-def test_a_caller_s_should_cancel_that_raises_ends_that_request_with_its_error_and_no_other():
-    """`should_cancel` is the Python API's own parameter (LLM.stream, LLM.request): a callable that
-    raised, raised out of the step, and the worker failed every request in the batch with it."""
+@pytest.mark.parametrize(("callback", "calls"), [("should_cancel", 3), ("on_event", 1)])
+def test_a_caller_s_callback_that_raises_ends_that_request_with_its_error_and_no_other(callback, calls):
+    """`should_cancel` (LLM.stream's and LLM.request's own parameter) raised out of the step, and
+    `on_event` (LLM.request's, the server's streams) inside the step's commit and again inside the
+    failure handler: either way the worker failed every request in the batch with the caller's error."""
     llm = tight_llm(TransformersBackend(tiny_model("qwen2", 0), max_sequences=5))
     core = llm.engine.core
     ids = tiny_tokenizer().encode(OTHER)
     params = SamplingParams(max_tokens=8, temperature=0)
-    bug = CallerBug("the caller's should_cancel is broken")
-    broken = llm.engine.request(ids, params, PLAIN, should_cancel=_raises_after(3, bug))
+    bug = CallerBug(f"the caller's {callback} is broken")
+    broken = llm.engine.request(ids, params, PLAIN, **{callback: _raises_after(calls, bug)})
     fine = make(llm, SHARED)
     core.add(broken)
     core.add(fine)
     run_out(core, [broken, fine])
     assert broken.finished and broken.error is bug  # its caller gets its own error back
-    assert fine.finished and fine.error is None and len(fine.output.token_ids) == 8
-
-
-def test_a_caller_s_on_event_that_raises_ends_that_request_with_its_error_and_no_other():
-    """`on_event` (LLM.request's, the server's streams) raised inside the step's commit, and again
-    inside the failure handler, so the whole batch failed."""
-    llm = tight_llm(TransformersBackend(tiny_model("qwen2", 0), max_sequences=5))
-    core = llm.engine.core
-    ids = tiny_tokenizer().encode(OTHER)
-    params = SamplingParams(max_tokens=8, temperature=0)
-    bug = CallerBug("the caller's on_event is broken")
-    broken = llm.engine.request(ids, params, PLAIN, on_event=_raises_after(1, bug))
-    fine = make(llm, SHARED)
-    core.add(broken)
-    core.add(fine)
-    run_out(core, [broken, fine])
-    assert broken.finished and broken.error is bug
     assert fine.finished and fine.error is None and len(fine.output.token_ids) == 8
